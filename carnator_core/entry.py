@@ -1,0 +1,95 @@
+"""What the store keeps about one finished request, as JSON-safe metadata.
+
+The metadata is the entry's commit record: it is written last, in the same transaction
+as the entry's blobs, so a reader that sees it can rely on every blob it names.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class CorruptEntryError(ValueError):
+    """An entry's metadata is unreadable or inconsistent; the entry is skipped."""
+
+
+@dataclass(frozen=True)
+class HardKey:
+    """The three things a donor must share exactly with a request to be a candidate at all."""
+
+    model: str
+    grid: tuple[int, ...]
+    schedule: str
+
+    def mismatch(self, other: HardKey) -> str | None:
+        """Why `other` is not compatible with this key, or None when it is.
+
+        An empty schedule on this key matches any schedule: a lookup made before the sampler
+        has chosen its sigmas; the sampler checks the schedule again before any reuse.
+        """
+        if other.model != self.model:
+            return "other model"
+        if other.grid != self.grid:
+            return "other token grid"
+        if self.schedule and other.schedule != self.schedule:
+            return "other sigma schedule"
+        return None
+
+
+@dataclass
+class EntryMeta:
+    """Metadata of one recorded request. Blob names refer to keys under the entry's id."""
+
+    entry_id: str
+    hard_key: HardKey
+    prompt: str = ""
+    created_at: float = field(default_factory=time.time)
+    latent_shape: tuple[int, ...] = ()
+    noise_fingerprint: str = ""
+    cfg: float = 1.0
+    seed: int | None = None
+    total_steps: int = 0
+    sample_seconds: float = 0.0
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    masks: dict[str, Any] = field(default_factory=dict)
+    lineage: dict[str, Any] = field(default_factory=dict)
+    blob_bytes: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.blob_bytes.values())
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        record["schema_version"] = SCHEMA_VERSION
+        return json.dumps(record, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> EntryMeta:
+        try:
+            record = json.loads(text)
+            if not isinstance(record, dict):
+                raise TypeError("metadata is not a JSON object")
+            if record.pop("schema_version", None) != SCHEMA_VERSION:
+                raise ValueError("metadata written by another schema version")
+            key = record.pop("hard_key")
+            hard_key = HardKey(model=str(key["model"]), grid=tuple(int(v) for v in key["grid"]),
+                               schedule=str(key["schedule"]))
+            record["latent_shape"] = tuple(int(v) for v in record.get("latent_shape", ()))
+            meta = cls(hard_key=hard_key, **record)
+        except (TypeError, ValueError, KeyError, json.JSONDecodeError) as error:
+            raise CorruptEntryError(f"unreadable entry metadata: {error}") from error
+        if not meta.entry_id or not all(isinstance(v, int) and v >= 0 for v in meta.blob_bytes.values()):
+            raise CorruptEntryError("entry metadata lacks an id or has invalid blob sizes")
+        return meta

@@ -1,0 +1,1 @@
+"""Block-sparse attention math: Triton kernel, CPU path, dense reference."""

@@ -1,0 +1,23 @@
+"""ComfyUI node definitions: thin V3 schemas that hand their work to carnator_core."""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from .lookup_node import CarnatorCompatibilityLookup
+from .store_nodes import CarnatorStore, CarnatorStoreInfo
+
+NODE_LIST: list[type[io.ComfyNode]] = [
+    CarnatorStore,
+    CarnatorStoreInfo,
+    CarnatorCompatibilityLookup,
+]
+
+
+class CarnatorExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return NODE_LIST
+
+
+async def comfy_entrypoint() -> CarnatorExtension:
+    return CarnatorExtension()

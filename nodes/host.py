@@ -1,0 +1,103 @@
+"""The bridge from ComfyUI objects to the plain data carnator_core works on.
+
+Everything that needs to know how a ModelPatcher, a LATENT or a CONDITIONING is laid out
+lives here, so the engine stays host-agnostic.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import folder_paths
+import torch
+
+from carnator_core.entry import HardKey
+from carnator_core.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
+from carnator_core.store import DEFAULT_SIZE_LIMIT, ReuseStore, open_store, resolve_store_directory
+
+_fingerprints: dict[tuple[int, str], str] = {}
+
+
+def default_store_directory() -> str:
+    """`<ComfyUI user directory>/carnator/store`: shared by every ComfyUI process on this base directory."""
+    return os.path.join(folder_paths.get_user_directory(), "carnator", "store")
+
+
+def store_from_path(path: str = "", size_limit: int = DEFAULT_SIZE_LIMIT) -> ReuseStore:
+    """Open the store a node asked for, applying the base-directory rule (see resolve_store_directory)."""
+    directory = resolve_store_directory(path, folder_paths.base_path, default_store_directory())
+    return open_store(directory, size_limit)
+
+
+def _first_tensor(value) -> torch.Tensor | None:
+    """The first tensor inside a weight patch (LoRA adapters, tuples, lists), for a cheap sample."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if hasattr(value, "weights"):
+        value = value.weights
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _unpatched_weights(model_patcher) -> Iterator[tuple[str, torch.Tensor]]:
+    """Diffusion-model weights as loaded, even while ComfyUI has a LoRA applied in place."""
+    backup = getattr(model_patcher, "backup", {}) or {}
+    for name, tensor in model_patcher.model.state_dict().items():
+        if not name.startswith("diffusion_model."):
+            continue
+        original = backup.get(name)
+        yield name, original.weight if original is not None else tensor
+
+
+def fingerprint(model_patcher) -> str:
+    """Fingerprint of the model as the sampler will run it (weights + LoRAs and their strengths).
+
+    Memoised per underlying model and patch set: ComfyUI renews `patches_uuid` whenever the
+    patches change, so a cached value can never describe another patch set.
+    """
+    try:
+        base_model = model_patcher.model
+        memo_key = (id(base_model), str(model_patcher.patches_uuid))
+    except AttributeError as error:
+        raise FingerprintError(f"not a ComfyUI model patcher: {type(model_patcher).__name__}") from error
+    cached = _fingerprints.get(memo_key)
+    if cached is not None:
+        return cached
+    config = getattr(getattr(base_model, "model_config", None), "unet_config", None) or {}
+    patches = []
+    for key, entries in model_patcher.patches.items():
+        for entry in entries:
+            strength_patch, patch, strength_model = entry[0], entry[1], entry[2]
+            patches.append((key, float(strength_patch), float(strength_model), _first_tensor(patch)))
+    value = model_fingerprint(type(base_model).__name__, config, _unpatched_weights(model_patcher), patches)
+    _fingerprints[memo_key] = value
+    return value
+
+
+def patch_size(model_patcher) -> tuple[int, ...] | int:
+    """Patchify size of the diffusion model (Wan/Hunyuan (1, 2, 2); LTX-Video 1 via its patchifier)."""
+    diffusion_model = model_patcher.model.diffusion_model
+    size = getattr(diffusion_model, "patch_size", None)
+    if size is None and hasattr(diffusion_model, "patchifier"):
+        size = getattr(diffusion_model.patchifier, "patch_size", None)
+    if size is None:
+        return 1
+    return int(size) if isinstance(size, int) else tuple(int(v) for v in size)
+
+
+def hard_key(model_patcher, latent: torch.Tensor, sigmas: torch.Tensor | None = None) -> HardKey:
+    """Model fingerprint, token grid and (when known) schedule of a request."""
+    return HardKey(model=fingerprint(model_patcher), grid=token_grid(latent.shape, patch_size(model_patcher)),
+                   schedule=schedule_fingerprint(sigmas) if sigmas is not None else "")
+
+
+def conditioning_tensor(conditioning) -> torch.Tensor:
+    """The cross-attention tensor of the first entry of a ComfyUI CONDITIONING list."""
+    if not conditioning or not isinstance(conditioning[0][0], torch.Tensor):
+        raise ValueError("positive conditioning is empty or not a ComfyUI CONDITIONING")
+    return conditioning[0][0]

@@ -1,0 +1,68 @@
+"""The node that finds compatible earlier requests for a new one."""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from carnator_core.embeddings import condition_vector
+from carnator_core.fingerprint import FingerprintError
+from carnator_core.lookup import LookupRequest, Match, embed_prompt, find_compatible
+from carnator_core.store import StoreError
+
+from .host import conditioning_tensor, hard_key, store_from_path
+from .types import MatchType, StoreType
+
+
+class CarnatorCompatibilityLookup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorCompatibilityLookup",
+            display_name="Carnator Compatibility Lookup",
+            category="Carnator/reuse",
+            description="Finds stored earlier requests this one could reuse: same model (incl. LoRAs), same "
+                        "token grid and schedule, ranked by prompt-text and conditioning similarity. The "
+                        "sampler verifies the best candidates with the model itself before reusing anything.",
+            not_idempotent=True,
+            inputs=[
+                io.Model.Input("model", tooltip="The model that will sample this request (after LoRAs/patches)."),
+                io.Conditioning.Input("positive", tooltip="Positive conditioning of the new request."),
+                io.Latent.Input("latent", tooltip="Initial latent of the new request; fixes the token grid."),
+                io.String.Input("prompt", default="", multiline=True, optional=True,
+                                tooltip="Prompt text, for text similarity. Leave empty to match on the "
+                                        "conditioning tensor alone."),
+                StoreType.Input("store", optional=True, tooltip="Reuse store; the default store when not connected."),
+                io.Sigmas.Input("sigmas", optional=True,
+                                tooltip="Sampling schedule, to filter candidates by schedule already here. "
+                                        "Without it the sampler checks the schedule."),
+                io.Int.Input("top_k", default=4, min=1, max=64,
+                             tooltip="How many candidates to pass on for verification by the model."),
+                io.Float.Input("min_similarity", default=0.5, min=-1.0, max=1.0, step=0.01,
+                               tooltip="Candidates scoring below this cosine similarity are dropped."),
+            ],
+            outputs=[MatchType.Output(display_name="match"), io.String.Output(display_name="report")],
+        )
+
+    @classmethod
+    def execute(cls, model, positive, latent, top_k: int, min_similarity: float, prompt: str = "",
+                store=None, sigmas=None) -> io.NodeOutput:
+        try:
+            store = store if store is not None else store_from_path()
+        except StoreError as error:
+            raise ValueError(f"Carnator Compatibility Lookup: {error}") from error
+        samples = latent["samples"]
+        notes = []
+        try:
+            key = hard_key(model, samples, sigmas)
+            cond = condition_vector(conditioning_tensor(positive))
+        except (FingerprintError, ValueError) as error:
+            match = Match(store_directory=store.directory, request=None, candidates=[],
+                          notes=[f"no lookup (clean miss): {error}"])
+            return io.NodeOutput(match, match.report())
+        text_vector, note = embed_prompt(prompt or "")
+        if note:
+            notes.append(note)
+        request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt or "", text_vector=text_vector)
+        match = find_compatible(store, request, top_k=top_k, min_similarity=min_similarity)
+        match.notes.extend(notes)
+        return io.NodeOutput(match, match.report())

@@ -1,0 +1,74 @@
+"""Nodes that open the reuse store and show what it holds."""
+
+from __future__ import annotations
+
+import json
+
+from comfy_api.latest import io
+
+from carnator_core.store import StoreError
+
+from .host import store_from_path
+from .types import StoreType
+
+_GIB = 2**30
+
+
+class CarnatorStore(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorStore",
+            display_name="Carnator Store",
+            category="Carnator/store",
+            description="Opens the persistent reuse store that Carnator nodes read donors from and record into. "
+                        "Without this node, Carnator uses the default store in ComfyUI's user directory.",
+            inputs=[
+                io.String.Input("path", default="", tooltip="Store directory. Empty: <user dir>/carnator/store. "
+                                "Relative paths start at the ComfyUI base directory and must stay inside it "
+                                "(the server may allow others with CARNATOR_ALLOW_STORE_OUTSIDE_BASE=1)."),
+                io.Float.Input("size_limit_gb", default=20.0, min=0.01, max=100000.0, step=0.5,
+                               tooltip="Bound on the store's size; the least valuable entries (hits x saved "
+                                       "time / bytes, then oldest) are evicted beyond it. Pinned entries stay."),
+            ],
+            outputs=[StoreType.Output(display_name="store")],
+        )
+
+    @classmethod
+    def execute(cls, path: str, size_limit_gb: float) -> io.NodeOutput:
+        try:
+            store = store_from_path(path, int(size_limit_gb * _GIB))
+        except StoreError as error:
+            raise ValueError(f"Carnator Store: {error}") from error
+        return io.NodeOutput(store)
+
+
+class CarnatorStoreInfo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorStoreInfo",
+            display_name="Carnator Store Info",
+            category="Carnator/store",
+            description="Shows how many entries the store holds, its size and how often entries were reused.",
+            is_output_node=True,
+            not_idempotent=True,
+            inputs=[StoreType.Input("store", optional=True,
+                                    tooltip="Store to describe; the default store when not connected.")],
+            outputs=[io.String.Output(display_name="summary")],
+        )
+
+    @classmethod
+    def execute(cls, store=None) -> io.NodeOutput:
+        try:
+            store = store if store is not None else store_from_path()
+        except StoreError as error:
+            raise ValueError(f"Carnator Store Info: {error}") from error
+        totals = store.totals()
+        summary = (f"Carnator store {store.directory}\n"
+                   f"entries: {totals['entries']}\n"
+                   f"size: {totals['bytes'] / 2**20:.1f} MiB of {totals['size_limit'] / 2**30:.1f} GiB "
+                   f"(on disk {totals['disk_bytes'] / 2**20:.1f} MiB)\n"
+                   f"hits: {totals['hits']}, time saved: {totals['seconds_saved']:.1f} s")
+        return io.NodeOutput(summary, ui={"text": [summary], "carnator_store": [json.dumps(totals)]})
+
