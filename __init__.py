@@ -2,8 +2,9 @@
 
 ComfyUI loads this file as the custom-node entry point. The engine packages
 (`carnator_core`, `kernels`) are imported as top-level packages, so the pack's own
-directory goes on `sys.path` once; `nodes/` is imported relatively because ComfyUI
-already owns a top-level module called `nodes`.
+directory goes on `sys.path` once. `nodes/` is imported relatively (ComfyUI already owns a
+top-level module called `nodes`) and only when ComfyUI asks for the extension, so importing
+this package outside a ComfyUI host (pytest collecting the repository, say) has no side effects.
 """
 
 import os
@@ -13,8 +14,11 @@ _PACK_DIR = os.path.dirname(os.path.abspath(__file__))
 if _PACK_DIR not in sys.path:
     sys.path.insert(0, _PACK_DIR)
 
-from .nodes import comfy_entrypoint  # noqa: E402
-
 WEB_DIRECTORY = "./web"
 
-__all__ = ["comfy_entrypoint", "WEB_DIRECTORY"]
+
+async def comfy_entrypoint():
+    """V3 entry point: the ComfyExtension listing every Carnator node."""
+    from .nodes import CarnatorExtension
+
+    return CarnatorExtension()

@@ -17,7 +17,3 @@ NODE_LIST: list[type[io.ComfyNode]] = [
 class CarnatorExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return NODE_LIST
-
-
-async def comfy_entrypoint() -> CarnatorExtension:
-    return CarnatorExtension()

@@ -1,0 +1,229 @@
+"""The reuse store: round trips, concurrency, crash safety, hostile content, eviction, schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sqlite3
+import subprocess
+import sys
+import time
+
+import diskcache
+import numpy as np
+import pytest
+import torch
+
+from carnator_core.entry import SCHEMA_VERSION, EntryMeta, HardKey
+from carnator_core.store import IndexVectors, ReuseStore, StoreError, UnsafeValueError, resolve_store_directory
+from carnator_core.tensor_codec import decode_tensors, encode_tensors
+
+WRITER = os.path.join(os.path.dirname(__file__), "store_writer.py")
+sys.path.insert(0, os.path.dirname(__file__))
+from store_writer import synthetic_entry  # noqa: E402
+
+
+def _vectors() -> IndexVectors:
+    return IndexVectors(text=torch.nn.functional.normalize(torch.randn(384), dim=0),
+                        cond=torch.nn.functional.normalize(torch.randn(256), dim=0))
+
+
+def test_round_trip_latents_and_masks(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    latent = torch.randn(1, 16, 5, 16, 16)
+    mask = torch.rand(12, 40, 40) < 0.2
+    packed = torch.from_numpy(np.packbits(mask.numpy(), axis=-1))
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("m", (5, 8, 8), "s"), prompt="a red ball",
+                     checkpoints=[{"step": 5, "sigma": 0.8}], masks={"block_size": 64, "grid": [40, 40]})
+    store.put(meta, {"checkpoints": encode_tensors({"x_5": latent.half()}), "masks": encode_tensors({"w0": packed})},
+              _vectors())
+
+    reopened = ReuseStore(str(tmp_path / "store"))
+    loaded = reopened.get_meta(meta.entry_id)
+    assert loaded.prompt == "a red ball" and loaded.checkpoints == [{"step": 5, "sigma": 0.8}]
+    restored = reopened.get_tensors(meta.entry_id, "checkpoints")["x_5"]
+    assert restored.dtype == torch.float16
+    assert torch.equal(restored, latent.half())  # bit-exact once fp16 quantisation is accounted for
+    unpacked = np.unpackbits(reopened.get_tensors(meta.entry_id, "masks")["w0"].numpy(), axis=-1)[..., :40]
+    assert np.array_equal(unpacked.astype(bool), mask.numpy())
+
+
+def test_values_that_need_pickle_are_refused(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("m", (1,), "s"))
+    with pytest.raises(UnsafeValueError):
+        store.put(meta, {"checkpoints": {"not": "bytes"}}, _vectors())
+    with pytest.raises(UnsafeValueError):
+        store._cache.set("meta/x", {"a": 1})
+    assert list(store.entry_ids()) == []
+
+
+def test_planted_pickle_payload_is_never_executed(tmp_path):
+    directory = tmp_path / "store"
+    store = ReuseStore(str(directory))
+    meta, blobs, vectors = synthetic_entry("victim", 0, 64)
+    store.put(meta, blobs, vectors)
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    payload = pickle.dumps(Exploit())
+    # Plant pickles the way an attacker with write access would: straight into SQLite rows,
+    # as a value of an existing entry's keys and under a pickled key.
+    with sqlite3.connect(directory / "cache.db") as db:
+        for key in (f"meta/{meta.entry_id}", f"emb/{meta.entry_id}", f"blob/{meta.entry_id}/checkpoints"):
+            db.execute("UPDATE Cache SET mode = 4, value = ?, filename = NULL WHERE key = ?", (payload, key))
+        db.execute("INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, "
+                   "mode, filename, value) VALUES (?, 0, 0, NULL, 0, 0, NULL, 0, 4, NULL, ?)", (payload, payload))
+    reopened = ReuseStore(str(directory))
+    assert reopened.get_meta(meta.entry_id) is None
+    assert reopened.get_vectors(meta.entry_id) is None
+    assert reopened.get_tensors(meta.entry_id, "checkpoints") is None
+    assert reopened.totals()["entries"] == 1  # listed, but every read is refused
+    reopened.evict(0)
+    assert not marker.exists()
+
+
+def test_blob_file_pointing_outside_the_store_is_refused(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    meta, blobs, vectors = synthetic_entry("outside", 0, 65536)  # large enough to live in a file
+    store.put(meta, blobs, vectors)
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"secret")
+    with sqlite3.connect(tmp_path / "store" / "cache.db") as db:
+        db.execute("UPDATE Cache SET filename = ? WHERE key = ?", ("../secret.bin", f"blob/{meta.entry_id}/checkpoints"))
+    assert ReuseStore(str(tmp_path / "store")).get_blob(meta.entry_id, "checkpoints") is None
+
+
+def test_corrupt_entry_is_skipped_and_others_still_served(tmp_path, caplog):
+    store = ReuseStore(str(tmp_path / "store"))
+    entries = [synthetic_entry("corrupt", n, 64) for n in range(3)]
+    for meta, blobs, vectors in entries:
+        store.put(meta, blobs, vectors)
+    broken = entries[1][0].entry_id
+    store._cache.set(f"meta/{broken}", "{not json")
+    store._cache.set(f"blob/{entries[2][0].entry_id}/checkpoints", b"\x00torn")
+    assert store.get_meta(broken) is None
+    assert store.get_meta(broken) is None
+    assert sum("skipping entry" in r.message and broken in r.message for r in caplog.records) == 1  # logged once
+    assert store.get_tensors(entries[2][0].entry_id, "checkpoints") is None
+    assert store.get_tensors(entries[0][0].entry_id, "checkpoints") is not None
+    assert store.delete(broken)  # a corrupt entry can still be removed whole
+    assert store.get_blob(broken, "checkpoints") is None
+
+
+def test_two_processes_writing_concurrently_lose_nothing(tmp_path):
+    directory = str(tmp_path / "store")
+    ReuseStore(directory)
+    writers = [subprocess.Popen([sys.executable, WRITER, directory, "100", tag], stdout=subprocess.PIPE, text=True)
+               for tag in ("left", "right")]
+    written = set()
+    for writer in writers:
+        out, _ = writer.communicate(timeout=300)
+        assert writer.returncode == 0
+        written |= {line.split()[1] for line in out.splitlines() if line.startswith("wrote ")}
+    assert len(written) == 200
+    store = ReuseStore(directory)
+    assert set(store.entry_ids()) == written
+    prompts = {store.get_meta(entry_id).prompt for entry_id in written}
+    assert {f"left prompt {n}" for n in range(100)} <= prompts and {f"right prompt {n}" for n in range(100)} <= prompts
+
+
+def test_writer_killed_mid_write_leaves_a_readable_store(tmp_path):
+    directory = str(tmp_path / "store")
+    writer = subprocess.Popen([sys.executable, WRITER, directory, "100000", "killed", "400000"],
+                              stdout=subprocess.PIPE, text=True)
+    written = []
+    while len(written) < 5:
+        line = writer.stdout.readline()
+        assert line, "writer died before writing"
+        written.append(line.split()[1])
+    time.sleep(0.05)  # land the kill inside a later write
+    writer.kill()
+    writer.wait()
+    store = ReuseStore(directory)
+    ids = list(store.entry_ids())
+    assert set(written) <= set(ids)
+    for entry_id in ids:  # every entry that is listed is whole
+        assert store.get_meta(entry_id) is not None
+        assert store.get_tensors(entry_id, "checkpoints")["x"].numel() == 400000
+    meta, blobs, vectors = synthetic_entry("after", 0, 64)
+    store.put(meta, blobs, vectors)
+    assert store.get_meta(meta.entry_id) is not None
+
+
+def test_eviction_keeps_store_under_its_limit_and_spares_valuable_and_pinned(tmp_path):
+    limit = 600_000
+    store = ReuseStore(str(tmp_path / "store"), size_limit=limit)
+    first_meta, blobs, vectors = synthetic_entry("evict", 0, 20_000)
+    store.put(first_meta, blobs, vectors)
+    second_meta, blobs, vectors = synthetic_entry("evict", 1, 20_000)
+    store.put(second_meta, blobs, vectors)
+    store.record_hit(first_meta.entry_id, 3.0)
+    assert store.set_pinned(second_meta.entry_id, True)
+    for number in range(2, 40):
+        meta, blobs, vectors = synthetic_entry("evict", number, 20_000)
+        store.put(meta, blobs, vectors)
+        assert store.used_bytes() <= limit
+    ids = set(store.entry_ids())
+    assert first_meta.entry_id in ids and second_meta.entry_id in ids
+    assert len(ids) < 40
+
+
+def test_hit_counters_add_up(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    meta, blobs, vectors = synthetic_entry("hits", 0, 64)
+    store.put(meta, blobs, vectors)
+    for _ in range(3):
+        store.record_hit(meta.entry_id, 1.5)
+    stats = store.stats(meta.entry_id)
+    assert stats.hits == 3 and stats.seconds_saved == pytest.approx(4.5)
+    assert store.totals()["hits"] == 3
+
+
+def test_directory_that_is_not_a_store_is_refused(tmp_path):
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"jpeg")
+    with pytest.raises(StoreError, match="not a Carnator store"):
+        ReuseStore(str(foreign))
+    other_cache = tmp_path / "other-cache"
+    with diskcache.Cache(str(other_cache)) as cache:
+        cache.set("someone", "else")
+    with pytest.raises(StoreError, match="not a Carnator store"):
+        ReuseStore(str(other_cache))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(StoreError, match="is a file"):
+        ReuseStore(str(a_file))
+
+
+def test_store_from_a_newer_schema_is_refused_with_a_clear_error(tmp_path):
+    directory = tmp_path / "store"
+    store = ReuseStore(str(directory))
+    store._cache.set("carnator/schema", json.dumps({"format": "carnator-store", "schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(StoreError, match="newer Carnator"):
+        ReuseStore(str(directory))
+
+
+def test_store_paths_must_stay_inside_the_base_directory(tmp_path):
+    base = tmp_path / "comfy"
+    base.mkdir()
+    default = str(base / "user" / "carnator" / "store")
+    assert resolve_store_directory("", str(base), default, allow_outside=False) == os.path.realpath(default)
+    assert resolve_store_directory("stores/a", str(base), default, allow_outside=False) == str(base / "stores" / "a")
+    for escape in ("../elsewhere", "/etc", "stores/../../x"):
+        with pytest.raises(StoreError, match="outside the ComfyUI base directory"):
+            resolve_store_directory(escape, str(base), default, allow_outside=False)
+    assert resolve_store_directory("/srv/store", str(base), default, allow_outside=True) == "/srv/store"
+
+
+def test_tensor_codec_rejects_garbage():
+    from carnator_core.tensor_codec import CorruptBlobError
+
+    with pytest.raises(CorruptBlobError):
+        decode_tensors(b"\xff" * 32)
+    assert torch.equal(decode_tensors(encode_tensors({"a": torch.arange(4)}))["a"], torch.arange(4))
