@@ -1,0 +1,80 @@
+"""The standalone demo DiT must be exactly the model ComfyUI loads from its weights (detection + forward)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from carnator_core.demo.text import TOKENS
+from carnator_core.demo.train import PromptBank, TrainConfig, make_batch, shifted_sigma
+from carnator_core.demo.wan_model import WanConfig, WanT2V, config_from_state_dict
+
+COMFYUI = Path(os.environ.get("COMFYUI_PATH", Path.home() / "ComfyUI"))
+
+
+def _random_model(seed: int = 0) -> WanT2V:
+    torch.manual_seed(seed)
+    model = WanT2V(WanConfig(dim=256, ffn_dim=96, num_layers=2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # the zero-initialised head would hide every other mismatch
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def comfy_sd():
+    if not (COMFYUI / "comfy").is_dir():
+        pytest.skip(f"ComfyUI not found at {COMFYUI}")
+    sys.path.insert(0, str(COMFYUI))
+    from comfy.cli_args import args
+
+    args.cpu = True
+    import comfy.sd
+
+    return comfy.sd
+
+
+def test_comfyui_detects_and_matches_forward(comfy_sd, tmp_path: Path) -> None:
+    model = _random_model()
+    path = tmp_path / "carnator_demo_test.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    patcher = comfy_sd.load_diffusion_model(str(path))
+    base = patcher.model
+    assert type(base.model_config).__name__ == "WAN21_T2V"
+    assert base.diffusion_model.num_heads == 2 and len(base.diffusion_model.blocks) == 2
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 16, 3, 8, 10, generator=gen)
+    sigma = torch.tensor([0.9, 0.35])
+    context = torch.randn(2, TOKENS, 4096, generator=gen) * 0.3
+    with torch.no_grad():
+        ours = model(x, sigma * 1000, context)
+        theirs = base.diffusion_model(x, sigma * 1000, context)
+        assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+        # Flow conventions: ComfyUI's denoised = x - sigma * out, with timestep = sigma * multiplier (1000).
+        denoised = base.apply_model(x, sigma, c_crossattn=context)
+        assert torch.allclose(denoised, x - sigma.view(-1, 1, 1, 1, 1) * ours, atol=1e-4, rtol=1e-4)
+        # MiniLM's 384 features are fed unpadded during training: the same as zero-padding to 4096.
+        narrow = context.clone()
+        narrow[..., 384:] = 0
+        assert torch.allclose(model(x, sigma * 1000, narrow[..., :384]), model(x, sigma * 1000, narrow), atol=1e-5)
+
+
+def test_config_roundtrip_from_weights() -> None:
+    model = _random_model()
+    assert config_from_state_dict(model.state_dict()) == model.cfg
+
+
+def test_training_batch_follows_flow_parametrisation(tmp_path: Path) -> None:
+    """The velocity target noise - x0 turns back into x0 under ComfyUI's denoised = x_t - sigma * v."""
+    cfg = TrainConfig(paraphrases=0)
+    bank = PromptBank(cfg, tmp_path / "prompts.safetensors")
+    a, b = make_batch(cfg, bank, 5), make_batch(cfg, bank, 5)
+    assert torch.equal(a.x0, b.x0) and torch.equal(a.noise, b.noise)
+    s = a.sigma.view(-1, 1, 1, 1, 1)
+    xt = s * a.noise + (1 - s) * a.x0
+    assert torch.allclose(xt - s * (a.noise - a.x0), a.x0, atol=1e-5)
+    assert float(shifted_sigma(torch.tensor(0.5), 3.0)) == pytest.approx(0.75)
