@@ -1,0 +1,90 @@
+"""Test-only ComfyUI node pack: stands in for a text encoder and reports latents.
+
+There is no real text encoder at test size, so `HarnessTextConditioning` turns prompt text into
+CONDITIONING of the width each tiny model consumes: one seeded vector per word, so prompts that
+share words share tokens and their mean-pooled conditioning is similar (which lookup tests need).
+`HarnessLatentStats` is an output node that puts a latent's shape and statistics into the
+execution history, so a graph run through the real executor or the HTTP API can be checked.
+Both are ordinary V3 nodes loaded by ComfyUI's own custom-node loader, next to the Carnator pack.
+"""
+
+import hashlib
+
+import torch
+from comfy_api.latest import ComfyExtension, io
+
+# Conditioning widths of the text encoders the real models ship with (tests/tiny_models.py matches them).
+_TEXT_DIM = 4096  # umt5-xxl (Wan), llama (HunyuanVideo), t5-xxl (LTX-Video)
+_POOLED_DIM = 768  # CLIP-L pooled output (HunyuanVideo)
+FAMILIES = ["wan", "hunyuan_video", "ltxv"]
+
+
+def _word_vector(family: str, word: str, seed: int, dim: int, kind: str) -> torch.Tensor:
+    digest = hashlib.sha256(f"{family}|{kind}|{seed}|{word}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+    return torch.randn(dim, generator=generator)
+
+
+def text_conditioning(text: str, family: str, seed: int = 0) -> list:
+    """CONDITIONING for `text`: tokens are per-word seeded vectors (an empty text is one empty token)."""
+    words = text.lower().split() or [""]
+    tokens = torch.stack([_word_vector(family, w, seed, _TEXT_DIM, "token") for w in words]).unsqueeze(0)
+    extras = {}
+    if family == "hunyuan_video":
+        pooled = torch.stack([_word_vector(family, w, seed, _POOLED_DIM, "pooled") for w in words]).mean(0)
+        extras["pooled_output"] = pooled.unsqueeze(0)
+    if family == "ltxv":  # LTX-Video's T5 encoder always returns a token mask and the model requires one
+        extras["attention_mask"] = torch.ones((1, len(words)), dtype=torch.int64)
+    return [[tokens, extras]]
+
+
+class HarnessTextConditioning(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessTextConditioning",
+            category="testing/harness",
+            inputs=[
+                io.String.Input("text", multiline=True, default="", tooltip="Prompt text; each word is one token."),
+                io.Combo.Input("family", options=FAMILIES, tooltip="Model family whose text encoder is imitated."),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="Seed of the word vectors."),
+            ],
+            outputs=[io.Conditioning.Output()],
+        )
+
+    @classmethod
+    def execute(cls, text: str, family: str, seed: int = 0) -> io.NodeOutput:
+        return io.NodeOutput(text_conditioning(text, family, seed))
+
+
+class HarnessLatentStats(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessLatentStats",
+            category="testing/harness",
+            inputs=[io.Latent.Input("latent", tooltip="Latent to summarise.")],
+            outputs=[],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, latent: dict) -> io.NodeOutput:
+        samples = latent["samples"].float()
+        stats = {
+            "shape": list(samples.shape),
+            "finite": bool(torch.isfinite(samples).all()),
+            "mean": float(samples.mean()),
+            "std": float(samples.std()) if samples.numel() > 1 else 0.0,
+            "abs_max": float(samples.abs().max()),
+        }
+        return io.NodeOutput(ui={"latent_stats": [stats]})
+
+
+class HarnessExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return [HarnessTextConditioning, HarnessLatentStats]
+
+
+async def comfy_entrypoint() -> HarnessExtension:
+    return HarnessExtension()
