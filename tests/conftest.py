@@ -1,0 +1,76 @@
+"""Fixtures: a real ComfyUI host (in-process and headless server) with the pack and tiny models loaded.
+
+- `comfyui_path`          the ComfyUI checkout (fails, never skips, when there is none)
+- `comfy`                 session-wide InProcessComfy (ComfyUI as a library on CPU)
+- `tiny_models`           family -> TinyModel(spec, path, name) for "wan", "hunyuan_video", "ltxv"
+- `new_base_dir`          factory: a fresh ComfyUI base directory with pack + tiny models linked in
+- `comfy_server`          one headless server per test module
+- `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from comfy_host import ComfyNotFound, ComfyServer, InProcessComfy, ServerFactory, find_comfyui, make_base_dir
+from tiny_models import SPECS, TinyModelSpec, write_tiny_model
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    spec: TinyModelSpec
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The name UNETLoader takes (file name inside models/diffusion_models)."""
+        return self.path.name
+
+
+@pytest.fixture(scope="session")
+def comfyui_path() -> Path:
+    try:
+        return find_comfyui()
+    except ComfyNotFound as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def comfy(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> InProcessComfy:
+    return InProcessComfy(comfyui_path, make_base_dir(tmp_path_factory.mktemp("comfy_inprocess")))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(comfy: InProcessComfy) -> dict[str, TinyModel]:
+    """Written once into the in-process base dir; other base dirs link to the same files."""
+    directory = comfy.base_dir / "models" / "diffusion_models"
+    return {family: TinyModel(spec, write_tiny_model(family, directory)) for family, spec in SPECS.items()}
+
+
+@pytest.fixture(scope="session")
+def new_base_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, TinyModel]) -> Callable[[], Path]:
+    counter = itertools.count()
+    model_files = {family: model.path for family, model in tiny_models.items()}
+    return lambda: make_base_dir(tmp_path_factory.mktemp(f"comfy_base{next(counter)}"), model_files)
+
+
+@pytest.fixture(scope="module")
+def comfy_server(comfyui_path: Path, new_base_dir: Callable[[], Path]) -> Iterator[ComfyServer]:
+    factory = ServerFactory(comfyui_path, new_base_dir)
+    try:
+        yield factory()
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture
+def comfy_server_factory(comfyui_path: Path, new_base_dir: Callable[[], Path]) -> Iterator[ServerFactory]:
+    factory = ServerFactory(comfyui_path, new_base_dir)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()

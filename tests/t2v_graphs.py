@@ -1,0 +1,98 @@
+"""API-format prompts shaped like ComfyUI's three official text-to-video templates, at test size.
+
+- Wan 2.1:      UNETLoader -> ModelSamplingSD3 -> KSampler                        (EmptyHunyuanLatentVideo)
+- HunyuanVideo: UNETLoader -> ModelSamplingSD3 -> BasicGuider(FluxGuidance) -> SamplerCustomAdvanced
+- LTX-Video:    UNETLoader -> SamplerCustom with LTXVConditioning and LTXVScheduler (EmptyLTXVLatentVideo)
+
+Text encoders are replaced by the harness pack's `HarnessTextConditioning`; every graph ends in
+`HarnessLatentStats` so the executor and /history report the sampled latent. Node ids are names,
+so a test can splice a Carnator node in: `g[SAMPLER]["inputs"]["model"] = ["carnator_node", 0]`.
+"""
+
+from __future__ import annotations
+
+MODEL = "model"  # UNETLoader
+POSITIVE = "positive"
+NEGATIVE = "negative"
+LATENT = "latent"  # empty latent video
+SAMPLER = "sampler"  # the node whose output 0 is the sampled LATENT
+STATS = "stats"  # HarnessLatentStats (output node)
+
+
+def _node(class_type: str, **inputs) -> dict:
+    return {"class_type": class_type, "inputs": inputs}
+
+
+def _text(text: str, family: str, seed: int) -> dict:
+    return _node("HarnessTextConditioning", text=text, family=family, seed=seed)
+
+
+def wan_t2v(
+    unet_name: str, *, text: str = "a red ball rolls left", negative: str = "blurry", width: int = 64,
+    height: int = 64, length: int = 5, batch_size: int = 1, steps: int = 2, cfg: float = 5.0, seed: int = 0,
+    sampler_name: str = "uni_pc", scheduler: str = "simple", shift: float = 8.0,
+) -> dict:
+    """Wan 2.1 T2V template: KSampler with CFG over a shifted flow model."""
+    return {
+        MODEL: _node("UNETLoader", unet_name=unet_name, weight_dtype="default"),
+        "model_sampling": _node("ModelSamplingSD3", model=[MODEL, 0], shift=shift),
+        POSITIVE: _text(text, "wan", 0),
+        NEGATIVE: _text(negative, "wan", 0),
+        LATENT: _node("EmptyHunyuanLatentVideo", width=width, height=height, length=length, batch_size=batch_size),
+        SAMPLER: _node(
+            "KSampler", model=["model_sampling", 0], seed=seed, steps=steps, cfg=cfg, sampler_name=sampler_name,
+            scheduler=scheduler, positive=[POSITIVE, 0], negative=[NEGATIVE, 0], latent_image=[LATENT, 0], denoise=1.0,
+        ),
+        STATS: _node("HarnessLatentStats", latent=[SAMPLER, 0]),
+    }
+
+
+def hunyuan_video_t2v(
+    unet_name: str, *, text: str = "a red ball rolls left", width: int = 64, height: int = 64, length: int = 5,
+    batch_size: int = 1, steps: int = 2, guidance: float = 6.0, seed: int = 0, sampler_name: str = "euler",
+    scheduler: str = "simple", shift: float = 7.0,
+) -> dict:
+    """HunyuanVideo T2V template: guidance-distilled, no negative; SamplerCustomAdvanced with BasicGuider."""
+    return {
+        MODEL: _node("UNETLoader", unet_name=unet_name, weight_dtype="default"),
+        "model_sampling": _node("ModelSamplingSD3", model=[MODEL, 0], shift=shift),
+        POSITIVE: _text(text, "hunyuan_video", 0),
+        "guidance": _node("FluxGuidance", conditioning=[POSITIVE, 0], guidance=guidance),
+        "guider": _node("BasicGuider", model=["model_sampling", 0], conditioning=["guidance", 0]),
+        "noise": _node("RandomNoise", noise_seed=seed),
+        "ksampler_select": _node("KSamplerSelect", sampler_name=sampler_name),
+        "sigmas": _node("BasicScheduler", model=["model_sampling", 0], scheduler=scheduler, steps=steps, denoise=1.0),
+        LATENT: _node("EmptyHunyuanLatentVideo", width=width, height=height, length=length, batch_size=batch_size),
+        SAMPLER: _node(
+            "SamplerCustomAdvanced", noise=["noise", 0], guider=["guider", 0], sampler=["ksampler_select", 0],
+            sigmas=["sigmas", 0], latent_image=[LATENT, 0],
+        ),
+        STATS: _node("HarnessLatentStats", latent=[SAMPLER, 0]),
+    }
+
+
+def ltxv_t2v(
+    unet_name: str, *, text: str = "a red ball rolls left", negative: str = "blurry", width: int = 64,
+    height: int = 64, length: int = 9, batch_size: int = 1, steps: int = 2, cfg: float = 3.0, seed: int = 0,
+    sampler_name: str = "euler", frame_rate: float = 25.0,
+) -> dict:
+    """LTX-Video T2V template: SamplerCustom with CFG, LTXVConditioning and the token-count-aware LTXVScheduler."""
+    return {
+        MODEL: _node("UNETLoader", unet_name=unet_name, weight_dtype="default"),
+        POSITIVE: _text(text, "ltxv", 0),
+        NEGATIVE: _text(negative, "ltxv", 0),
+        "conditioning": _node("LTXVConditioning", positive=[POSITIVE, 0], negative=[NEGATIVE, 0], frame_rate=frame_rate),
+        LATENT: _node("EmptyLTXVLatentVideo", width=width, height=height, length=length, batch_size=batch_size),
+        "ksampler_select": _node("KSamplerSelect", sampler_name=sampler_name),
+        "sigmas": _node(
+            "LTXVScheduler", steps=steps, max_shift=2.05, base_shift=0.95, stretch=True, terminal=0.1, latent=[LATENT, 0]
+        ),
+        SAMPLER: _node(
+            "SamplerCustom", model=[MODEL, 0], add_noise=True, noise_seed=seed, cfg=cfg, positive=["conditioning", 0],
+            negative=["conditioning", 1], sampler=["ksampler_select", 0], sigmas=["sigmas", 0], latent_image=[LATENT, 0],
+        ),
+        STATS: _node("HarnessLatentStats", latent=[SAMPLER, 0]),
+    }
+
+
+GRAPHS = {"wan": wan_t2v, "hunyuan_video": hunyuan_video_t2v, "ltxv": ltxv_t2v}
