@@ -1,1 +1,11 @@
-"""Block-sparse attention math: Triton kernel, CPU path, dense reference."""
+"""Block-sparse attention math: Triton kernel, CPU path, FlexAttention path, dense reference.
+
+`block_sparse_attention(q, k, v, layout, heads=..., scale=...)` is the entry point; `BlockLayout` says
+which key blocks each query block attends. Nothing here imports the engine (`carnator_core`).
+"""
+
+from kernels.dispatch import BACKENDS, block_sparse_attention
+from kernels.layout import BlockLayout
+from kernels.reference import reference_attention
+
+__all__ = ["BACKENDS", "BlockLayout", "block_sparse_attention", "reference_attention"]

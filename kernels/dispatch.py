@@ -1,0 +1,107 @@
+"""One entry point for block-sparse attention that picks the fastest correct path for the inputs.
+
+- CUDA: our Triton kernel (fp16/bf16/fp32, head dim 64/128, blocks of 64/128).
+- elsewhere: `CPU_BACKEND`, chosen by `python -m carnator_core.bench attention` on a 2-core CPU (see
+  README); the other CPU path stays as its fallback (FlexAttention needs a C++ compiler for torch.compile).
+- anything unsupported (cross-attention shapes, a layout for another token count, an integer dtype, a
+  head dim the Triton kernel lacks): dense SDPA, with one log line per distinct reason. Never a wrong result.
+
+Accepts ComfyUI's two conventions: (B, H, N, D), or (B, N, H*D) together with `heads`, returned alike.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from kernels.cpu import cpu_block_sparse_attention
+from kernels.flex import flex_block_sparse_attention
+from kernels.layout import BlockLayout
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "triton", "flex", "cpu", "dense")
+CPU_BACKEND = "cpu"
+
+_logged: set[str] = set()
+
+
+def _fall_back(reason: str) -> None:
+    if reason not in _logged:
+        _logged.add(reason)
+        log.warning("carnator: block-sparse attention unsupported (%s); using dense attention", reason)
+
+
+def _unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout) -> str | None:
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        return f"q/k/v shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} (only self-attention)"
+    if not q.dtype.is_floating_point or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtypes {q.dtype}/{k.dtype}/{v.dtype}"
+    batch, heads, n, _ = q.shape
+    if not layout.fits(batch, heads, n):
+        return f"layout for {layout.n_tokens} tokens and groups {layout.groups} vs input (B={batch}, H={heads}, N={n})"
+    return None
+
+
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float | None,
+         backend: str, out: torch.Tensor | None) -> torch.Tensor:
+    """Sparse attention on (B, H, N, D) views; `out` is an optional (B, H, N, D) view to write into."""
+    if backend == "auto":
+        backend = "triton" if q.is_cuda else CPU_BACKEND
+    if backend == "triton":
+        from kernels.triton_block_sparse import triton_block_sparse_attention, triton_supports
+
+        reason = triton_supports(q, layout)
+        if reason is None:
+            return triton_block_sparse_attention(q, k, v, layout, scale, out)
+        _fall_back(f"Triton kernel: {reason}")
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    if backend == "flex":
+        result = flex_block_sparse_attention(q, k, v, layout, scale)
+        if result is not None:
+            return result
+        backend = "cpu"
+    if backend == "cpu":
+        return cpu_block_sparse_attention(q, k, v, layout, scale)
+    if backend == "dense":
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: BlockLayout,
+    *,
+    heads: int | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Softmax attention where query block i sees only the key blocks `layout` lists for it.
+
+    q, k, v: (B, H, N, D), or (B, N, H*D) with `heads` (ComfyUI's layout when skip_reshape is False); the
+    result has the input's layout. `scale` defaults to 1/sqrt(D), like SDPA. `backend` forces a path
+    (benchmarks and tests); "auto" is the fast one for the device.
+    """
+    packed = heads is not None and q.dim() == 3
+    if packed:
+        batch, n, width = q.shape
+        split = [x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2) for x in (q, k, v)]
+        q4, k4, v4 = split
+    else:
+        q4, k4, v4 = q, k, v
+    reason = _unsupported(q4, k4, v4, layout)
+    if reason is not None:
+        _fall_back(reason)
+        result = F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
+    elif packed:
+        out = torch.empty(batch, n, heads, width // heads, dtype=q.dtype, device=q.device)
+        result = _run(q4, k4, v4, layout, scale, backend, out.transpose(1, 2))
+    else:
+        result = _run(q4, k4, v4, layout, scale, backend, None)
+    if packed:
+        return result.transpose(1, 2).reshape(batch, n, width)
+    return result
