@@ -1,9 +1,11 @@
 """Semantic shortlist: the top-K stored requests most similar to a new one.
 
 Hard compatibility partitions the index (one group per model/grid/schedule key), so a
-query scores only candidates it could ever use; inside the group, similarity is one matrix
-product. The index lives in memory, is filled from the store once, and then follows the
-store's append sequence incrementally, so it stays fast at 100k entries and beyond.
+query scores only candidates it could ever use. Inside a group, conditioning and text
+vectors sit side by side in one fp16 matrix that grows by doubling, so a query is a single
+matrix-vector product over the group and an add costs O(1); the best few are then
+re-scored exactly in fp32. The index lives in memory, is filled from the store once, and
+then follows the store's append sequence incrementally.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 
 from carnator_core.entry import HardKey
 from carnator_core.store import IndexVectors, ReuseStore
+
+_RERANK_FACTOR = 4  # coarse fp16 candidates per requested candidate, re-scored in fp32
 
 
 @dataclass
@@ -38,42 +42,63 @@ class ShortlistResult:
 
 
 class _Group:
-    """Rows of one hard-compatibility key; matrices are rebuilt lazily after appends."""
+    """Rows of one hard-compatibility key: [cond | text] vectors in a doubling fp16 buffer."""
 
-    def __init__(self) -> None:
+    def __init__(self, cond_width: int, text_width: int) -> None:
+        self.cond_width, self.text_width = cond_width, text_width
         self.ids: list[str] = []
         self.prompts: list[str] = []
-        self.alive: list[bool] = []
-        self._cond_rows: list[torch.Tensor] = []
-        self._text_rows: list[torch.Tensor | None] = []
-        self._matrices: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.live_count = 0
+        self._rows = torch.zeros(16, cond_width + text_width, dtype=torch.float16)
+        self._has_text = torch.zeros(16, dtype=torch.bool)
+        self._text_weight = torch.ones(16)  # 2 for rows without text: their coarse dot holds cond/2 only
+        self._dead = torch.zeros(16)  # -inf for removed rows, 0 for live ones
 
     def add(self, entry_id: str, prompt: str, vectors: IndexVectors) -> int:
+        row = len(self.ids)
+        if row == self._rows.shape[0]:
+            grow = self._rows.shape[0]
+            self._rows = torch.cat([self._rows, torch.zeros_like(self._rows[:grow])])
+            self._has_text = torch.cat([self._has_text, torch.zeros_like(self._has_text[:grow])])
+            self._text_weight = torch.cat([self._text_weight, torch.ones(grow)])
+            self._dead = torch.cat([self._dead, torch.zeros(grow)])
+        self._rows[row, : self.cond_width] = vectors.cond.reshape(-1).half()
+        if vectors.text is not None and vectors.text.numel() == self.text_width:
+            self._rows[row, self.cond_width:] = vectors.text.reshape(-1).half()
+            self._has_text[row] = True
+        else:
+            self._text_weight[row] = 2.0
         self.ids.append(entry_id)
         self.prompts.append(prompt)
-        self.alive.append(True)
-        self._cond_rows.append(vectors.cond.float().reshape(-1))
-        self._text_rows.append(None if vectors.text is None else vectors.text.float().reshape(-1))
-        self._matrices = None
-        return len(self.ids) - 1
+        self.live_count += 1
+        return row
 
     def kill(self, row: int) -> None:
-        self.alive[row] = False
-        self._matrices = None
+        if self._dead[row] == 0:
+            self._dead[row] = float("-inf")
+            self.live_count -= 1
 
-    @property
-    def live_count(self) -> int:
-        return sum(self.alive)
+    def exact_scores(self, rows: torch.Tensor, cond: torch.Tensor, text: torch.Tensor | None):
+        """(score, cond similarity, text similarity or NaN) of the given rows, in fp32."""
+        vectors, has_text = self._rows[rows].float(), self._has_text[rows]
+        cond_sim = vectors[:, : self.cond_width] @ cond
+        text_sim = torch.full_like(cond_sim, float("nan"))
+        score = cond_sim
+        if text is not None:
+            text_sim = torch.where(has_text, vectors[:, self.cond_width:] @ text, text_sim)
+            score = torch.where(has_text, (cond_sim + text_sim.nan_to_num()) / 2, cond_sim)
+        return score, cond_sim, text_sim
 
-    def matrices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(cond matrix, text matrix, has-text mask, alive mask), built once per change."""
-        if self._matrices is None:
-            cond = torch.stack(self._cond_rows).half()
-            text_width = next((t.numel() for t in self._text_rows if t is not None), 1)
-            text = torch.stack([t if t is not None else torch.zeros(text_width) for t in self._text_rows]).half()
-            has_text = torch.tensor([t is not None for t in self._text_rows])
-            self._matrices = (cond, text, has_text, torch.tensor(self.alive))
-        return self._matrices
+    def coarse_scores(self, query: torch.Tensor, text_given: bool) -> torch.Tensor:
+        """Approximate scores in one fp16 product: dead rows -inf, rows without text doubled.
+
+        Few full-length operations on purpose: at 100k rows each one costs milliseconds.
+        """
+        count = len(self.ids)
+        dot = (self._rows[:count] @ query).float()
+        if text_given:
+            return torch.addcmul(self._dead[:count], dot, self._text_weight[:count])
+        return dot.add_(self._dead[:count])
 
 
 class ShortlistIndex:
@@ -92,7 +117,12 @@ class ShortlistIndex:
         with self._lock:
             if entry_id in self._where:
                 return
-            group = self._groups.setdefault(hard_key, _Group())
+            group = self._groups.get(hard_key)
+            if group is None:
+                text_width = vectors.text.numel() if vectors.text is not None else 384
+                group = self._groups[hard_key] = _Group(vectors.cond.numel(), text_width)
+            if vectors.cond.numel() != group.cond_width:
+                return  # written with another conditioning summary width: not comparable
             self._where[entry_id] = (hard_key, group.add(entry_id, prompt, vectors))
 
     def remove(self, entry_id: str) -> None:
@@ -115,14 +145,6 @@ class ShortlistIndex:
         self._seen_sequence = sequence
         return added
 
-    @staticmethod
-    def _with_text_width(matrices, width: int):
-        """Entries embedded by another text model (other width) count as having no text."""
-        cond, text, has_text, alive = matrices
-        if text.shape[1] != width:
-            text, has_text = torch.zeros(text.shape[0], width, dtype=text.dtype), torch.zeros_like(has_text)
-        return cond, text, has_text, alive
-
     def query(self, hard_key: HardKey, cond: torch.Tensor, text: torch.Tensor | None,
               top_k: int, min_similarity: float) -> ShortlistResult:
         """Top-K compatible entries by cosine similarity.
@@ -131,41 +153,43 @@ class ShortlistIndex:
         else the conditioning cosine alone.
         """
         filtered: dict[str, int] = {}
-        parts = []
+        candidates: list[Candidate] = []
+        searched = below = 0
+        cond = cond.float().reshape(-1)
         with self._lock:
             for key, group in self._groups.items():
                 if not group.live_count:
                     continue
                 reason = hard_key.mismatch(key)
-                if reason is not None:
+                if reason is not None or cond.numel() != group.cond_width:
+                    reason = reason or "other conditioning width"
                     filtered[reason] = filtered.get(reason, 0) + group.live_count
-                else:
-                    parts.append((group.matrices(), list(group.ids), list(group.prompts)))
-        if not parts:
-            return ShortlistResult([], filtered, 0)
-        text_width = text.numel() if text is not None else 1
-        matrices = [self._with_text_width(p[0], text_width) for p in parts]
-        cond_matrix, text_matrix, has_text, alive = (torch.cat([m[i] for m in matrices]) for i in range(4))
-        ids = [entry_id for p in parts for entry_id in p[1]]
-        prompts = [prompt for p in parts for prompt in p[2]]
-        cond_sim = cond_matrix.float() @ cond.float().reshape(-1)
-        score = cond_sim.clone()
-        text_sim = None
-        if text is not None:
-            text_sim = text_matrix.float() @ text.float().reshape(-1)
-            score = torch.where(has_text, (cond_sim + text_sim) / 2, cond_sim)
-        score = torch.where(alive, score, torch.full_like(score, -2.0))
-        eligible = alive & (score >= min_similarity)
-        below = int((alive & ~eligible).sum())
+                    continue
+                searched += group.live_count
+                found, dropped = self._query_group(group, cond, text, top_k, min_similarity)
+                candidates.extend(found)
+                below += dropped
         if below:
             filtered["below min similarity"] = below
-        count = min(int(top_k), int(eligible.sum()))
-        if count <= 0:
-            return ShortlistResult([], filtered, int(alive.sum()))
-        best = torch.topk(torch.where(eligible, score, torch.full_like(score, -3.0)), count).indices.tolist()
-        candidates = [
-            Candidate(entry_id=ids[i], prompt=prompts[i], score=float(score[i]), cond_similarity=float(cond_sim[i]),
-                      text_similarity=float(text_sim[i]) if text_sim is not None and bool(has_text[i]) else None)
-            for i in best
-        ]
-        return ShortlistResult(candidates, filtered, int(alive.sum()))
+        candidates.sort(key=lambda c: c.score, reverse=True)
+        return ShortlistResult(candidates[:top_k], filtered, searched)
+
+    @staticmethod
+    def _query_group(group: _Group, cond: torch.Tensor, text: torch.Tensor | None, top_k: int,
+                     min_similarity: float) -> tuple[list[Candidate], int]:
+        text_used = text.float().reshape(-1) if text is not None and text.numel() == group.text_width else None
+        query = torch.cat([cond, text_used if text_used is not None else torch.zeros(group.text_width)])
+        coarse = group.coarse_scores((query / (2 if text_used is not None else 1)).half(), text_used is not None)
+        below = int((coarse < min_similarity).sum()) - (len(group.ids) - group.live_count)
+        rows = torch.topk(coarse, min(len(coarse), top_k * _RERANK_FACTOR)).indices
+        rows = rows[coarse[rows] > float("-inf")]
+        score, cond_sim, text_sim = group.exact_scores(rows, cond, text_used)
+        found = []
+        for position, row in enumerate(rows.tolist()):
+            if float(score[position]) < min_similarity:
+                continue
+            similarity = float(text_sim[position])
+            found.append(Candidate(entry_id=group.ids[row], prompt=group.prompts[row], score=float(score[position]),
+                                   cond_similarity=float(cond_sim[position]),
+                                   text_similarity=None if similarity != similarity else similarity))
+        return found, below

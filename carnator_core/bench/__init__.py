@@ -1,0 +1,1 @@
+"""Benchmarks: performance as ratios measured in one run, never as timed tests."""

@@ -1,0 +1,89 @@
+"""Lookup latency: shortlist queries against an index of N synthetic entries.
+
+`python -m carnator_core.bench lookup [--entries 100000] [--queries 200] [--json]`
+
+Entries carry MiniLM-sized text vectors and projected conditioning vectors; a share of them
+sits under other hard keys (other models, grids, schedules) as in a real shared store. Two
+figures: the query alone (index in memory, as every request after the first sees it) and
+the one-time index build from a real on-disk store of the same size (`--store-entries`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+
+from carnator_core.entry import EntryMeta, HardKey
+from carnator_core.shortlist import ShortlistIndex
+from carnator_core.store import IndexVectors, ReuseStore
+
+
+def _unit(rows: int, width: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.nn.functional.normalize(torch.randn(rows, width, generator=generator), dim=1)
+
+
+def _keys(count: int) -> list[HardKey]:
+    """80% of entries share the queried key; the rest spread over 20 other keys."""
+    main = HardKey("model-0", (21, 30, 52), "schedule-0")
+    others = [HardKey(f"model-{i % 4}", (21, 30, 52), f"schedule-{i}") for i in range(1, 21)]
+    return [main if i % 5 else others[i % len(others)] for i in range(count)]
+
+
+def bench_query(entries: int, queries: int, top_k: int) -> dict[str, float]:
+    generator = torch.Generator().manual_seed(0)
+    index = ShortlistIndex()
+    texts, conds, keys = _unit(entries, 384, generator), _unit(entries, 256, generator), _keys(entries)
+    started = time.perf_counter()
+    for i in range(entries):
+        index.add(f"e{i}", keys[i], f"prompt {i}", IndexVectors(text=texts[i], cond=conds[i]))
+    add_seconds = time.perf_counter() - started
+    query_texts, query_conds = _unit(queries, 384, generator), _unit(queries, 256, generator)
+    index.query(keys[1], query_conds[0], query_texts[0], top_k, 0.0)  # first query builds the matrices
+    timings = []
+    for i in range(queries):
+        started = time.perf_counter()
+        index.query(keys[1], query_conds[i], query_texts[i], top_k, 0.0)
+        timings.append(time.perf_counter() - started)
+    return {"entries": entries, "query_ms": statistics.median(timings) * 1e3,
+            "query_p95_ms": sorted(timings)[int(0.95 * len(timings))] * 1e3, "index_add_s": add_seconds}
+
+
+def bench_store_build(entries: int) -> dict[str, float]:
+    """Time to fill an index from a real store directory (what a fresh process pays once)."""
+    generator = torch.Generator().manual_seed(1)
+    with tempfile.TemporaryDirectory() as directory:
+        store = ReuseStore(directory)
+        texts, conds, keys = _unit(entries, 384, generator), _unit(entries, 256, generator), _keys(entries)
+        for i in range(entries):
+            meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=keys[i], prompt=f"prompt {i}")
+            store.put(meta, {}, IndexVectors(text=texts[i], cond=conds[i]))
+        started = time.perf_counter()
+        index = ShortlistIndex()
+        index.refresh(store)
+        build = time.perf_counter() - started
+        store.close()
+    return {"store_entries": entries, "index_build_s": build, "index_build_ms_per_1k": build / entries * 1e6}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m carnator_core.bench lookup", description=__doc__)
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--store-entries", type=int, default=10_000)
+    parser.add_argument("--top-k", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = bench_query(args.entries, args.queries, args.top_k) | bench_store_build(args.store_entries)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"lookup over {result['entries']} entries: median {result['query_ms']:.2f} ms, "
+              f"p95 {result['query_p95_ms']:.2f} ms (index in memory)")
+        print(f"index build from a store of {result['store_entries']} entries: {result['index_build_s']:.2f} s "
+              f"({result['index_build_ms_per_1k']:.0f} ms per 1k entries)")
+    return 0
