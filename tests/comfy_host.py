@@ -86,6 +86,24 @@ def make_base_dir(base: Path, model_files: dict[str, Path] | None = None) -> Pat
     return base
 
 
+def configure_comfy_args(comfy_path: Path, base_dir: Path) -> None:
+    """Put ComfyUI first on sys.path and set its CLI args (CPU, base directory) before the rest of it is imported.
+
+    ComfyUI reads its args once, at import, into process-global state; conftest calls this at pytest start so
+    every test that imports ComfyUI, in whatever order, gets the same CPU host on the same throwaway base dir.
+    """
+    if str(comfy_path) not in sys.path:
+        sys.path.insert(0, str(comfy_path))
+    import comfy.options  # noqa: F401  (must precede cli_args: it decides whether sys.argv is parsed)
+    from comfy.cli_args import args
+
+    if not any(Path(p).resolve().is_relative_to(comfy_path) for p in sys.modules["comfy"].__path__):
+        raise RuntimeError(f"'comfy' was imported from {list(sys.modules['comfy'].__path__)}, not from {comfy_path}")
+    args.cpu = True
+    args.base_directory = str(base_dir)
+    args.disable_auto_launch = True
+
+
 @contextlib.contextmanager
 def captured_logs(level: int = logging.WARNING) -> Iterator[list[str]]:
     """Collect log lines emitted meanwhile; ComfyUI's loader reports a failed pack only through logging."""
@@ -168,22 +186,14 @@ class InProcessComfy:
         self.executor = self._execution.PromptExecutor(self.server, cache_type=self._execution.CacheType.CLASSIC)
 
     def _import_host(self) -> None:
-        foreign = [m for m in ("folder_paths", "comfy", "nodes") if m in sys.modules]
-        if foreign:
-            origin = getattr(sys.modules[foreign[0]], "__file__", None)
-            if origin is None or not Path(origin).resolve().is_relative_to(self.comfy_path):
-                raise RuntimeError(f"{foreign} already imported (from {origin}) before the in-process ComfyUI host")
-        sys.path.insert(0, str(self.comfy_path))
-        import comfy.options  # noqa: F401  (must precede cli_args: it decides whether sys.argv is parsed)
-        from comfy.cli_args import args
-
-        args.cpu = True
-        args.base_directory = str(self.base_dir)
-        args.disable_auto_launch = True
+        configure_comfy_args(self.comfy_path, self.base_dir)
         import folder_paths
 
         if Path(folder_paths.base_path) != self.base_dir:
-            raise RuntimeError(f"folder_paths uses {folder_paths.base_path}, expected {self.base_dir}")
+            raise RuntimeError(
+                f"ComfyUI's folder_paths was imported with base {folder_paths.base_path} before the in-process host "
+                f"was set up on {self.base_dir}: import ComfyUI in tests only after configure_comfy_args / the `comfy` fixture"
+            )
         # ComfyUI's top-level modules, by name (the repo's nodes/ must not shadow them), in main.py's order:
         # `utils` (a package) before `nodes`, which puts comfy/ (holding a utils.py) first on sys.path.
         importlib.import_module("utils.extra_config")

@@ -1,23 +1,54 @@
 """Fixtures: a real ComfyUI host (in-process and headless server) with the pack and tiny models loaded.
 
 - `comfyui_path`          the ComfyUI checkout (fails, never skips, when there is none)
-- `comfy`                 session-wide InProcessComfy (ComfyUI as a library on CPU)
+- `comfy`                 session-wide InProcessComfy (ComfyUI as a library on CPU, pack loaded)
 - `tiny_models`           family -> TinyModel(spec, path, name) for "wan", "hunyuan_video", "ltxv"
 - `new_base_dir`          factory: a fresh ComfyUI base directory with pack + tiny models linked in
 - `comfy_server`          one headless server per test module
 - `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
+
+At pytest start ComfyUI's args are set (CPU, a throwaway base dir), so a test that imports ComfyUI
+modules directly gets the same host as the `comfy` fixture; prefer the fixture, which also loads the pack.
 """
 
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from comfy_host import ComfyNotFound, ComfyServer, InProcessComfy, ServerFactory, find_comfyui, make_base_dir
+from comfy_host import (
+    ComfyNotFound,
+    ComfyServer,
+    InProcessComfy,
+    ServerFactory,
+    configure_comfy_args,
+    find_comfyui,
+    make_base_dir,
+)
 from tiny_models import SPECS, TinyModelSpec, write_tiny_model
+
+_INPROCESS_BASE = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        comfy_path = find_comfyui()
+    except ComfyNotFound:
+        return  # the comfyui_path fixture fails every test that needs ComfyUI, with the reason
+    base = make_base_dir(Path(tempfile.mkdtemp(prefix="carnator-comfy-")))
+    configure_comfy_args(comfy_path, base)
+    config.stash[_INPROCESS_BASE] = base
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    base = config.stash.get(_INPROCESS_BASE, None)
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -40,8 +71,8 @@ def comfyui_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def comfy(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> InProcessComfy:
-    return InProcessComfy(comfyui_path, make_base_dir(tmp_path_factory.mktemp("comfy_inprocess")))
+def comfy(comfyui_path: Path, pytestconfig: pytest.Config) -> InProcessComfy:
+    return InProcessComfy(comfyui_path, pytestconfig.stash[_INPROCESS_BASE])
 
 
 @pytest.fixture(scope="session")
