@@ -67,7 +67,8 @@ def comfyui_path() -> Path:
     try:
         return find_comfyui()
     except ComfyNotFound as error:
-        pytest.fail(str(error), pytrace=False)
+        reason = str(error)
+    pytest.fail(reason, pytrace=False)
 
 
 @pytest.fixture(scope="session")

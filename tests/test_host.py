@@ -70,6 +70,14 @@ def test_template_graph_samples_in_process(comfy, tiny_models, family: str) -> N
     assert stats["shape"] == EXPECTED_SHAPES[family] and stats["finite"]
 
 
+def test_in_process_events_reach_the_prompt_server_queue(comfy, tiny_models) -> None:
+    comfy.drain_events()
+    run = comfy.run_prompt(GRAPHS["wan"](tiny_models["wan"].name, seed=2), client_id="harness")
+    events = [(event, data.get("prompt_id"), sid) for event, data, sid in comfy.drain_events() if isinstance(data, dict)]
+    assert ("execution_start", run.prompt_id, "harness") in events
+    assert ("execution_success", run.prompt_id, "harness") in events
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("family", sorted(GRAPHS))
 def test_template_graph_samples_through_server_api(comfy_server, tiny_models, family: str) -> None:
