@@ -98,7 +98,11 @@ def schedule_fingerprint(sigmas: torch.Tensor | Sequence[float]) -> str:
     return _digest(hashlib.sha256(json.dumps(rounded).encode()))
 
 
-def noise_fingerprint(seed: int | None, noise_kind: str, shape: Sequence[int]) -> str:
-    """Identity of the initial noise: same seed, generator kind and shape give the same noise."""
-    record = {"seed": seed, "kind": noise_kind, "shape": [int(v) for v in shape]}
-    return _digest(hashlib.sha256(json.dumps(record, sort_keys=True).encode()))
+def noise_fingerprint(noise: torch.Tensor) -> str:
+    """Identity of the initial noise tensor itself: same seed, generator and shape give the same noise.
+
+    Hashing a sample of the tensor (not the seed) also covers custom noise nodes and batches.
+    """
+    hasher = hashlib.sha256(str(tuple(noise.shape)).encode())
+    hasher.update(tensor_sample(noise, count=256))
+    return _digest(hasher)

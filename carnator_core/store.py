@@ -407,13 +407,16 @@ def resolve_store_directory(user_path: str, base_directory: str, default_directo
     return candidate
 
 
-def open_store(directory: str, size_limit: int = DEFAULT_SIZE_LIMIT) -> ReuseStore:
-    """The process-wide store object of a directory (one SQLite connection set per process)."""
+def open_store(directory: str, size_limit: int | None = None) -> ReuseStore:
+    """The process-wide store object of a directory (one SQLite connection set per process).
+
+    `size_limit=None` keeps the limit the store was opened with (default for a new one).
+    """
     directory = os.path.abspath(directory)
     with _open_stores_lock:
         store = _open_stores.get(directory)
         if store is None:
-            store = _open_stores[directory] = ReuseStore(directory, size_limit)
-        else:
+            store = _open_stores[directory] = ReuseStore(directory, size_limit or DEFAULT_SIZE_LIMIT)
+        elif size_limit is not None:
             store.size_limit = int(size_limit)
         return store

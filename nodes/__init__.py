@@ -5,12 +5,15 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .lookup_node import CarnatorCompatibilityLookup
+from .reuse_nodes import CarnatorReport, CarnatorReuse
 from .store_nodes import CarnatorStore, CarnatorStoreInfo
 
 NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorStore,
     CarnatorStoreInfo,
     CarnatorCompatibilityLookup,
+    CarnatorReuse,
+    CarnatorReport,
 ]
 
 

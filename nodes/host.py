@@ -14,7 +14,7 @@ import torch
 
 from carnator_core.entry import HardKey
 from carnator_core.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
-from carnator_core.store import DEFAULT_SIZE_LIMIT, ReuseStore, open_store, resolve_store_directory
+from carnator_core.store import ReuseStore, open_store, resolve_store_directory
 
 _fingerprints: dict[tuple[int, str], str] = {}
 
@@ -24,7 +24,7 @@ def default_store_directory() -> str:
     return os.path.join(folder_paths.get_user_directory(), "carnator", "store")
 
 
-def store_from_path(path: str = "", size_limit: int = DEFAULT_SIZE_LIMIT) -> ReuseStore:
+def store_from_path(path: str = "", size_limit: int | None = None) -> ReuseStore:
     """Open the store a node asked for, applying the base-directory rule (see resolve_store_directory)."""
     directory = resolve_store_directory(path, folder_paths.base_path, default_store_directory())
     return open_store(directory, size_limit)

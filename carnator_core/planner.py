@@ -1,0 +1,101 @@
+"""Reuse planner: which donor checkpoints are worth a probe, deepest first.
+
+A probe costs one model evaluation, so the planner filters by everything that is certain
+without the model (schedule, latent shape, initial noise under the seed policy, mode
+depth) and hands the sampler a short, ordered list.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from carnator_core.entry import EntryMeta
+from carnator_core.shortlist import Candidate
+from carnator_core.store import ReuseStore
+
+log = logging.getLogger("carnator.planner")
+
+
+@dataclass
+class RequestFacts:
+    """What the planner needs to know of the live request."""
+
+    schedule: str
+    latent_shape: tuple[int, ...]
+    noise_fingerprint: str
+    total_steps: int
+
+
+@dataclass
+class ProbeTarget:
+    """One donor checkpoint to probe: the state to evaluate at and what the donor predicted there."""
+
+    candidate: Candidate
+    meta: EntryMeta
+    step: int
+    sigma: float
+    x: torch.Tensor
+    x0: torch.Tensor
+    guidance: torch.Tensor | None
+
+    @property
+    def depth(self) -> float:
+        return self.step / max(1, self.meta.total_steps)
+
+
+def _usable(tensor: torch.Tensor | None, shape: tuple[int, ...] | None) -> bool:
+    return tensor is not None and (shape is None or tuple(tensor.shape) == shape) and bool(torch.isfinite(tensor).all())
+
+
+def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
+                same_noise_only: bool, max_probes: int) -> tuple[list[ProbeTarget], dict[str, int]]:
+    """Probe targets in order (best candidate first, deepest checkpoint first) and skip reasons."""
+    targets: list[ProbeTarget] = []
+    skipped: dict[str, int] = {}
+
+    def skip(reason: str, meta: EntryMeta | None = None) -> None:
+        skipped[reason] = skipped.get(reason, 0) + 1
+        if meta is not None:
+            log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
+
+    max_step = int(max_fraction * facts.total_steps + 1e-9)
+    for candidate in candidates:
+        if len(targets) >= max_probes:
+            break
+        meta = store.get_meta(candidate.entry_id)
+        if meta is None:
+            skip("entry vanished or corrupt")
+            continue
+        if meta.hard_key.schedule != facts.schedule or meta.total_steps != facts.total_steps:
+            skip("other sigma schedule", meta)
+            continue
+        if tuple(meta.latent_shape) != tuple(facts.latent_shape):
+            skip("other latent shape (batch or size)", meta)
+            continue
+        if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
+            skip("other initial noise (seed)", meta)
+            continue
+        steps = sorted((c["step"] for c in meta.checkpoints if 0 < int(c["step"]) <= max_step), reverse=True)
+        if not steps:
+            skip("no checkpoint within the mode's depth", meta)
+            continue
+        tensors = store.get_tensors(meta.entry_id, "checkpoints")
+        if tensors is None:
+            skip("checkpoint blob missing or corrupt", meta)
+            continue
+        sigmas = {int(c["step"]): float(c["sigma"]) for c in meta.checkpoints}
+        for step in steps:
+            if len(targets) >= max_probes:
+                break
+            x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
+            if not (_usable(x, facts.latent_shape) and _usable(x0, facts.latent_shape)):
+                skip("checkpoint of another shape, or NaN", meta)
+                continue
+            if guidance is not None and not _usable(guidance, None):
+                guidance = None
+            targets.append(ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigmas[step],
+                                       x=x, x0=x0, guidance=guidance))
+    return targets, skipped

@@ -1,0 +1,103 @@
+"""Latent probe: does the new request's model steer a donor's stored state like the donor did?
+
+At a donor checkpoint (x_k, sigma_k, x0_k, guidance_k) the new request's own model, with its
+own conditioning and CFG, predicts x0_new and guidance_new. Three signals come out:
+
+- raw agreement      1 - |x0_new - x0_donor| / |x0_donor - x_k|: the issue's baseline. Late in
+                     the schedule every prompt's x0 converges on x_k, so it rises with depth
+                     whatever the prompt: it is reported, not trusted alone.
+- guidance cosine    cos(guidance_new, guidance_donor), guidance = x0_cond - x0_uncond: whether
+                     the new prompt pushes the state in the donor prompt's direction.
+- structure agreement the raw agreement after removing per-frame, per-channel means, so a
+                     global colour or style change (fixable late) does not hide a layout or
+                     motion change (not fixable late), and vice versa.
+
+`ProbeThresholds` turns them into a depth-dependent decision; defaults come from the
+calibration run of the workload benchmark (see README).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class ProbeSignals:
+    depth: float  # fraction of the schedule the donor state has already covered (k / steps)
+    raw_agreement: float
+    structure_agreement: float
+    guidance_cosine: float | None  # None without CFG (no uncond half to subtract)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+
+def _remove_frame_channel_means(tensor: torch.Tensor) -> torch.Tensor:
+    """Subtract the mean over the spatial axes of every (batch, channel, frame)."""
+    if tensor.ndim < 4:
+        return tensor - tensor.mean()
+    spatial = tuple(range(3, tensor.ndim)) if tensor.ndim >= 5 else tuple(range(2, tensor.ndim))
+    return tensor - tensor.mean(dim=spatial, keepdim=True)
+
+
+def _agreement(x0_new: torch.Tensor, x0_donor: torch.Tensor, state: torch.Tensor) -> float:
+    scale = torch.linalg.vector_norm(x0_donor - state)
+    if not torch.isfinite(scale) or scale <= 1e-12:
+        return float("nan")
+    return float(1.0 - torch.linalg.vector_norm(x0_new - x0_donor) / scale)
+
+
+GUIDANCE_DOWNSAMPLE = 2  # guidance is compared by cosine: half spatial resolution is plenty to store
+
+
+def downsample_guidance(guidance: torch.Tensor, size: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Average-pool a guidance field spatially (by GUIDANCE_DOWNSAMPLE, or to `size`).
+
+    Recording stores guidance this way, and probing pools the live guidance the same way
+    before comparing, so an identical request compares equal (upsampling the stored field
+    instead would lose its high frequencies and understate agreement).
+    """
+    if guidance.ndim not in (4, 5):
+        return guidance.float()
+    spatial = tuple(guidance.shape[2:])
+    if size is None:
+        size = spatial[:-2] + tuple(-(-d // GUIDANCE_DOWNSAMPLE) for d in spatial[-2:])
+    pool = torch.nn.functional.adaptive_avg_pool3d if guidance.ndim == 5 else torch.nn.functional.adaptive_avg_pool2d
+    return pool(guidance.float(), size)
+
+
+def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
+                  guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None) -> ProbeSignals:
+    """All signals of one probe, in fp32. NaN anywhere makes the probe fail (NaN never passes)."""
+    state, x0_new, x0_donor = state.float(), x0_new.float(), x0_donor.float()
+    raw = _agreement(x0_new, x0_donor, state)
+    structure = _agreement(_remove_frame_channel_means(x0_new), _remove_frame_channel_means(x0_donor),
+                           _remove_frame_channel_means(state))
+    cosine = None
+    if guidance_new is not None and guidance_donor is not None:
+        donor = guidance_donor.float()
+        new = downsample_guidance(guidance_new, tuple(donor.shape[2:])) if donor.ndim in (4, 5) else guidance_new
+        if new.shape == donor.shape:
+            cosine = float(torch.nn.functional.cosine_similarity(new.reshape(-1).float(), donor.reshape(-1), dim=0))
+    return ProbeSignals(depth=depth, raw_agreement=raw, structure_agreement=structure, guidance_cosine=cosine)
+
+
+@dataclass
+class ProbeThresholds:
+    """Depth-dependent acceptance: deeper resumes must agree more (threshold + slope x depth)."""
+
+    structure: float = 0.80
+    structure_slope: float = 0.15
+    guidance: float = 0.80
+    guidance_slope: float = 0.15
+
+    def passes(self, signals: ProbeSignals) -> bool:
+        needed_structure = min(1.0, self.structure + self.structure_slope * signals.depth)
+        if not signals.structure_agreement >= needed_structure:  # NaN fails
+            return False
+        if signals.guidance_cosine is None:
+            return True
+        needed_guidance = min(1.0, self.guidance + self.guidance_slope * signals.depth)
+        return signals.guidance_cosine >= needed_guidance

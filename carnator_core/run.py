@@ -1,0 +1,183 @@
+"""One sampling run under Carnator: lookup, probes, resume decision, recording, report.
+
+The host layer drives it (it owns the model and the sampler) through a handful of calls:
+`plan()` before sampling, `probe()` with a model-evaluation callback, `observe_step()` from
+the sampler's step callback, and `finish()` or nothing (an aborted run records nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from carnator_core.entry import EntryMeta, HardKey
+from carnator_core.lookup import LookupRequest, Match, embed_prompt, find_compatible
+from carnator_core.planner import ProbeTarget, RequestFacts, plan_probes
+from carnator_core.probe import ProbeSignals, probe_signals
+from carnator_core.recorder import PendingEntry, RunRecorder, writer
+from carnator_core.settings import ReuseSettings
+from carnator_core.store import ReuseStore
+
+log = logging.getLogger("carnator.run")
+
+# (x0 prediction, guidance direction or None) of the live request's model at (state, sigma)
+Evaluate = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass
+class Resume:
+    """The accepted latent reuse: start sampling at `step` from the donor state."""
+
+    target: ProbeTarget
+    signals: ProbeSignals
+    x0: torch.Tensor  # the live model's prediction at the resume state: reused as step `step`'s evaluation
+
+
+@dataclass
+class ReuseRun:
+    settings: ReuseSettings
+    store: ReuseStore
+    hard_key: HardKey
+    latent_shape: tuple[int, ...]
+    noise_fingerprint: str
+    cond_vector: torch.Tensor
+    sigmas: list[float]
+    cfg: float
+    seed: int | None
+    latent_reuse_allowed: bool = True
+    latent_reuse_note: str = ""
+    started_at: float = field(default_factory=time.perf_counter)
+    match: Match | None = None
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    resume: Resume | None = None
+    recorder: RunRecorder | None = None
+    model_calls: int = 0
+    attention: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.sigmas) - 1
+
+    # ------------------------------------------------------------------ before sampling
+    def plan(self) -> list[ProbeTarget]:
+        """Shortlist donors and list the checkpoints worth probing (empty when latent reuse is off)."""
+        text_vector, note = embed_prompt(self.settings.prompt)
+        request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector, prompt=self.settings.prompt,
+                                text_vector=text_vector)
+        self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
+        if note:
+            self.match.notes.append(note)
+        self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
+        if not self.latent_reuse_allowed or self.settings.max_resume_fraction <= 0:
+            return []
+        facts = RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
+                             noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps)
+        targets, self.skipped = plan_probes(self.store, self.match.candidates, facts,
+                                            self.settings.max_resume_fraction,
+                                            same_noise_only=self.settings.seed_policy == "same-noise",
+                                            max_probes=self.settings.max_probes)
+        return targets
+
+    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate) -> Resume | None:
+        """Evaluate targets in order; the first whose signals pass is the resume point."""
+        for target in targets:
+            x0_new, guidance_new = evaluate(target.x, target.sigma)
+            self.model_calls += 1
+            signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
+            passed = self.settings.thresholds.passes(signals)
+            self.probes.append({"donor_id": target.meta.entry_id, "step": target.step, "passed": passed,
+                                **signals.as_dict()})
+            if passed:
+                self.resume = Resume(target=target, signals=signals, x0=x0_new)
+                return self.resume
+        return None
+
+    # ------------------------------------------------------------------ during sampling
+    def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
+                     guidance: torch.Tensor | None) -> None:
+        if self.recorder is not None and self.recorder.wants(step):
+            self.recorder.capture(step, sigma, x, x0, guidance)
+
+    def wants_step(self, step: int) -> bool:
+        return self.recorder is not None and self.recorder.wants(step)
+
+    # ------------------------------------------------------------------ after sampling
+    def finish(self, model_calls: int) -> dict[str, Any]:
+        """Submit the entry for background writing and return the report."""
+        self.model_calls += model_calls
+        elapsed = time.perf_counter() - self.started_at
+        if self.resume is not None:
+            saved_steps = self.resume.target.step
+            donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
+            self.store.record_hit(self.resume.target.meta.entry_id, saved_steps * donor_seconds_per_step)
+        if self.settings.record and self.recorder is not None:
+            self._submit(elapsed)
+        return self.report(elapsed)
+
+    def _submit(self, elapsed: float) -> None:
+        listing, blobs = self.recorder.blobs()
+        lineage = {}
+        if self.resume is not None:
+            lineage = {"donor_id": self.resume.target.meta.entry_id, "depth": self.resume.target.step}
+        skipped_steps = self.resume.target.step if self.resume is not None else 0
+        # work of a full run, so that saved-work estimates stay honest for entries that themselves reused
+        full_seconds = elapsed * self.total_steps / max(1, self.total_steps - skipped_steps)
+        meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
+                         latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
+                         cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
+                         sample_seconds=full_seconds, checkpoints=listing, lineage=lineage,
+                         extra={"sigmas": [round(s, 6) for s in self.sigmas]})
+        writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector))
+
+    def report(self, elapsed: float) -> dict[str, Any]:
+        best = self.resume.target if self.resume is not None else None
+        candidate = best.candidate if best is not None else (self.match.best if self.match else None)
+        skipped_steps = best.step if best is not None else 0
+        reason = ""
+        if best is None:
+            reason = self._miss_reason()
+        per_step = elapsed / max(1, self.total_steps - skipped_steps)
+        return {
+            "hit": best is not None or bool(self.attention.get("heads_reuse")),
+            "mode": self.settings.mode,
+            "donor_id": best.meta.entry_id if best else None,
+            "donor_prompt": best.meta.prompt if best else None,
+            "text_similarity": candidate.text_similarity if candidate else None,
+            "agreement": self.resume.signals.raw_agreement if self.resume else None,
+            "structure_agreement": self.resume.signals.structure_agreement if self.resume else None,
+            "guidance_cosine": self.resume.signals.guidance_cosine if self.resume else None,
+            "skipped_steps": skipped_steps,
+            "total_steps": self.total_steps,
+            "attention_density": self.attention.get("density"),
+            "heads_reuse": self.attention.get("heads_reuse", 0),
+            "heads_own": self.attention.get("heads_own", 0),
+            "model_calls": self.model_calls,
+            "time_s": elapsed,
+            "time_saved_s": per_step * skipped_steps,
+            "reason": reason,
+            "probes": self.probes,
+            "candidates": [{"entry_id": c.entry_id, "prompt": c.prompt, "score": c.score}
+                           for c in (self.match.candidates if self.match else [])],
+            "filtered": dict(self.match.filtered) if self.match else {},
+            "skipped_donors": dict(self.skipped),
+            "notes": list(self.match.notes if self.match else []),
+        }
+
+    def _miss_reason(self) -> str:
+        if not self.latent_reuse_allowed:
+            return self.latent_reuse_note or "latent reuse not applicable"
+        if self.settings.max_resume_fraction <= 0:
+            return "mode 'safe': latent reuse off"
+        if self.match is None or not self.match.candidates:
+            return "no candidate" if not (self.match and self.match.filtered) else "no candidate (all filtered)"
+        if self.probes:
+            return "probe rejected"
+        if self.skipped:
+            return "filtered: " + ", ".join(sorted(self.skipped))
+        return "no candidate"

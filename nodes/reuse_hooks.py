@@ -1,0 +1,244 @@
+"""ComfyUI sampling wrappers that run a `carnator_core.run.ReuseRun` around any sampler.
+
+Modelled on ComfyUI's built-in EasyCache: supported `add_wrapper_with_key` hooks only,
+per-run state created in OUTER_SAMPLE on a clone of the guider's model options and dropped
+in `finally`. The wrappers translate between ComfyUI objects and the engine; every decision
+is made in carnator_core.
+
+- OUTER_SAMPLE    builds the run (fingerprints, lookup), records and reports afterwards
+- SAMPLER_SAMPLE  probes donors with the loaded model, resumes from the accepted state
+- PREDICT_NOISE   serves the accepted probe as the first evaluation after the resume,
+                  counts model calls, applies the optional guidance boost
+- CALC_COND_BATCH keeps cond - uncond where a probe or a checkpoint needs it
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import comfy.model_patcher
+import comfy.patcher_extension
+import torch
+from comfy_execution.utils import get_executing_context
+
+from carnator_core.embeddings import condition_vector
+from carnator_core.fingerprint import FingerprintError, noise_fingerprint
+from carnator_core.run import ReuseRun
+from carnator_core.settings import ReuseSettings
+from carnator_core.store import StoreError
+
+from .host import hard_key, store_from_path
+
+log = logging.getLogger("carnator")
+
+SETTINGS_KEY = "carnator_reuse"
+RUN_KEY = "carnator_run"
+WRAPPER_KEY = "carnator_reuse"
+
+_reports: dict[str, list[dict[str, Any]]] = {}  # prompt_id -> reports of its sampling runs, for CarnatorReport
+_reports_lock = threading.Lock()
+
+
+def install(model, settings: ReuseSettings):
+    """A clone of `model` whose sampling runs go through Carnator reuse."""
+    model = model.clone()
+    model.model_options["transformer_options"][SETTINGS_KEY] = settings
+    wrappers = comfy.patcher_extension.WrappersMP
+    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, WRAPPER_KEY, outer_sample_wrapper)
+    model.add_wrapper_with_key(wrappers.SAMPLER_SAMPLE, WRAPPER_KEY, sampler_sample_wrapper)
+    model.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper)
+    model.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper)
+    return model
+
+
+def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:
+    with _reports_lock:
+        return list(_reports.get(prompt_id or "", []))
+
+
+class _HostState:
+    """Host-side companions of a ReuseRun: tensors on the device and counters."""
+
+    def __init__(self, run: ReuseRun | None, settings: ReuseSettings) -> None:
+        self.run = run
+        self.settings = settings
+        self.model_calls = 0
+        self.cached_eval: tuple[torch.Tensor, float, torch.Tensor] | None = None
+        self.capture_guidance = False
+        self.last_guidance: tuple[float, torch.Tensor] | None = None
+        self.checkpoint_sigmas: set[float] = set()
+        self.boost_sigmas: set[float] = set()
+
+
+def _positive_cross_attn(guider) -> torch.Tensor | None:
+    for cond in guider.conds.get("positive", []) if hasattr(guider, "conds") else []:
+        tensor = cond.get("cross_attn")
+        if isinstance(tensor, torch.Tensor):
+            return tensor
+    return None
+
+
+def _build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed) -> ReuseRun:
+    store = store_from_path(settings.store_directory)
+    cross_attn = _positive_cross_attn(guider)
+    if cross_attn is None:
+        raise ValueError("the positive conditioning carries no cross-attention tensor")
+    sigma_list = [float(s) for s in sigmas.flatten().tolist()]
+    key = hard_key(guider.model_patcher, noise, sigmas)
+    run = ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
+                   noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
+                   sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed)
+    sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
+    if denoise_mask is not None:
+        run.latent_reuse_allowed, run.latent_reuse_note = False, "denoise mask (inpainting): latent reuse off"
+    elif latent_image is not None and torch.count_nonzero(latent_image) > 0:
+        run.latent_reuse_allowed, run.latent_reuse_note = False, "input latent is not empty: latent reuse off"
+    elif sigma_list[0] < sigma_max * 0.999:
+        run.latent_reuse_allowed, run.latent_reuse_note = False, "denoise < 1: latent reuse off"
+    return run
+
+
+def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise_mask=None, callback=None,
+                         disable_pbar=False, seed=None):
+    guider = executor.class_obj
+    original_options = guider.model_options
+    guider.model_options = comfy.model_patcher.create_model_options_clone(original_options)
+    transformer_options = guider.model_options["transformer_options"]
+    settings: ReuseSettings = transformer_options[SETTINGS_KEY]
+    try:
+        try:
+            run = _build_run(guider, settings, noise, latent_image, sigmas, denoise_mask, seed)
+        except (StoreError, FingerprintError, ValueError) as error:
+            log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
+            run = None
+        state = _HostState(run, settings)
+        transformer_options[RUN_KEY] = state
+        output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
+        if run is not None:
+            _publish(run.finish(state.model_calls))
+        return output
+    finally:
+        transformer_options.pop(RUN_KEY, None)
+        guider.model_options = original_options
+
+
+def _publish(report: dict[str, Any]) -> None:
+    context = get_executing_context()
+    report = dict(report, prompt_id=context.prompt_id if context else None, node=context.node_id if context else None)
+    with _reports_lock:
+        _reports.setdefault(report["prompt_id"] or "", []).append(report)
+        while len(_reports) > 64:
+            _reports.pop(next(iter(_reports)))
+    log.info("Carnator: %s", "HIT" if report["hit"] else f"MISS ({report['reason']})")
+    try:
+        from server import PromptServer
+
+        if getattr(PromptServer, "instance", None) is not None:
+            PromptServer.instance.send_sync("carnator.status", report)
+    except ImportError:  # ComfyUI used as a library without its server
+        pass
+
+
+def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(noise, latent) that the sampler's own noise scaling turns into `state` at `sigma`.
+
+    Samplers start from model_sampling.noise_scaling(sigma, noise, latent), linear in both:
+    a*noise + b*latent. With noise = latent = state / (a + b) the start is `state` (to rounding)
+    for flow (a + b = 1) and EPS models alike.
+    """
+    model_sampling = guider.inner_model.model_sampling
+    sigma_t = torch.tensor(sigma, device=state.device, dtype=state.dtype)
+    ones = torch.ones_like(state[:1, :1])
+    a = model_sampling.noise_scaling(sigma_t, ones, torch.zeros_like(ones))
+    b = model_sampling.noise_scaling(sigma_t, torch.zeros_like(ones), ones)
+    start = state / (a + b)
+    return start, start
+
+
+def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, latent_image=None,
+                           denoise_mask=None, disable_pbar=False):
+    state: _HostState | None = extra_args["model_options"]["transformer_options"].get(RUN_KEY)
+    if state is None or state.run is None:
+        return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
+    run = state.run
+    sigma_values = [float(s) for s in sigmas.flatten().tolist()]
+    targets = run.plan()
+    state.checkpoint_sigmas = {sigma_values[s] for s in run.recorder.checkpoint_steps}
+    batch = noise.shape[0]
+
+    def evaluate(x_cpu: torch.Tensor, sigma: float):
+        x = x_cpu.to(device=noise.device, dtype=noise.dtype)
+        state.capture_guidance, state.last_guidance = True, None
+        try:
+            x0 = guider(x, torch.full((batch,), sigma, device=noise.device, dtype=noise.dtype),
+                        model_options=extra_args["model_options"], seed=extra_args.get("seed"))
+        finally:
+            state.capture_guidance = False
+        guidance = state.last_guidance[1] if state.last_guidance is not None else None
+        return x0, guidance
+
+    start = 0
+    if targets:
+        resume = run.probe(targets, evaluate)
+        if resume is not None:
+            start = resume.target.step
+            x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
+            state.cached_eval = (x_k, resume.target.sigma, resume.x0)
+            noise, latent_image = _start_state(guider, resume.target.sigma, x_k)
+            sigmas = sigmas[start:]
+            boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
+            state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
+
+    def step_callback(step, x0, x, total_steps):
+        absolute = start + step
+        if run.wants_step(absolute):
+            guidance = None
+            if state.last_guidance is not None and abs(state.last_guidance[0] - sigma_values[absolute]) < 1e-6:
+                guidance = state.last_guidance[1]
+            run.observe_step(absolute, sigma_values[absolute], x, x0, guidance)
+        if callback is not None:
+            callback(step, x0, x, total_steps)
+
+    return executor(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
+
+
+def _first_sigma(timestep) -> float:
+    return float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+
+
+def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  # noqa: B006 (ComfyUI's signature)
+    state: _HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
+    if state is None:
+        return executor(x, timestep, model_options, seed)
+    sigma = _first_sigma(timestep)
+    if state.cached_eval is not None:
+        cached_x, cached_sigma, cached_x0 = state.cached_eval
+        if abs(cached_sigma - sigma) < 1e-6 and cached_x.shape == x.shape and torch.allclose(cached_x, x, rtol=1e-4,
+                                                                                              atol=1e-5):
+            state.cached_eval = None
+            return cached_x0
+    if not state.capture_guidance:
+        state.model_calls += 1
+    guider = executor.class_obj
+    if sigma in state.boost_sigmas and hasattr(guider, "cfg"):
+        original_cfg = guider.cfg
+        guider.cfg = original_cfg * (1.0 + state.settings.guidance_boost)
+        try:
+            return executor(x, timestep, model_options, seed)
+        finally:
+            guider.cfg = original_cfg
+    return executor(x, timestep, model_options, seed)
+
+
+def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options):
+    output = executor(model, conds, x_in, timestep, model_options)
+    state: _HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
+    if state is None or len(output) < 2 or output[1] is None or conds[1] is None:
+        return output
+    sigma = _first_sigma(timestep)
+    if state.capture_guidance or any(abs(sigma - s) < 1e-6 for s in state.checkpoint_sigmas):
+        state.last_guidance = (sigma, output[0] - output[1])
+    return output
+

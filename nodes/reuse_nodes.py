@@ -1,0 +1,127 @@
+"""Nodes that make a sampler reuse earlier generations, and the report of what happened."""
+
+from __future__ import annotations
+
+import json
+
+from comfy_api.latest import io
+
+from carnator_core.probe import ProbeThresholds
+from carnator_core.settings import MODES, SEED_POLICIES, ReuseSettings
+
+from .reuse_hooks import install, reports_for
+from .types import StoreType
+
+
+def reuse_inputs() -> list[io.Input]:
+    """The Carnator options shared by every reuse entry point (one definition, several nodes)."""
+    return [
+        StoreType.Input("store", optional=True, tooltip="Reuse store; the default store when not connected."),
+        io.String.Input("prompt", default="", multiline=True, optional=True,
+                        tooltip="Prompt text of this request, for text similarity and the store listing. "
+                                "Leave empty to match on the conditioning tensor alone."),
+        io.Combo.Input("mode", options=list(MODES), default="balanced",
+                       tooltip="safe: borrow attention masks only. balanced: also resume from a verified donor "
+                               "state up to half-way. fast: resume up to 80% of the way."),
+        io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default="same-noise",
+                       tooltip="same-noise: resume only from donors with identical initial noise (same seed), the "
+                               "prompt-editing loop. serving: any compatible donor (throughput first)."),
+        io.Int.Input("top_k", default=4, min=1, max=64, tooltip="Candidates shortlisted by similarity."),
+        io.Float.Input("min_similarity", default=0.5, min=-1.0, max=1.0, step=0.01,
+                       tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
+        io.Int.Input("max_probes", default=3, min=0, max=16,
+                     tooltip="Most donor states evaluated per run; each probe costs one model evaluation."),
+        io.Float.Input("structure_threshold", default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
+                       tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
+                               "at depth 0; rises with depth by depth_slope."),
+        io.Float.Input("guidance_threshold", default=ProbeThresholds.guidance, min=-1.0, max=1.0, step=0.01,
+                       tooltip="Cosine between the new and the donor guidance direction (cond - uncond) needed "
+                               "at depth 0 (CFG only); rises with depth by depth_slope."),
+        io.Float.Input("depth_slope", default=ProbeThresholds.structure_slope, min=0.0, max=1.0, step=0.01,
+                       tooltip="How much stricter both thresholds get per unit of depth (fraction of steps skipped)."),
+        io.Float.Input("guidance_boost", default=0.0, min=0.0, max=2.0, step=0.05,
+                       tooltip="Extra CFG (as a fraction of cfg) for the first steps after a resume. 0 = off."),
+        io.Int.Input("guidance_boost_steps", default=0, min=0, max=20,
+                     tooltip="How many steps after a resume get the guidance boost."),
+        io.Boolean.Input("record", default=True,
+                         tooltip="Record this run in the store so later requests can reuse it."),
+    ]
+
+
+def settings_from_inputs(store=None, prompt: str = "", mode: str = "balanced", seed_policy: str = "same-noise",
+                         top_k: int = 4, min_similarity: float = 0.5, max_probes: int = 3,
+                         structure_threshold: float = ProbeThresholds.structure,
+                         guidance_threshold: float = ProbeThresholds.guidance,
+                         depth_slope: float = ProbeThresholds.structure_slope, guidance_boost: float = 0.0,
+                         guidance_boost_steps: int = 0, record: bool = True) -> ReuseSettings:
+    thresholds = ProbeThresholds(structure=structure_threshold, structure_slope=depth_slope,
+                                 guidance=guidance_threshold, guidance_slope=depth_slope)
+    return ReuseSettings(mode=mode, store_directory=store.directory if store is not None else "",
+                         prompt=prompt or "", top_k=top_k, min_similarity=min_similarity, max_probes=max_probes,
+                         seed_policy=seed_policy, thresholds=thresholds, record=record,
+                         guidance_boost=guidance_boost, guidance_boost_steps=guidance_boost_steps)
+
+
+class CarnatorReuse(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorReuse",
+            display_name="Carnator Reuse",
+            category="Carnator/reuse",
+            description="Insert between the model chain and any sampler (KSampler, SamplerCustom, "
+                        "SamplerCustomAdvanced): the sampler then reuses compatible earlier generations, "
+                        "verified by the model itself, and records this one for later requests.",
+            inputs=[io.Model.Input("model", tooltip="The model after LoRAs and other patches.")] + reuse_inputs(),
+            outputs=[io.Model.Output(display_name="model")],
+        )
+
+    @classmethod
+    def execute(cls, model, **options) -> io.NodeOutput:
+        return io.NodeOutput(install(model, settings_from_inputs(**options)))
+
+
+class CarnatorReport(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorReport",
+            display_name="Carnator Report",
+            category="Carnator/reuse",
+            description="What Carnator did in this prompt's sampling runs: hit or miss and why, the donor, "
+                        "steps skipped, attention density, time saved.",
+            is_output_node=True,
+            not_idempotent=True,
+            inputs=[io.Latent.Input("samples", tooltip="Output of the sampler to report on (orders this node "
+                                                       "after it).")],
+            outputs=[io.String.Output(display_name="text"), io.String.Output(display_name="json")],
+        )
+
+    @classmethod
+    def execute(cls, samples) -> io.NodeOutput:
+        from comfy_execution.utils import get_executing_context
+
+        context = get_executing_context()
+        reports = reports_for(context.prompt_id if context else None)
+        text = "\n".join(format_report(report) for report in reports) or "Carnator: no Carnator sampling run yet."
+        data = json.dumps(reports, default=str)
+        return io.NodeOutput(text, data, ui={"text": [text]})
+
+
+def format_report(report: dict) -> str:
+    """One readable paragraph per sampling run."""
+    if report.get("skipped_steps"):
+        head = (f"HIT: resumed at step {report['skipped_steps']}/{report['total_steps']} from "
+                f"{(report.get('donor_prompt') or '')[:60]!r} (structure {report['structure_agreement']:.3f}")
+        if report.get("guidance_cosine") is not None:
+            head += f", guidance {report['guidance_cosine']:.3f}"
+        head += f"), ~{report['time_saved_s']:.1f} s saved"
+    elif report.get("hit"):
+        head = "HIT: attention masks borrowed"
+    else:
+        head = f"MISS: {report.get('reason') or 'no reuse'}"
+    lines = [head, f"  mode {report['mode']}, {report['time_s']:.1f} s, probes {len(report.get('probes', []))}"]
+    if report.get("attention_density") is not None:
+        lines.append(f"  attention density {report['attention_density']:.3f}, heads reuse/own "
+                     f"{report['heads_reuse']}/{report['heads_own']}")
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""Reuse-aware sampling inside real ComfyUI on the tiny Wan model (KSampler template)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+from reuse_graphs import with_reuse
+from t2v_graphs import SAMPLER, wan_t2v
+
+from carnator_core.recorder import writer
+
+_stores = itertools.count()
+STEPS = 10
+
+
+@pytest.fixture
+def store_path() -> str:
+    return f"stores/reuse-{next(_stores)}"
+
+
+def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
+    """Run a graph from a cold cache: ComfyUI would otherwise serve an identical prompt without sampling."""
+    comfy.unload_models()
+    run = comfy.run_prompt(graph)
+    latent = run.output(SAMPLER)["samples"]
+    reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
+    writer.flush()
+    return latent, reports
+
+
+def _wan(tiny_models, **kwargs) -> dict:
+    return wan_t2v(tiny_models["wan"].name, steps=STEPS, sampler_name="euler", **kwargs)
+
+
+def test_miss_is_bit_identical_to_plain_ksampler(comfy, tiny_models, store_path):
+    plain, _ = _sample(comfy, _wan(tiny_models, seed=3))
+    reused, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=3), store_path, prompt="a red ball"))
+    assert reports[0]["hit"] is False and reports[0]["reason"]
+    assert torch.equal(plain, reused)
+
+
+def test_same_prompt_and_seed_resumes_at_deepest_checkpoint(comfy, tiny_models, store_path):
+    first, first_reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=7), store_path, prompt="a red ball"))
+    second, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=7), store_path, prompt="a red ball"))
+    report = reports[0]
+    assert report["hit"], json.dumps(report)
+    assert report["skipped_steps"] == 5  # balanced: deepest checkpoint at <= half of 10 steps
+    assert report["structure_agreement"] == pytest.approx(1.0, abs=1e-3)  # fp16 checkpoints
+    assert first_reports[0]["model_calls"] == STEPS
+    assert report["model_calls"] == STEPS - 5 + 0  # the accepted probe is step 5's evaluation, not an extra call
+    # checkpoints are stored as fp16: the resumed result matches to that precision
+    relative_error = float((second - first).norm() / first.norm())
+    assert relative_error < 2e-3, relative_error
+
+
+def test_forced_probe_failure_and_changed_seed_get_no_latent_reuse(comfy, tiny_models, store_path):
+    _sample(comfy, with_reuse(_wan(tiny_models, seed=11), store_path, prompt="a red ball"))
+    _, strict = _sample(comfy, with_reuse(_wan(tiny_models, seed=11), store_path, prompt="a red ball",
+                                          structure_threshold=1.0, guidance_threshold=1.0, depth_slope=0.0))
+    assert strict[0]["skipped_steps"] == 0 and strict[0]["reason"] == "probe rejected"
+    _, reseeded = _sample(comfy, with_reuse(_wan(tiny_models, seed=12), store_path, prompt="a red ball"))
+    assert reseeded[0]["skipped_steps"] == 0
+    assert "other initial noise (seed)" in reseeded[0]["skipped_donors"]
+    _, serving = _sample(comfy, with_reuse(_wan(tiny_models, seed=13), store_path, prompt="a red ball",
+                                           seed_policy="serving", structure_threshold=-1.0,
+                                           guidance_threshold=-1.0, depth_slope=0.0))
+    assert serving[0]["skipped_steps"] > 0
+
+
+def test_safe_mode_never_resumes(comfy, tiny_models, store_path):
+    _sample(comfy, with_reuse(_wan(tiny_models, seed=5), store_path, prompt="a red ball", mode="safe"))
+    _, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=5), store_path, prompt="a red ball", mode="safe"))
+    assert reports[0]["skipped_steps"] == 0
