@@ -65,14 +65,20 @@ class ReuseRun:
         return len(self.sigmas) - 1
 
     # ------------------------------------------------------------------ before sampling
-    def plan(self) -> list[ProbeTarget]:
-        """Shortlist donors and list the checkpoints worth probing (empty when latent reuse is off)."""
-        text_vector, note = embed_prompt(self.settings.prompt)
-        request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector, prompt=self.settings.prompt,
-                                text_vector=text_vector)
-        self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
-        if note:
-            self.match.notes.append(note)
+    def plan(self, match: Match | None = None) -> list[ProbeTarget]:
+        """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing.
+
+        Empty when latent reuse is off for this run.
+        """
+        if match is not None:
+            self.match = match
+        else:
+            text_vector, note = embed_prompt(self.settings.prompt)
+            request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector,
+                                    prompt=self.settings.prompt, text_vector=text_vector)
+            self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
+            if note:
+                self.match.notes.append(note)
         self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
         if not self.latent_reuse_allowed or self.settings.max_resume_fraction <= 0:
             return []

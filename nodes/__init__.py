@@ -6,6 +6,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from .lookup_node import CarnatorCompatibilityLookup
 from .reuse_nodes import CarnatorReport, CarnatorReuse
+from .sampler_nodes import CarnatorKSampler, CarnatorReuseSampler
 from .store_nodes import CarnatorStore, CarnatorStoreInfo
 
 NODE_LIST: list[type[io.ComfyNode]] = [
@@ -14,6 +15,8 @@ NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorCompatibilityLookup,
     CarnatorReuse,
     CarnatorReport,
+    CarnatorKSampler,
+    CarnatorReuseSampler,
 ]
 
 

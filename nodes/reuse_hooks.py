@@ -58,7 +58,7 @@ def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:
         return list(_reports.get(prompt_id or "", []))
 
 
-class _HostState:
+class HostState:
     """Host-side companions of a ReuseRun: tensors on the device and counters."""
 
     def __init__(self, run: ReuseRun | None, settings: ReuseSettings) -> None:
@@ -80,7 +80,7 @@ def _positive_cross_attn(guider) -> torch.Tensor | None:
     return None
 
 
-def _build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed) -> ReuseRun:
+def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed) -> ReuseRun:
     store = store_from_path(settings.store_directory)
     cross_attn = _positive_cross_attn(guider)
     if cross_attn is None:
@@ -109,22 +109,22 @@ def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise
     settings: ReuseSettings = transformer_options[SETTINGS_KEY]
     try:
         try:
-            run = _build_run(guider, settings, noise, latent_image, sigmas, denoise_mask, seed)
+            run = build_run(guider, settings, noise, latent_image, sigmas, denoise_mask, seed)
         except (StoreError, FingerprintError, ValueError) as error:
             log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
             run = None
-        state = _HostState(run, settings)
+        state = HostState(run, settings)
         transformer_options[RUN_KEY] = state
         output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
         if run is not None:
-            _publish(run.finish(state.model_calls))
+            publish(run.finish(state.model_calls))
         return output
     finally:
         transformer_options.pop(RUN_KEY, None)
         guider.model_options = original_options
 
 
-def _publish(report: dict[str, Any]) -> None:
+def publish(report: dict[str, Any]) -> None:
     context = get_executing_context()
     report = dict(report, prompt_id=context.prompt_id if context else None, node=context.node_id if context else None)
     with _reports_lock:
@@ -159,12 +159,19 @@ def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tenso
 
 def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, latent_image=None,
                            denoise_mask=None, disable_pbar=False):
-    state: _HostState | None = extra_args["model_options"]["transformer_options"].get(RUN_KEY)
+    state: HostState | None = extra_args["model_options"]["transformer_options"].get(RUN_KEY)
     if state is None or state.run is None:
         return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
+    return sample_with_run(executor, state, guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
+                           disable_pbar)
+
+
+def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callback, noise, latent_image,
+                    denoise_mask, disable_pbar, match=None):
+    """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording."""
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
-    targets = run.plan()
+    targets = run.plan(match)
     state.checkpoint_sigmas = {sigma_values[s] for s in run.recorder.checkpoint_steps}
     batch = noise.shape[0]
 
@@ -201,7 +208,7 @@ def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise
         if callback is not None:
             callback(step, x0, x, total_steps)
 
-    return executor(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
+    return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
 
 
 def _first_sigma(timestep) -> float:
@@ -209,7 +216,7 @@ def _first_sigma(timestep) -> float:
 
 
 def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  # noqa: B006 (ComfyUI's signature)
-    state: _HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
+    state: HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
     if state is None:
         return executor(x, timestep, model_options, seed)
     sigma = _first_sigma(timestep)
@@ -234,7 +241,7 @@ def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  
 
 def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options):
     output = executor(model, conds, x_in, timestep, model_options)
-    state: _HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
+    state: HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
     if state is None or len(output) < 2 or output[1] is None or conds[1] is None:
         return output
     sigma = _first_sigma(timestep)

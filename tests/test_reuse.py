@@ -74,3 +74,41 @@ def test_safe_mode_never_resumes(comfy, tiny_models, store_path):
     _sample(comfy, with_reuse(_wan(tiny_models, seed=5), store_path, prompt="a red ball", mode="safe"))
     _, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=5), store_path, prompt="a red ball", mode="safe"))
     assert reports[0]["skipped_steps"] == 0
+
+
+def test_carnator_ksampler_is_a_drop_in_for_ksampler(comfy, tiny_models, store_path):
+    plain_graph = _wan(tiny_models, seed=21)
+    plain, _ = _sample(comfy, plain_graph)
+    graph = with_reuse(_wan(tiny_models, seed=21), store_path, prompt="a red ball")
+    reuse_inputs = graph.pop("carnator_reuse")["inputs"]
+    graph[SAMPLER] = {"class_type": "CarnatorKSampler",
+                      "inputs": {**plain_graph[SAMPLER]["inputs"], **{k: v for k, v in reuse_inputs.items()
+                                                                     if k != "model"}}}
+    first, first_reports = _sample(comfy, graph)
+    assert torch.equal(first, plain) and not first_reports[0]["hit"]
+    second, reports = _sample(comfy, graph)
+    assert reports[0]["skipped_steps"] == 5
+    assert float((second - first).norm() / first.norm()) < 2e-3
+
+
+def test_reuse_sampler_with_lookup_in_a_sampler_custom_advanced_graph(comfy, tiny_models, store_path):
+    from reuse_graphs import REUSE_DEFAULTS
+    from t2v_graphs import LATENT, POSITIVE, hunyuan_video_t2v
+
+    graph = hunyuan_video_t2v(tiny_models["hunyuan_video"].name, steps=STEPS, seed=4)
+    plain, _ = _sample(comfy, graph)
+    graph["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
+    graph["lookup"] = {"class_type": "CarnatorCompatibilityLookup", "inputs": {
+        "model": ["model_sampling", 0], "positive": [POSITIVE, 0], "latent": [LATENT, 0], "prompt": "a red ball",
+        "store": ["carnator_store", 0], "sigmas": ["sigmas", 0], "top_k": 4, "min_similarity": 0.5}}
+    graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {
+        "sampler": ["ksampler_select", 0], "match": ["lookup", 0], "store": ["carnator_store", 0],
+        "prompt": "a red ball", **REUSE_DEFAULTS}}
+    graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
+    graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
+    first, first_reports = _sample(comfy, graph)
+    assert torch.equal(first, plain) and not first_reports[0]["hit"]
+    second, reports = _sample(comfy, graph)
+    assert reports[0]["skipped_steps"] == 5, json.dumps(reports[0])
+    assert reports[0]["guidance_cosine"] is None  # BasicGuider: cfg 1, no uncond half
+    assert float((second - first).norm() / first.norm()) < 2e-3

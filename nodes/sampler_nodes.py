@@ -1,0 +1,135 @@
+"""Sampler-shaped entry points to the same reuse engine: a drop-in KSampler and a SAMPLER wrapper."""
+
+from __future__ import annotations
+
+import logging
+
+import comfy.model_patcher
+import comfy.patcher_extension
+import comfy.samplers
+import nodes as comfy_nodes
+from comfy_api.latest import io
+
+from carnator_core.fingerprint import FingerprintError
+from carnator_core.store import StoreError
+
+from .reuse_hooks import (
+    RUN_KEY,
+    WRAPPER_KEY,
+    HostState,
+    build_run,
+    calc_cond_batch_wrapper,
+    install,
+    predict_noise_wrapper,
+    publish,
+    sample_with_run,
+)
+from .reuse_nodes import reuse_inputs, settings_from_inputs
+from .types import MatchType
+
+log = logging.getLogger("carnator")
+
+
+class CarnatorKSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorKSampler",
+            display_name="Carnator KSampler",
+            category="Carnator/sampling",
+            description="KSampler with Carnator reuse built in: same inputs and output as ComfyUI's KSampler.",
+            inputs=[
+                io.Model.Input("model", tooltip="The model used for denoising the input latent."),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                             tooltip="The random seed used for creating the noise."),
+                io.Int.Input("steps", default=20, min=1, max=10000, tooltip="The number of denoising steps."),
+                io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                               tooltip="Classifier-free guidance scale."),
+                io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS,
+                               tooltip="The sampling algorithm."),
+                io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS,
+                               tooltip="How noise is removed over the steps."),
+                io.Conditioning.Input("positive", tooltip="What to include in the video."),
+                io.Conditioning.Input("negative", tooltip="What to exclude from the video."),
+                io.Latent.Input("latent_image", tooltip="The latent to denoise."),
+                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+                               tooltip="Amount of denoising; below 1 latent reuse is off (sparsity reuse stays)."),
+            ] + reuse_inputs(),
+            outputs=[io.Latent.Output(display_name="LATENT")],
+        )
+
+    @classmethod
+    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                denoise=1.0, **options) -> io.NodeOutput:
+        reusing = install(model, settings_from_inputs(**options))
+        (latent,) = comfy_nodes.common_ksampler(reusing, seed, steps, cfg, sampler_name, scheduler, positive, negative,
+                                                latent_image, denoise=denoise)
+        return io.NodeOutput(latent)
+
+
+class ReuseSampler(comfy.samplers.Sampler):
+    """A SAMPLER that runs another SAMPLER under Carnator reuse (for SamplerCustom/SamplerCustomAdvanced)."""
+
+    def __init__(self, inner: comfy.samplers.Sampler, settings, match) -> None:
+        self.inner, self.settings, self.match = inner, settings, match
+
+    def max_denoise(self, model_wrap, sigmas):
+        return self.inner.max_denoise(model_wrap, sigmas)
+
+    def sample(self, guider, sigmas, extra_args, callback, noise, latent_image=None, denoise_mask=None,
+               disable_pbar=False):
+        model_options = extra_args["model_options"]
+        if RUN_KEY in model_options.get("transformer_options", {}):
+            log.warning("Carnator: the model already goes through a Carnator Reuse node; the reuse sampler defers to it")
+            return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
+                                     disable_pbar)
+        original_guider_options = guider.model_options
+        guider.model_options = comfy.model_patcher.create_model_options_clone(original_guider_options)
+        wrappers = comfy.patcher_extension.WrappersMP
+        comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper,
+                                                     guider.model_options, is_model_options=True)
+        comfy.patcher_extension.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper,
+                                                     model_options, is_model_options=True)
+        try:
+            try:
+                run = build_run(guider, self.settings, noise, latent_image, sigmas, denoise_mask,
+                                 extra_args.get("seed"))
+            except (StoreError, FingerprintError, ValueError) as error:
+                log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
+                return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
+                                         disable_pbar)
+            state = HostState(run, self.settings)
+            model_options["transformer_options"][RUN_KEY] = state
+            guider.model_options["transformer_options"][RUN_KEY] = state
+            output = sample_with_run(self.inner.sample, state, guider, sigmas, extra_args, callback, noise,
+                                     latent_image, denoise_mask, disable_pbar, match=self.match)
+            publish(run.finish(state.model_calls))
+            return output
+        finally:
+            model_options.get("transformer_options", {}).pop(RUN_KEY, None)
+            guider.model_options = original_guider_options
+
+
+class CarnatorReuseSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorReuseSampler",
+            display_name="Carnator Reuse Sampler",
+            category="Carnator/sampling",
+            description="Wraps a SAMPLER (e.g. from KSamplerSelect) for SamplerCustom / SamplerCustomAdvanced so it "
+                        "reuses compatible earlier generations; takes the candidates of a Carnator Compatibility "
+                        "Lookup when connected.",
+            inputs=[io.Sampler.Input("sampler", tooltip="The sampler to run under Carnator reuse."),
+                    MatchType.Input("match", optional=True,
+                                    tooltip="Candidates from Carnator Compatibility Lookup; without it the "
+                                            "sampler looks them up itself.")] + reuse_inputs(),
+            outputs=[io.Sampler.Output(display_name="SAMPLER")],
+        )
+
+    @classmethod
+    def execute(cls, sampler, match=None, **options) -> io.NodeOutput:
+        settings = settings_from_inputs(**options)
+        if match is not None and not settings.store_directory:
+            settings = settings.replace(store_directory=match.store_directory)
+        return io.NodeOutput(ReuseSampler(sampler, settings, match))
