@@ -9,7 +9,17 @@ import torch
 from safetensors.torch import save_file
 
 from carnator_core.demo.text import TOKENS
-from carnator_core.demo.train import PromptBank, TrainConfig, make_batch, shifted_sigma
+from carnator_core.demo.train import (
+    PromptBank,
+    TrainConfig,
+    _restore_optimizer,
+    export_weights,
+    latest_checkpoint,
+    load_ema,
+    make_batch,
+    save_checkpoint,
+    shifted_sigma,
+)
 from carnator_core.demo.wan_model import WanConfig, WanT2V, config_from_state_dict
 
 COMFYUI = Path(os.environ.get("COMFYUI_PATH", Path.home() / "ComfyUI"))
@@ -78,3 +88,42 @@ def test_training_batch_follows_flow_parametrisation(tmp_path: Path) -> None:
     xt = s * a.noise + (1 - s) * a.x0
     assert torch.allclose(xt - s * (a.noise - a.x0), a.x0, atol=1e-5)
     assert float(shifted_sigma(torch.tensor(0.5), 3.0)) == pytest.approx(0.75)
+
+
+def _checkpoint(out: Path) -> tuple[WanT2V, torch.optim.Optimizer]:
+    cfg = TrainConfig(dim=256, ffn_dim=96, num_layers=2)
+    model = _random_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(1, 16, 1, 4, 4), torch.tensor([500.0]), torch.randn(1, 4, 384)).pow(2).mean().backward()
+    opt.step()
+    ema = _random_model(seed=1)
+    save_checkpoint(out, model, ema, opt, cfg, step=7, elapsed=1.0)
+    return ema, opt
+
+
+def test_checkpoint_restores_optimizer_and_ema(tmp_path: Path) -> None:
+    ema, opt = _checkpoint(tmp_path)
+    from safetensors.torch import load_file
+
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and not any(p.suffix in (".pt", ".pth", ".bin") for p in ckpt.iterdir())
+    fresh = torch.optim.AdamW(_random_model().parameters(), lr=1e-3)
+    state = __import__("json").loads((ckpt / "state.json").read_text())
+    _restore_optimizer(fresh, load_file(ckpt / "optimizer.safetensors"), state["param_groups"])
+    for key, value in opt.state_dict()["state"][0].items():
+        assert torch.equal(fresh.state_dict()["state"][0][key], value)
+    loaded, step = load_ema(tmp_path)
+    assert step == 7 and all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                                ema.state_dict().values(), strict=True))
+
+
+def test_exported_fp16_weights_load_in_comfyui(comfy_sd, tmp_path: Path) -> None:
+    ema, _ = _checkpoint(tmp_path)
+    path = export_weights(tmp_path, tmp_path / "weights" / "carnator_demo_test.safetensors")
+    patcher = comfy_sd.load_diffusion_model(str(path))
+    x = torch.randn(1, 16, 2, 4, 6)
+    context = torch.randn(1, TOKENS, 4096) * 0.3
+    with torch.no_grad():
+        theirs = patcher.model.diffusion_model(x, torch.tensor([700.0]), context)
+        ours = ema(x, torch.tensor([700.0]), context)
+    assert torch.allclose(theirs.float(), ours, atol=0.05, rtol=0.05)
