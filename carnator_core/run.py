@@ -21,7 +21,9 @@ from carnator_core.planner import ProbeTarget, RequestFacts, plan_probes
 from carnator_core.probe import ProbeSignals, probe_signals
 from carnator_core.recorder import PendingEntry, RunRecorder, writer
 from carnator_core.settings import ReuseSettings
+from carnator_core.sparse_attention import SparseAttentionRun, masks_to_blob
 from carnator_core.store import ReuseStore
+from carnator_core.tensor_codec import encode_tensors
 
 log = logging.getLogger("carnator.run")
 
@@ -114,20 +116,28 @@ class ReuseRun:
         return self.recorder is not None and self.recorder.wants(step)
 
     # ------------------------------------------------------------------ after sampling
-    def finish(self, model_calls: int) -> dict[str, Any]:
+    def finish(self, model_calls: int, attention: SparseAttentionRun | None = None) -> dict[str, Any]:
         """Submit the entry for background writing and return the report."""
         self.model_calls += model_calls
+        if attention is not None:
+            self.attention = attention.summary()
         elapsed = time.perf_counter() - self.started_at
         if self.resume is not None:
             saved_steps = self.resume.target.step
             donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
             self.store.record_hit(self.resume.target.meta.entry_id, saved_steps * donor_seconds_per_step)
         if self.settings.record and self.recorder is not None:
-            self._submit(elapsed)
+            self._submit(elapsed, attention)
         return self.report(elapsed)
 
-    def _submit(self, elapsed: float) -> None:
+    def _submit(self, elapsed: float, attention: SparseAttentionRun | None) -> None:
         listing, blobs = self.recorder.blobs()
+        masks_meta: dict[str, Any] = {}
+        if attention is not None:
+            masks = attention.own_masks() or attention.borrowed  # what attention estimated, else what it used
+            if masks:
+                masks_meta, mask_tensors = masks_to_blob(masks)
+                blobs["masks"] = encode_tensors(mask_tensors)
         lineage = {}
         if self.resume is not None:
             lineage = {"donor_id": self.resume.target.meta.entry_id, "depth": self.resume.target.step}
@@ -137,7 +147,7 @@ class ReuseRun:
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
                          latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
                          cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
-                         sample_seconds=full_seconds, checkpoints=listing, lineage=lineage,
+                         sample_seconds=full_seconds, checkpoints=listing, masks=masks_meta, lineage=lineage,
                          extra={"sigmas": [round(s, 6) for s in self.sigmas]})
         writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector))
 
@@ -161,6 +171,7 @@ class ReuseRun:
             "skipped_steps": skipped_steps,
             "total_steps": self.total_steps,
             "attention_density": self.attention.get("density"),
+            "attention": self.attention,
             "heads_reuse": self.attention.get("heads_reuse", 0),
             "heads_own": self.attention.get("heads_own", 0),
             "model_calls": self.model_calls,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .attention_node import CarnatorSparseAttention
 from .lookup_node import CarnatorCompatibilityLookup
 from .reuse_nodes import CarnatorReport, CarnatorReuse
 from .sampler_nodes import CarnatorKSampler, CarnatorReuseSampler
@@ -17,6 +18,7 @@ NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorReport,
     CarnatorKSampler,
     CarnatorReuseSampler,
+    CarnatorSparseAttention,
 ]
 
 

@@ -15,21 +15,22 @@ is made in carnator_core.
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any
 
 import comfy.model_patcher
 import comfy.patcher_extension
 import torch
-from comfy_execution.utils import get_executing_context
 
 from carnator_core.embeddings import condition_vector
 from carnator_core.fingerprint import FingerprintError, noise_fingerprint
 from carnator_core.run import ReuseRun
 from carnator_core.settings import ReuseSettings
+from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.store import StoreError
 
+from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
+from .attention_hooks import install_sparse_attention, load_donor_masks
 from .host import hard_key, store_from_path
+from .reports import publish
 
 log = logging.getLogger("carnator")
 
@@ -37,13 +38,11 @@ SETTINGS_KEY = "carnator_reuse"
 RUN_KEY = "carnator_run"
 WRAPPER_KEY = "carnator_reuse"
 
-_reports: dict[str, list[dict[str, Any]]] = {}  # prompt_id -> reports of its sampling runs, for CarnatorReport
-_reports_lock = threading.Lock()
 
 
-def install(model, settings: ReuseSettings):
-    """A clone of `model` whose sampling runs go through Carnator reuse."""
-    model = model.clone()
+def install(model, settings: ReuseSettings, attention: SparseAttentionSettings | None = None):
+    """A clone of `model` whose sampling runs go through Carnator reuse (and sparse attention, when given)."""
+    model = install_sparse_attention(model, attention) if attention is not None else model.clone()
     model.model_options["transformer_options"][SETTINGS_KEY] = settings
     wrappers = comfy.patcher_extension.WrappersMP
     model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, WRAPPER_KEY, outer_sample_wrapper)
@@ -51,11 +50,6 @@ def install(model, settings: ReuseSettings):
     model.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper)
     model.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper)
     return model
-
-
-def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:
-    with _reports_lock:
-        return list(_reports.get(prompt_id or "", []))
 
 
 class HostState:
@@ -69,6 +63,7 @@ class HostState:
         self.capture_guidance = False
         self.last_guidance: tuple[float, torch.Tensor] | None = None
         self.checkpoint_sigmas: set[float] = set()
+        self.attention: SparseAttentionRun | None = None
         self.boost_sigmas: set[float] = set()
 
 
@@ -117,28 +112,11 @@ def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise
         transformer_options[RUN_KEY] = state
         output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
         if run is not None:
-            publish(run.finish(state.model_calls))
+            publish(run.finish(state.model_calls, state.attention))
         return output
     finally:
         transformer_options.pop(RUN_KEY, None)
         guider.model_options = original_options
-
-
-def publish(report: dict[str, Any]) -> None:
-    context = get_executing_context()
-    report = dict(report, prompt_id=context.prompt_id if context else None, node=context.node_id if context else None)
-    with _reports_lock:
-        _reports.setdefault(report["prompt_id"] or "", []).append(report)
-        while len(_reports) > 64:
-            _reports.pop(next(iter(_reports)))
-    log.info("Carnator: %s", "HIT" if report["hit"] else f"MISS ({report['reason']})")
-    try:
-        from server import PromptServer
-
-        if getattr(PromptServer, "instance", None) is not None:
-            PromptServer.instance.send_sync("carnator.status", report)
-    except ImportError:  # ComfyUI used as a library without its server
-        pass
 
 
 def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,6 +150,9 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
     targets = run.plan(match)
+    state.attention = extra_args["model_options"]["transformer_options"].get(ATTENTION_RUN_KEY)
+    if state.attention is not None:
+        state.attention.reported_by_reuse = True
     state.checkpoint_sigmas = {sigma_values[s] for s in run.recorder.checkpoint_steps}
     batch = noise.shape[0]
 
@@ -198,6 +179,8 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
             boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
             state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
 
+    _borrow_masks(state, run)
+
     def step_callback(step, x0, x, total_steps):
         absolute = start + step
         if run.wants_step(absolute):
@@ -209,6 +192,18 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
             callback(step, x0, x, total_steps)
 
     return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
+
+
+def _borrow_masks(state: HostState, run: ReuseRun) -> None:
+    """Sparsity reuse: hand the attention run the masks of the resumed donor, else of the best candidate."""
+    attention = state.attention
+    if attention is None or attention.settings.source == "own" or attention.borrowed:
+        return
+    donor = run.resume.target.meta.entry_id if run.resume is not None else None
+    if donor is None and run.match is not None and run.match.best is not None:
+        donor = run.match.best.entry_id
+    if donor is not None:
+        attention.borrowed = load_donor_masks(run.store, donor)
 
 
 def _first_sigma(timestep) -> float:

@@ -8,8 +8,11 @@ from comfy_api.latest import io
 
 from carnator_core.probe import ProbeThresholds
 from carnator_core.settings import MODES, SEED_POLICIES, ReuseSettings
+from carnator_core.sparse_attention import SparseAttentionSettings
 
-from .reuse_hooks import install, reports_for
+from .attention_node import attention_choice_input, recall_inputs
+from .reports import reports_for
+from .reuse_hooks import install
 from .types import StoreType
 
 
@@ -62,6 +65,23 @@ def settings_from_inputs(store=None, prompt: str = "", mode: str = "balanced", s
                          guidance_boost=guidance_boost, guidance_boost_steps=guidance_boost_steps)
 
 
+def model_level_inputs() -> list[io.Input]:
+    """Reuse options plus the attention patch, for nodes that see the model (not a bare SAMPLER)."""
+    return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs()
+
+
+def install_from_inputs(model, sparse_attention: str = "borrowed", enter_recall: float = 0.9,
+                        exit_recall: float = 0.75, **options):
+    """The model patched for reuse (and sparse attention unless 'off') from a node's inputs."""
+    if exit_recall >= enter_recall:
+        raise ValueError("Carnator: exit_recall must be lower than enter_recall")
+    attention = None
+    if sparse_attention != "off":
+        attention = SparseAttentionSettings(source=sparse_attention, enter_recall=enter_recall,
+                                            exit_recall=exit_recall)
+    return install(model, settings_from_inputs(**options), attention)
+
+
 class CarnatorReuse(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -72,13 +92,13 @@ class CarnatorReuse(io.ComfyNode):
             description="Insert between the model chain and any sampler (KSampler, SamplerCustom, "
                         "SamplerCustomAdvanced): the sampler then reuses compatible earlier generations, "
                         "verified by the model itself, and records this one for later requests.",
-            inputs=[io.Model.Input("model", tooltip="The model after LoRAs and other patches.")] + reuse_inputs(),
+            inputs=[io.Model.Input("model", tooltip="The model after LoRAs and other patches.")] + model_level_inputs(),
             outputs=[io.Model.Output(display_name="model")],
         )
 
     @classmethod
     def execute(cls, model, **options) -> io.NodeOutput:
-        return io.NodeOutput(install(model, settings_from_inputs(**options)))
+        return io.NodeOutput(install_from_inputs(model, **options))
 
 
 class CarnatorReport(io.ComfyNode):
@@ -105,7 +125,8 @@ class CarnatorReport(io.ComfyNode):
         reports = reports_for(context.prompt_id if context else None)
         text = "\n".join(format_report(report) for report in reports) or "Carnator: no Carnator sampling run yet."
         data = json.dumps(reports, default=str)
-        return io.NodeOutput(text, data, ui={"text": [text]})
+        # the JSON also goes into the UI output, so API clients find it in /history next to the text
+        return io.NodeOutput(text, data, ui={"text": [text], "carnator_report": [data]})
 
 
 def format_report(report: dict) -> str:

@@ -13,18 +13,17 @@ from comfy_api.latest import io
 from carnator_core.fingerprint import FingerprintError
 from carnator_core.store import StoreError
 
+from .reports import publish
 from .reuse_hooks import (
     RUN_KEY,
     WRAPPER_KEY,
     HostState,
     build_run,
     calc_cond_batch_wrapper,
-    install,
     predict_noise_wrapper,
-    publish,
     sample_with_run,
 )
-from .reuse_nodes import reuse_inputs, settings_from_inputs
+from .reuse_nodes import install_from_inputs, model_level_inputs, reuse_inputs, settings_from_inputs
 from .types import MatchType
 
 log = logging.getLogger("carnator")
@@ -54,14 +53,14 @@ class CarnatorKSampler(io.ComfyNode):
                 io.Latent.Input("latent_image", tooltip="The latent to denoise."),
                 io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
                                tooltip="Amount of denoising; below 1 latent reuse is off (sparsity reuse stays)."),
-            ] + reuse_inputs(),
+            ] + model_level_inputs(),
             outputs=[io.Latent.Output(display_name="LATENT")],
         )
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise=1.0, **options) -> io.NodeOutput:
-        reusing = install(model, settings_from_inputs(**options))
+        reusing = install_from_inputs(model, **options)
         (latent,) = comfy_nodes.common_ksampler(reusing, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                                 latent_image, denoise=denoise)
         return io.NodeOutput(latent)
@@ -103,7 +102,7 @@ class ReuseSampler(comfy.samplers.Sampler):
             guider.model_options["transformer_options"][RUN_KEY] = state
             output = sample_with_run(self.inner.sample, state, guider, sigmas, extra_args, callback, noise,
                                      latent_image, denoise_mask, disable_pbar, match=self.match)
-            publish(run.finish(state.model_calls))
+            publish(run.finish(state.model_calls, state.attention))
             return output
         finally:
             model_options.get("transformer_options", {}).pop(RUN_KEY, None)

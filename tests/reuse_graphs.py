@@ -11,6 +11,7 @@ REUSE_DEFAULTS = {
     "structure_threshold": 0.8, "guidance_threshold": 0.8, "depth_slope": 0.15, "guidance_boost": 0.0,
     "guidance_boost_steps": 0, "record": True,
 }
+ATTENTION_DEFAULTS = {"sparse_attention": "borrowed", "enter_recall": 0.9, "exit_recall": 0.75}
 
 
 def with_reuse(graph: dict, store_path: str, prompt: str = "", model_input: str = "model", **options) -> dict:
@@ -24,7 +25,7 @@ def with_reuse(graph: dict, store_path: str, prompt: str = "", model_input: str 
     graph["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
     graph["carnator_reuse"] = {"class_type": "CarnatorReuse", "inputs": {
         "model": graph[consumer]["inputs"][model_input], "store": ["carnator_store", 0], "prompt": prompt,
-        **REUSE_DEFAULTS, **options}}
+        **REUSE_DEFAULTS, **ATTENTION_DEFAULTS, **options}}
     graph[consumer]["inputs"][model_input] = ["carnator_reuse", 0]
     graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
     return graph

@@ -1,0 +1,169 @@
+"""ComfyUI side of block-sparse attention: the attention override, block indices, per-run state.
+
+- `transformer_options["optimized_attention_override"]` routes every attention call of the
+  diffusion model through `carnator_attention_override`; calls Carnator leaves dense go to
+  the override that was there before (SageAttention and similar patch nodes) or to ComfyUI's.
+- Wan, HunyuanVideo and LTX-Video do not tell attention which block it is in, so every block
+  gets a `patches_replace["dit"]` entry that sets the index (chaining to an existing entry).
+- An OUTER_SAMPLE wrapper creates the run's `SparseAttentionRun` on a clone of the model
+  options and drops it in `finally`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import comfy.model_patcher
+import comfy.patcher_extension
+import torch
+
+from carnator_core.fingerprint import token_grid
+from carnator_core.masks import BlockSparseMask
+from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings, masks_from_blob
+from carnator_core.store import ReuseStore
+
+from .host import patch_size, store_from_path
+from .reports import publish
+
+log = logging.getLogger("carnator")
+
+SETTINGS_KEY = "carnator_attention"
+RUN_KEY = "carnator_attention_run"
+BLOCK_KEY = "carnator_block"
+PREVIOUS_OVERRIDE_KEY = "carnator_previous_attention_override"
+DONOR_KEY = "carnator_attention_donor"  # (store directory, entry id) to borrow masks from, set by a lookup match
+WRAPPER_KEY = "carnator_attention"
+
+
+def _block_lists(diffusion_model) -> list[tuple[str, int]]:
+    """The ("double_block" | "single_block", i) keys of the model's transformer blocks, in execution order."""
+    for attribute in ("blocks", "transformer_blocks"):  # Wan, LTX-Video
+        if hasattr(diffusion_model, attribute):
+            return [("double_block", i) for i in range(len(getattr(diffusion_model, attribute)))]
+    keys = [("double_block", i) for i in range(len(getattr(diffusion_model, "double_blocks", [])))]
+    return keys + [("single_block", i) for i in range(len(getattr(diffusion_model, "single_blocks", [])))]
+
+
+def _index_patch(index: int, previous):
+    def set_block_index(args, extra):
+        options = args["transformer_options"]
+        options[BLOCK_KEY] = index
+        try:
+            return previous(args, extra) if previous is not None else extra["original_block"](args)
+        finally:
+            options.pop(BLOCK_KEY, None)
+
+    return set_block_index
+
+
+def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tuple[str, str] | None = None):
+    """A clone of `model` whose video self-attention runs block-sparse under `settings`."""
+    model = model.clone()
+    options = model.model_options["transformer_options"]
+    previous = options.get("optimized_attention_override")
+    if previous is not None and previous is not carnator_attention_override:
+        options[PREVIOUS_OVERRIDE_KEY] = previous
+    options["optimized_attention_override"] = carnator_attention_override
+    options[SETTINGS_KEY] = settings
+    if donor is not None:
+        options[DONOR_KEY] = donor
+    existing = options.get("patches_replace", {}).get("dit", {})
+    for index, key in enumerate(_block_lists(model.get_model_object("diffusion_model"))):
+        model.set_model_patch_replace(_index_patch(index, existing.get(key)), "dit", key[0], key[1])
+    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, attention_outer_sample)
+    return model
+
+
+def attention_outer_sample(executor, noise, latent_image, sampler, sigmas, denoise_mask=None, callback=None,
+                           disable_pbar=False, seed=None):
+    guider = executor.class_obj
+    original_options = guider.model_options
+    guider.model_options = comfy.model_patcher.create_model_options_clone(original_options)
+    options = guider.model_options["transformer_options"]
+    try:
+        patcher = guider.model_patcher
+        grid = token_grid(noise.shape, patch_size(patcher))
+        run = SparseAttentionRun(settings=options[SETTINGS_KEY], video_tokens=math.prod(grid),
+                                 first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
+                                 num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
+                                 total_steps=len(sigmas.flatten()) - 1)
+        donor = options.get(DONOR_KEY)
+        if donor is not None:
+            run.borrowed = load_donor_masks(store_from_path(donor[0]), donor[1])
+        options[RUN_KEY] = run
+        started = time.perf_counter()
+        output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
+        if not run.reported_by_reuse:
+            publish(attention_report(run, time.perf_counter() - started))
+        return output
+    finally:
+        options.pop(RUN_KEY, None)
+        guider.model_options = original_options
+
+
+def attention_report(run: SparseAttentionRun, elapsed: float) -> dict:
+    """The report of a run that used sparse attention without the reuse engine."""
+    summary = run.summary()
+    return {"hit": bool(summary["heads_reuse"]), "mode": f"attention/{run.settings.source}", "donor_id": None,
+            "donor_prompt": None, "text_similarity": None, "agreement": None, "skipped_steps": 0,
+            "total_steps": run.total_steps, "attention_density": summary["density"],
+            "heads_reuse": summary["heads_reuse"], "heads_own": summary["heads_own"], "time_s": elapsed,
+            "time_saved_s": 0.0, "reason": "" if summary["heads_reuse"] else "no donor masks adopted",
+            "attention": summary}
+
+
+def load_donor_masks(store: ReuseStore, entry_id: str) -> dict[int, BlockSparseMask]:
+    """A donor entry's recorded masks; missing or corrupt masks are a clean miss (empty dict)."""
+    meta = store.get_meta(entry_id)
+    tensors = store.get_tensors(entry_id, "masks") if meta is not None and meta.masks else None
+    if tensors is None:
+        return {}
+    return masks_from_blob(meta.masks, tensors)
+
+
+def _step_index(options: dict) -> int:
+    sigma, schedule = options.get("sigmas"), options.get("sample_sigmas")
+    if not isinstance(sigma, torch.Tensor) or not isinstance(schedule, torch.Tensor) or schedule.numel() == 0:
+        return 0
+    return int((schedule.flatten().float() - float(sigma.flatten()[0])).abs().argmin())
+
+
+def _key_validity(mask, n_tokens: int) -> torch.Tensor | None | bool:
+    """(N,) bool of keys that may receive attention, None for no mask, False for a mask we cannot honour."""
+    if mask is None:
+        return None
+    if mask.shape[-1] != n_tokens or math.prod(mask.shape[:-1]) != 1:
+        return False  # per-query or per-batch masks: leave the call dense
+    flat = mask.reshape(-1)
+    return flat if flat.dtype == torch.bool else flat > torch.finfo(flat.dtype).min / 2
+
+
+def carnator_attention_override(func, *args, **kwargs):
+    options = kwargs.get("transformer_options") or {}
+    run: SparseAttentionRun | None = options.get(RUN_KEY)
+    previous = options.get(PREVIOUS_OVERRIDE_KEY)
+
+    def dense():
+        return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+
+    if run is None or len(args) < 3:
+        return dense()
+    q, k, v = args[:3]
+    heads = args[3] if len(args) > 3 else kwargs.get("heads")
+    if heads is None:
+        return dense()
+    if kwargs.get("skip_reshape", False):
+        q4, k4, v4 = q, k, v
+    else:
+        q4, k4, v4 = (x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2) for x in (q, k, v))
+    key_valid = _key_validity(kwargs.get("mask"), k4.shape[2])
+    if key_valid is False:
+        return dense()
+    out = run.attend(q4, k4, v4, heads, options.get(BLOCK_KEY), _step_index(options), key_valid)
+    if out is None:
+        return dense()
+    if kwargs.get("skip_output_reshape", False):
+        return out
+    return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)

@@ -1,0 +1,85 @@
+"""The node that makes a video model's self-attention block-sparse."""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from carnator_core.sparse_attention import MASK_SOURCES, SparseAttentionSettings
+
+from .attention_hooks import install_sparse_attention
+from .types import MatchType
+
+SPARSE_CHOICES = ("off",) + MASK_SOURCES
+_DEFAULTS = SparseAttentionSettings()
+
+
+def attention_choice_input(default: str) -> io.Input:
+    return io.Combo.Input(
+        "sparse_attention", options=list(SPARSE_CHOICES), default=default,
+        tooltip="off: leave attention as it is (e.g. as patched by Carnator Sparse Attention upstream). "
+                "borrowed: use a compatible donor's recorded masks, dense otherwise (sparsity reuse). own: masks "
+                "estimated online from this request. borrowed+own: donor masks, own masks for heads that do not fit.")
+
+
+def recall_inputs() -> list[io.Input]:
+    return [
+        io.Float.Input("enter_recall", default=_DEFAULTS.enter_recall, min=0.0, max=1.0, step=0.01,
+                       tooltip="A head borrows the donor mask only while the mask covers at least this share of the "
+                               "live attention mass (and re-enters after two consecutive checks at this level)."),
+        io.Float.Input("exit_recall", default=_DEFAULTS.exit_recall, min=0.0, max=1.0, step=0.01,
+                       tooltip="A borrowing head falls back to its own mask when recall drops below this "
+                               "(must be lower than enter_recall: the gap prevents flapping)."),
+    ]
+
+
+class CarnatorSparseAttention(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorSparseAttention",
+            display_name="Carnator Sparse Attention",
+            category="Carnator/attention",
+            description="Block-sparse self-attention over video tokens (Wan, HunyuanVideo, LTX-Video). Cross-attention "
+                        "and text tokens stay dense. Masks are estimated online or borrowed from a lookup match. "
+                        "Place it after attention patch nodes such as SageAttention: dense calls go to them.",
+            inputs=[
+                io.Model.Input("model", tooltip="The video model to patch."),
+                MatchType.Input("match", optional=True, tooltip="Borrow the recorded masks of the best candidate "
+                                                                "of a Carnator Compatibility Lookup."),
+                io.Combo.Input("source", options=list(MASK_SOURCES), default="own",
+                               tooltip="own: online masks. borrowed: donor masks only (dense without a donor). "
+                                       "borrowed+own: donor masks where they fit, own masks elsewhere."),
+                io.Combo.Input("block_size", options=["64", "128"], default=str(_DEFAULTS.block_size),
+                               tooltip="Tokens per mask block (128 suits large GPUs, 64 finer masks)."),
+                io.Float.Input("tau", default=_DEFAULTS.tau, min=0.5, max=1.0, step=0.01,
+                               tooltip="Estimated share of each query block's attention its key blocks must keep."),
+                io.Float.Input("min_density", default=_DEFAULTS.min_density, min=0.0, max=1.0, step=0.01,
+                               tooltip="Floor on the share of key blocks each query block attends."),
+                io.Float.Input("max_density", default=_DEFAULTS.max_density, min=0.01, max=1.0, step=0.01,
+                               tooltip="Cap on the share of key blocks each query block attends."),
+                io.Float.Input("dense_fraction", default=_DEFAULTS.dense_fraction, min=0.0, max=1.0, step=0.01,
+                               tooltip="The first share of steps stays dense (layout forms early)."),
+                io.Int.Input("dense_first_blocks", default=_DEFAULTS.dense_first_blocks, min=0, max=100,
+                             tooltip="How many first transformer blocks stay dense."),
+                io.Int.Input("dense_last_blocks", default=_DEFAULTS.dense_last_blocks, min=0, max=100,
+                             tooltip="How many last transformer blocks stay dense."),
+                io.Int.Input("refresh_every", default=_DEFAULTS.refresh_every, min=1, max=100,
+                             tooltip="Steps between re-estimates of the online masks."),
+                io.Int.Input("recheck_every", default=_DEFAULTS.recheck_every, min=1, max=100,
+                             tooltip="Steps between recall checks of borrowed masks (hysteresis)."),
+            ] + recall_inputs() + [
+                io.Combo.Input("backend", options=["auto", "triton", "flex", "cpu", "dense"], default="auto",
+                               tooltip="Kernel: auto picks Triton on CUDA and the fastest CPU path elsewhere."),
+            ],
+            outputs=[io.Model.Output(display_name="model")],
+        )
+
+    @classmethod
+    def execute(cls, model, source: str, block_size: str, match=None, **knobs) -> io.NodeOutput:
+        if knobs.get("exit_recall", 0.0) >= knobs.get("enter_recall", 1.0):
+            raise ValueError("Carnator Sparse Attention: exit_recall must be lower than enter_recall")
+        settings = SparseAttentionSettings(source=source, block_size=int(block_size), **knobs)
+        donor = None
+        if match is not None and match.best is not None and source != "own":
+            donor = (match.store_directory, match.best.entry_id)
+        return io.NodeOutput(install_sparse_attention(model, settings, donor))

@@ -1,0 +1,38 @@
+"""Run reports: kept per prompt for the CarnatorReport node and sent to the frontend as `carnator.status`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from comfy_execution.utils import get_executing_context
+
+log = logging.getLogger("carnator")
+
+_reports: dict[str, list[dict[str, Any]]] = {}  # prompt_id -> reports of its sampling runs
+_lock = threading.Lock()
+_KEEP_PROMPTS = 64
+
+
+def publish(report: dict[str, Any]) -> dict[str, Any]:
+    """Tag a run report with its prompt and node, keep it, log it, and send it to the frontend."""
+    context = get_executing_context()
+    report = dict(report, prompt_id=context.prompt_id if context else None, node=context.node_id if context else None)
+    with _lock:
+        _reports.setdefault(report["prompt_id"] or "", []).append(report)
+        while len(_reports) > _KEEP_PROMPTS:
+            _reports.pop(next(iter(_reports)))
+    log.info("Carnator: %s", "HIT" if report["hit"] else f"MISS ({report.get('reason') or 'no reuse'})")
+    try:
+        from server import PromptServer
+    except ImportError:  # ComfyUI used as a library without its server
+        return report
+    if getattr(PromptServer, "instance", None) is not None:
+        PromptServer.instance.send_sync("carnator.status", report)
+    return report
+
+
+def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:
+    with _lock:
+        return list(_reports.get(prompt_id or "", []))
