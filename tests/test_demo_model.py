@@ -127,3 +127,15 @@ def test_exported_fp16_weights_load_in_comfyui(comfy_sd, tmp_path: Path) -> None
         theirs = patcher.model.diffusion_model(x, torch.tensor([700.0]), context)
         ours = ema(x, torch.tensor([700.0]), context)
     assert torch.allclose(theirs.float(), ours, atol=0.05, rtol=0.05)
+
+
+def test_attention_density_measures_blocks_of_mass() -> None:
+    from carnator_core.demo.attention_density import block_density, self_attention_probs
+
+    eye = torch.eye(64)[None, None]
+    assert block_density(eye) == pytest.approx(1 / 4)
+    assert block_density(torch.full((1, 1, 64, 64), 1 / 64)) == pytest.approx(1.0)
+    model = _random_model()
+    maps = self_attention_probs(model, torch.randn(1, 16, 2, 8, 8), torch.tensor([500.0]), torch.randn(1, 4, 384))
+    assert len(maps) == 2 and maps[0].shape == (1, 2, 32, 32)
+    assert torch.allclose(maps[0].sum(-1), torch.ones(1, 2, 32))

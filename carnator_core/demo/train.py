@@ -3,13 +3,15 @@
     python -m carnator_core.demo.train [--out DIR] [--steps N] [--threads N]   # train / resume
     python -m carnator_core.demo.train --eval [--out DIR]                      # sample + oracle accuracy
 
-Sizing (measured on the 2-core Xeon dev box, one thread): dim 256 (2 heads of 128, the head size ComfyUI's
-detector assumes), FFN 768, 6 layers, 5 x 16 x 16 latent clips (320 tokens), batch 8 is ~1.3 s per step, so a
-two-hour session gives ~5k steps. A 9 x 32 x 32 clip (2304 tokens) would cost ~10x per step, far beyond the
-CPU budget, so the model is trained at 5 x 16 x 16 first; Wan's 3-axis RoPE has no fixed grid, so it can be
-fine-tuned at a larger, sparser clip later (e.g. on a lent GPU). The previous 4-layer prototype never used the
-motion word, hence: objects move >= one patch per latent frame, a foreground-weighted loss, a curriculum that
-starts with the canonical wording, 6 layers, and text dropout (empty prompt / zeros) so CFG works.
+Sizing (measured on the shared 2-core Xeon dev box, one thread, eager bf16 autocast): dim 256 (2 heads of
+128, the head size ComfyUI's detector assumes), FFN 768, 6 layers (7.2M parameters, 14 MB in fp16), 5 x 16 x 16
+latent clips (320 tokens), batch 8: ~1.3 s per step alone, ~1.6 s with the box busy, i.e. ~2k steps an hour.
+dim 128 (one head) x 8 layers was only ~1.6x cheaper (elementwise work and attention dominate at this size), so
+the wider model was kept. A 9 x 32 x 32 clip (2304 tokens) would cost ~10x per step, far beyond a CPU session,
+so the model is trained at 5 x 16 x 16 first; Wan's 3-axis RoPE has no fixed grid, so it can be fine-tuned at a
+larger, sparser clip later (e.g. on a lent GPU). The previous 4-layer prototype never used the motion word,
+hence: objects move >= one patch per latent frame, a foreground-weighted loss, a curriculum that starts with
+the canonical wording, 6 layers, and text dropout (empty prompt / zeros) so CFG works.
 
 Conventions are ComfyUI's for Wan (ModelType.FLOW, ModelSamplingDiscreteFlow, multiplier 1000): timestep =
 sigma * 1000, x_t = sigma * noise + (1 - sigma) * x0, denoised = x_t - sigma * out, so the target is
@@ -387,6 +389,25 @@ def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed
     return report
 
 
+def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
+    """Self-attention density at 90% mass (16-token blocks) of the latest EMA weights, per noise level."""
+    from carnator_core.demo.attention_density import block_density, self_attention_probs
+
+    torch.set_num_threads(threads)
+    model, step = load_ema(out)
+    rng = np.random.default_rng(seed)
+    sets = world.all_attribute_sets()
+    scenes = [world.sample_scene(rng, **sets[int(i)]) for i in rng.choice(len(sets), n, replace=False)]
+    x0 = torch.stack([world.encode(world.render(s)[0]) for s in scenes])
+    context = token_embeddings([world.canonical_prompt(s.attributes()) for s in scenes])
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+    report: dict = {"step": step, "tokens": x0[0, 0].numel() // 4}
+    for sigma in (0.9, 0.5, 0.2):
+        probs = self_attention_probs(model, sigma * noise + (1 - sigma) * x0, torch.full((n,), sigma * 1000), context)
+        report[f"sigma_{sigma}"] = [round(block_density(p), 3) for p in probs]
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint/log directory (outside the repo)")
@@ -397,6 +418,7 @@ def main() -> None:
     parser.add_argument("--eval-steps", type=int, default=30)
     parser.add_argument("--cfg", type=float, default=1.0, help="CFG scale for --eval")
     parser.add_argument("--compile", action="store_true", help="torch.compile the training step (see train())")
+    parser.add_argument("--density", action="store_true", help="attention density at 90%% mass, per layer")
     parser.add_argument("--export", action="store_true", help=f"write fp16 weights to {WEIGHTS_PATH}")
     for f in fields(TrainConfig):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default) if f.type != "bool" else int,
@@ -404,6 +426,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.eval:
         print(json.dumps(evaluate(args.out, args.eval_n, args.eval_steps, args.cfg, args.threads)))
+        return
+    if args.density:
+        print(json.dumps(density(args.out, 8, args.threads)))
         return
     if args.export:
         print(export_weights(args.out))
