@@ -122,3 +122,27 @@ def test_borrowed_masks_drive_heads_through_hysteresis():
     wrong = BlockSparseMask.full(512, 64, heads=2)  # another token grid: ignored, a clean miss
     run.borrowed = {2: wrong}
     assert run.attend(q, k, v, 2, layer=2, step=7) is None
+
+
+def test_second_request_borrows_the_first_requests_masks(comfy, tiny_models):
+    from reuse_graphs import with_reuse
+
+    def graph(text: str) -> dict:
+        # random weights attend almost uniformly: small masks, and recall thresholds to match
+        g = _graph(tiny_models, "wan", source="borrowed", tau=0.5, max_density=0.5, enter_recall=0.4,
+                   exit_recall=0.3)
+        g["positive"]["inputs"]["text"] = text
+        return with_reuse(g, "stores/sparsity-reuse", prompt=text, mode="safe", sparse_attention="off")
+
+    plain, _ = _run(comfy, _graph(tiny_models, "wan"))
+    first, first_report = _run(comfy, graph("a red ball rolls left"))
+    from carnator_core.recorder import writer
+
+    writer.flush()
+    assert torch.equal(first, plain) and not first_report["hit"]  # no donor: dense, masks only estimated
+    second, report = _run(comfy, graph("a red ball rolls slowly left"))
+    assert report["hit"] and report["heads_reuse"] > 0 and report["skipped_steps"] == 0
+    assert report["attention_density"] < 1.0
+    assert report["attention"]["head_history"]
+    relative = float((second - plain).norm() / plain.norm())
+    assert relative < 0.5, relative
