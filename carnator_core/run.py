@@ -116,7 +116,8 @@ class ReuseRun:
         return self.recorder is not None and self.recorder.wants(step)
 
     # ------------------------------------------------------------------ after sampling
-    def finish(self, model_calls: int, attention: SparseAttentionRun | None = None) -> dict[str, Any]:
+    def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
+               thumbnail: bytes | None = None) -> dict[str, Any]:
         """Submit the entry for background writing and return the report."""
         self.model_calls += model_calls
         if attention is not None:
@@ -127,11 +128,13 @@ class ReuseRun:
             donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
             self.store.record_hit(self.resume.target.meta.entry_id, saved_steps * donor_seconds_per_step)
         if self.settings.record and self.recorder is not None:
-            self._submit(elapsed, attention)
+            self._submit(elapsed, attention, thumbnail)
         return self.report(elapsed)
 
-    def _submit(self, elapsed: float, attention: SparseAttentionRun | None) -> None:
+    def _submit(self, elapsed: float, attention: SparseAttentionRun | None, thumbnail: bytes | None) -> None:
         listing, blobs = self.recorder.blobs()
+        if thumbnail:
+            blobs["thumb"] = thumbnail
         masks_meta: dict[str, Any] = {}
         if attention is not None:
             masks = attention.own_masks() or attention.borrowed  # what attention estimated, else what it used

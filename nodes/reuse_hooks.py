@@ -26,6 +26,7 @@ from carnator_core.run import ReuseRun
 from carnator_core.settings import ReuseSettings
 from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.store import StoreError
+from carnator_core.thumbnail import preview_png
 
 from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
 from .attention_hooks import install_sparse_attention, load_donor_masks
@@ -64,6 +65,7 @@ class HostState:
         self.last_guidance: tuple[float, torch.Tensor] | None = None
         self.checkpoint_sigmas: set[float] = set()
         self.attention: SparseAttentionRun | None = None
+        self.last_x0: torch.Tensor | None = None
         self.boost_sigmas: set[float] = set()
 
 
@@ -112,11 +114,21 @@ def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise
         transformer_options[RUN_KEY] = state
         output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
         if run is not None:
-            publish(run.finish(state.model_calls, state.attention))
+            publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
         return output
     finally:
         transformer_options.pop(RUN_KEY, None)
         guider.model_options = original_options
+
+
+def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:
+    """Preview of the final prediction's middle frame via the model's latent-preview factors, if it has them."""
+    latent_format = getattr(guider.model_patcher.model, "latent_format", None)
+    factors = getattr(latent_format, "latent_rgb_factors", None)
+    if x0 is None or factors is None or x0.ndim not in (4, 5):
+        return None
+    frame = x0[0, :, x0.shape[2] // 2] if x0.ndim == 5 else x0[0]
+    return preview_png(frame, factors, getattr(latent_format, "latent_rgb_factors_bias", None))
 
 
 def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,6 +194,7 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
     _borrow_masks(state, run)
 
     def step_callback(step, x0, x, total_steps):
+        state.last_x0 = x0
         absolute = start + step
         if run.wants_step(absolute):
             guidance = None

@@ -22,6 +22,7 @@ from .reuse_hooks import (
     calc_cond_batch_wrapper,
     predict_noise_wrapper,
     sample_with_run,
+    thumbnail_png,
 )
 from .reuse_nodes import install_from_inputs, model_level_inputs, reuse_inputs, settings_from_inputs
 from .types import MatchType
@@ -102,7 +103,7 @@ class ReuseSampler(comfy.samplers.Sampler):
             guider.model_options["transformer_options"][RUN_KEY] = state
             output = sample_with_run(self.inner.sample, state, guider, sigmas, extra_args, callback, noise,
                                      latent_image, denoise_mask, disable_pbar, match=self.match)
-            publish(run.finish(state.model_calls, state.attention))
+            publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
             return output
         finally:
             model_options.get("transformer_options", {}).pop(RUN_KEY, None)
