@@ -121,6 +121,9 @@ class Batch:
     noise: torch.Tensor
     sigma: torch.Tensor  # [B]
 
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
 
 def loss_weight(alpha: torch.Tensor, fg_weight: float) -> torch.Tensor:
     """1 on the background, 1 + fg_weight on the object grown by one pixel, normalised to mean 1."""
@@ -163,7 +166,7 @@ def flow_loss(model: WanT2V, batch: Batch, bf16: bool, context: torch.Tensor | N
     """Per-sample weighted MSE between the predicted and true velocity (noise - x0)."""
     s = batch.sigma.view(-1, 1, 1, 1, 1)
     xt = s * batch.noise + (1 - s) * batch.x0
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(batch.x0.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(xt, batch.sigma * 1000, batch.context if context is None else context)
     err = (out.float() - (batch.noise - batch.x0)).pow(2).mean(dim=1, keepdim=True)
     return (err * batch.weight).flatten(1).mean(dim=1)
@@ -187,16 +190,20 @@ def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tens
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
+def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+
+
 def save_checkpoint(out: Path, model: WanT2V, ema: WanT2V, opt: torch.optim.Optimizer, cfg: TrainConfig,
                     step: int, elapsed: float) -> None:
     tmp, final, old = out / "ckpt.tmp", out / "ckpt", out / "ckpt.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     meta = {"step": str(step), "config": json.dumps(model.cfg.to_dict())}
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors", metadata=meta)
-    save_file({k: v.contiguous() for k, v in ema.state_dict().items()}, tmp / "ema.safetensors", metadata=meta)
+    save_file(_cpu(model.state_dict()), tmp / "model.safetensors", metadata=meta)
+    save_file(_cpu(ema.state_dict()), tmp / "ema.safetensors", metadata=meta)
     tensors, groups = _optimizer_tensors(opt)
-    save_file(tensors, tmp / "optimizer.safetensors")
+    save_file(_cpu(tensors), tmp / "optimizer.safetensors")
     (tmp / "state.json").write_text(json.dumps({"step": step, "elapsed_s": elapsed, "train_config": asdict(cfg),
                                                 "param_groups": groups}, indent=1))
     shutil.rmtree(old, ignore_errors=True)
@@ -266,11 +273,13 @@ class Sensitivity:
 
     @torch.no_grad()
     def measure(self, model: WanT2V, bf16: bool) -> dict[str, float]:
-        base = flow_loss(model, self.batch, bf16).mean().item()
+        device = next(model.parameters()).device
+        batch = self.batch.to(device)
+        base = flow_loss(model, batch, bf16).mean().item()
         result = {"probe_loss": base,
-                  "uncond_gain": flow_loss(model, self.batch, bf16, self.empty).mean().item() - base}
+                  "uncond_gain": flow_loss(model, batch, bf16, self.empty.to(device)).mean().item() - base}
         for attr, ctx in self.swapped.items():
-            result[f"sens_{attr}"] = flow_loss(model, self.batch, bf16, ctx).mean().item() - base
+            result[f"sens_{attr}"] = flow_loss(model, batch, bf16, ctx.to(device)).mean().item() - base
         return result
 
 
@@ -279,8 +288,9 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    model = WanT2V(cfg.model_config())
-    ema = WanT2V(cfg.model_config())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a lent GPU trains in minutes
+    model = WanT2V(cfg.model_config()).to(device)
+    ema = WanT2V(cfg.model_config()).to(device)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "modulation" in name or "norm" in name else decay).append(p)
@@ -303,7 +313,7 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
     metrics = (out / "metrics.jsonl").open("a")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model.cfg} ({n_params / 1e6:.2f}M params), clip {world.CLIP}, batch {cfg.batch}, "
-          f"threads {threads}, target step {steps}", flush=True)
+          f"threads {threads}, device {device}, target step {steps}", flush=True)
     # torch.compile + bf16 autocast ran ~1.5x faster here but its first loss was NaN (torch 2.14 CPU inductor),
     # so it is opt-in until that is understood; eager bf16 autocast is the default.
     step_model = torch.compile(model) if compile_model else model
@@ -313,7 +323,7 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
     while step < steps:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
-        batch = make_batch(cfg, bank, step)
+        batch = make_batch(cfg, bank, step).to(device)
         loss = flow_loss(step_model, batch, cfg.bf16).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -351,7 +361,7 @@ def sample(model: WanT2V, context: torch.Tensor, uncond: torch.Tensor | None, no
     sigmas = [float(shifted_sigma(torch.tensor(1 - i / steps), shift)) for i in range(steps)] + [0.0]
     x = noise
     for s, s_next in zip(sigmas[:-1], sigmas[1:], strict=True):
-        t = torch.full((x.shape[0],), s * 1000)
+        t = torch.full((x.shape[0],), s * 1000, device=x.device)
         v = model(x, t, context)
         if uncond is not None and cfg_scale != 1.0:
             u = model(x, t, uncond)
