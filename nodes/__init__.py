@@ -5,8 +5,10 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .attention_node import CarnatorSparseAttention
+from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_weights_folder
 from .lookup_node import CarnatorCompatibilityLookup
 from .reuse_nodes import CarnatorReport, CarnatorReuse
+from .routes import register_routes
 from .sampler_nodes import CarnatorKSampler, CarnatorReuseSampler
 from .store_nodes import CarnatorStore, CarnatorStoreInfo
 
@@ -19,7 +21,15 @@ NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorKSampler,
     CarnatorReuseSampler,
     CarnatorSparseAttention,
+    CarnatorDemoTextEncode,
+    CarnatorDemoDecode,
 ]
+
+register_weights_folder()
+
+
+# The store panel's HTTP routes; ComfyUI adds them to its web app after every pack has loaded.
+register_routes()
 
 
 class CarnatorExtension(ComfyExtension):
