@@ -1,0 +1,149 @@
+"""HTTP routes of the store panel, `/carnator/store/...` (and `/api/carnator/store/...`), on ComfyUI's server.
+
+Thin: every check and every store operation is `carnator_core.store_api`; this module binds them to
+aiohttp, runs store work off the event loop, and turns refusals into JSON errors.
+
+    GET    /carnator/store/entries?offset&limit&q&store   one page of entries, newest first
+    GET    /carnator/store/stats?store                    totals and hit rate
+    GET    /carnator/store/entries/{id}/thumbnail?store   PNG preview
+    POST   /carnator/store/entries/{id}/pin?store         body {"pinned": true|false}
+    DELETE /carnator/store/entries/{id}?store
+    POST   /carnator/store/clear?confirm=true&store
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+
+import folder_paths
+from aiohttp import web
+
+from carnator_core import store_api
+from carnator_core.store_api import ApiError
+
+from .host import default_store_directory
+
+log = logging.getLogger("carnator")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_MAX_BODY = 64 * 1024
+_registered: weakref.WeakSet = weakref.WeakSet()
+
+
+def _json_errors(handler: Handler) -> Handler:
+    """Refusals become `{"error": message}` with their status; anything unexpected a logged 500, no trace."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as error:
+            return web.json_response({"error": error.message}, status=error.status)
+        except Exception:
+            log.exception("Carnator: %s %s failed", request.method, request.path)
+            return web.json_response({"error": "internal error (see the ComfyUI log)"}, status=500)
+
+    return wrapped
+
+
+def _same_origin(request: web.Request) -> None:
+    reason = store_api.cross_origin(request.headers, request.scheme)
+    if reason:
+        log.warning("Carnator: %s %s: %s", request.method, request.path, reason)
+        raise ApiError(403, reason)
+
+
+async def _json_body(request: web.Request) -> dict:
+    if request.content_length is not None and request.content_length > _MAX_BODY:
+        raise ApiError(413, "request body too large")
+    raw = await request.content.read(_MAX_BODY + 1)
+    if len(raw) > _MAX_BODY:
+        raise ApiError(413, "request body too large")
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise ApiError(400, "request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+async def _in_store(request: web.Request, work: Callable, *args):
+    """Run `work(store, *args)` in a worker thread on the store the request names (SQLite blocks)."""
+    path = request.query.get("store", "")
+
+    def run():
+        store = store_api.select_store(path, folder_paths.base_path, default_store_directory())
+        return work(store, *args)
+
+    return await asyncio.to_thread(run)
+
+
+@_json_errors
+async def list_entries(request: web.Request) -> web.Response:
+    offset, limit, text = store_api.page_params(request.query)
+    return web.json_response(await _in_store(request, store_api.list_entries, offset, limit, text))
+
+
+@_json_errors
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(await _in_store(request, store_api.store_totals))
+
+
+@_json_errors
+async def thumbnail(request: web.Request) -> web.Response:
+    entry = store_api.entry_id(request.match_info["entry_id"])
+    png = await _in_store(request, store_api.thumbnail, entry)
+    return web.Response(body=png, content_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+
+@_json_errors
+async def pin(request: web.Request) -> web.Response:
+    _same_origin(request)
+    entry = store_api.entry_id(request.match_info["entry_id"])
+    pinned = store_api.flag_param((await _json_body(request)).get("pinned"), "pinned")
+    return web.json_response(await _in_store(request, store_api.set_pinned, entry, pinned))
+
+
+@_json_errors
+async def delete(request: web.Request) -> web.Response:
+    _same_origin(request)
+    entry = store_api.entry_id(request.match_info["entry_id"])
+    return web.json_response(await _in_store(request, store_api.delete_entry, entry))
+
+
+@_json_errors
+async def clear(request: web.Request) -> web.Response:
+    _same_origin(request)
+    confirm = request.query.get("confirm", (await _json_body(request)).get("confirm"))
+    return web.json_response(await _in_store(request, store_api.clear_store, confirm))
+
+
+def register_routes() -> None:
+    """Add the routes to ComfyUI's server, once per server; a no-op when ComfyUI runs without one.
+
+    ComfyUI copies `PromptServer.instance.routes` into its web app (with and without the /api prefix)
+    after every pack has loaded, so registering while the pack loads is in time.
+    """
+    try:
+        from server import PromptServer
+    except ImportError:
+        return
+    server = getattr(PromptServer, "instance", None)
+    if server is None or server in _registered:
+        return
+    _registered.add(server)
+    routes = server.routes
+    routes.get("/carnator/store/entries")(list_entries)
+    routes.get("/carnator/store/stats")(stats)
+    routes.get("/carnator/store/entries/{entry_id}/thumbnail")(thumbnail)
+    routes.post("/carnator/store/entries/{entry_id}/pin")(pin)
+    routes.delete("/carnator/store/entries/{entry_id}")(delete)
+    routes.post("/carnator/store/clear")(clear)
