@@ -31,13 +31,20 @@ log = logging.getLogger("carnator.run")
 Evaluate = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor | None]]
 
 
+def text_similarity_depth(similarity: float) -> float:
+    """NIRVANA's table as a line: similarity 0.65 skips 10% of the steps, 0.95 skips 50%; below 0.65 none."""
+    if similarity < 0.65:
+        return 0.0
+    return min(0.5, 0.1 + (similarity - 0.65) / 0.30 * 0.4)
+
+
 @dataclass
 class Resume:
     """The accepted latent reuse: start sampling at `step` from the donor state."""
 
     target: ProbeTarget
-    signals: ProbeSignals
-    x0: torch.Tensor  # the live model's prediction at the resume state: reused as step `step`'s evaluation
+    signals: ProbeSignals | None  # None for the unverified text-similarity baseline
+    x0: torch.Tensor | None  # the live model's prediction at the resume state: reused as step `step`'s evaluation
 
 
 @dataclass
@@ -94,6 +101,8 @@ class ReuseRun:
 
     def probe(self, targets: list[ProbeTarget], evaluate: Evaluate) -> Resume | None:
         """Evaluate targets in order; the first whose signals pass is the resume point."""
+        if self.settings.verification == "text-only":
+            return self._resume_by_text_similarity(targets)
         for target in targets:
             x0_new, guidance_new = evaluate(target.x, target.sigma)
             self.model_calls += 1
@@ -103,6 +112,16 @@ class ReuseRun:
                                 **signals.as_dict()})
             if passed:
                 self.resume = Resume(target=target, signals=signals, x0=x0_new)
+                return self.resume
+        return None
+
+    def _resume_by_text_similarity(self, targets: list[ProbeTarget]) -> Resume | None:
+        """Baseline (NIRVANA/Chorus style): skip depth from prompt similarity alone, no model check."""
+        for target in targets:
+            similarity = target.candidate.text_similarity
+            similarity = target.candidate.score if similarity is None else similarity
+            if target.depth <= text_similarity_depth(similarity):
+                self.resume = Resume(target=target, signals=None, x0=None)
                 return self.resume
         return None
 
@@ -162,15 +181,16 @@ class ReuseRun:
         if best is None:
             reason = self._miss_reason()
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
+        signals = self.resume.signals if self.resume is not None else None
         return {
             "hit": best is not None or bool(self.attention.get("heads_reuse")),
             "mode": self.settings.mode,
             "donor_id": best.meta.entry_id if best else None,
             "donor_prompt": best.meta.prompt if best else None,
             "text_similarity": candidate.text_similarity if candidate else None,
-            "agreement": self.resume.signals.raw_agreement if self.resume else None,
-            "structure_agreement": self.resume.signals.structure_agreement if self.resume else None,
-            "guidance_cosine": self.resume.signals.guidance_cosine if self.resume else None,
+            "agreement": signals.raw_agreement if signals else None,
+            "structure_agreement": signals.structure_agreement if signals else None,
+            "guidance_cosine": signals.guidance_cosine if signals else None,
             "skipped_steps": skipped_steps,
             "total_steps": self.total_steps,
             "attention_density": self.attention.get("density"),

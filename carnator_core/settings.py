@@ -9,6 +9,7 @@ from carnator_core.probe import ProbeThresholds
 
 MODES = ("safe", "balanced", "fast")
 SEED_POLICIES = ("same-noise", "serving")
+VERIFICATIONS = ("model", "text-only")
 
 
 @dataclass
@@ -34,12 +35,15 @@ class ReuseSettings:
     record: bool = True
     guidance_boost: float = 0.0  # extra CFG scale right after a resume (0 = off)
     guidance_boost_steps: int = 0
+    verification: str = "model"  # "text-only" is the unverified baseline the benchmark compares against
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.seed_policy not in SEED_POLICIES:
             raise ValueError(f"seed policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
+        if self.verification not in VERIFICATIONS:
+            raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}")
         if any(not 0.0 < f < 1.0 for f in self.checkpoint_fractions):
             raise ValueError("checkpoint fractions must lie strictly between 0 and 1")
 

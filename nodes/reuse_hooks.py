@@ -185,7 +185,8 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
         if resume is not None:
             start = resume.target.step
             x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
-            state.cached_eval = (x_k, resume.target.sigma, resume.x0)
+            if resume.x0 is not None:
+                state.cached_eval = (x_k, resume.target.sigma, resume.x0)
             noise, latent_image = _start_state(guider, resume.target.sigma, x_k)
             sigmas = sigmas[start:]
             boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]

@@ -7,7 +7,7 @@ import json
 from comfy_api.latest import io
 
 from carnator_core.probe import ProbeThresholds
-from carnator_core.settings import MODES, SEED_POLICIES, ReuseSettings
+from carnator_core.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings
 from carnator_core.sparse_attention import SparseAttentionSettings
 
 from .attention_node import attention_choice_input, recall_inputs
@@ -48,6 +48,9 @@ def reuse_inputs() -> list[io.Input]:
                      tooltip="How many steps after a resume get the guidance boost."),
         io.Boolean.Input("record", default=True,
                          tooltip="Record this run in the store so later requests can reuse it."),
+        io.Combo.Input("verification", options=list(VERIFICATIONS), default="model", optional=True,
+                       tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "
+                               "depth from prompt similarity alone, unverified (a baseline for comparison)."),
     ]
 
 
@@ -56,13 +59,15 @@ def settings_from_inputs(store=None, prompt: str = "", mode: str = "balanced", s
                          structure_threshold: float = ProbeThresholds.structure,
                          guidance_threshold: float = ProbeThresholds.guidance,
                          depth_slope: float = ProbeThresholds.structure_slope, guidance_boost: float = 0.0,
-                         guidance_boost_steps: int = 0, record: bool = True) -> ReuseSettings:
+                         guidance_boost_steps: int = 0, record: bool = True,
+                         verification: str = "model") -> ReuseSettings:
     thresholds = ProbeThresholds(structure=structure_threshold, structure_slope=depth_slope,
                                  guidance=guidance_threshold, guidance_slope=depth_slope)
     return ReuseSettings(mode=mode, store_directory=store.directory if store is not None else "",
                          prompt=prompt or "", top_k=top_k, min_similarity=min_similarity, max_probes=max_probes,
                          seed_policy=seed_policy, thresholds=thresholds, record=record,
-                         guidance_boost=guidance_boost, guidance_boost_steps=guidance_boost_steps)
+                         guidance_boost=guidance_boost, guidance_boost_steps=guidance_boost_steps,
+                         verification=verification)
 
 
 def model_level_inputs() -> list[io.Input]:
@@ -133,10 +138,11 @@ def format_report(report: dict) -> str:
     """One readable paragraph per sampling run."""
     if report.get("skipped_steps"):
         head = (f"HIT: resumed at step {report['skipped_steps']}/{report['total_steps']} from "
-                f"{(report.get('donor_prompt') or '')[:60]!r} (structure {report['structure_agreement']:.3f}")
-        if report.get("guidance_cosine") is not None:
-            head += f", guidance {report['guidance_cosine']:.3f}"
-        head += f"), ~{report['time_saved_s']:.1f} s saved"
+                f"{(report.get('donor_prompt') or '')[:60]!r}")
+        checks = [f"{name} {report[key]:.3f}" for name, key in (("structure", "structure_agreement"),
+                                                               ("guidance", "guidance_cosine"))
+                  if report.get(key) is not None]
+        head += f" ({', '.join(checks) or 'unverified'}), ~{report['time_saved_s']:.1f} s saved"
     elif report.get("hit"):
         head = "HIT: attention masks borrowed"
     else:

@@ -112,3 +112,12 @@ def test_reuse_sampler_with_lookup_in_a_sampler_custom_advanced_graph(comfy, tin
     assert reports[0]["skipped_steps"] == 5, json.dumps(reports[0])
     assert reports[0]["guidance_cosine"] is None  # BasicGuider: cfg 1, no uncond half
     assert float((second - first).norm() / first.norm()) < 2e-3
+
+
+def test_text_only_baseline_resumes_without_a_probe(comfy, tiny_models, store_path):
+    _sample(comfy, with_reuse(_wan(tiny_models, seed=31), store_path, prompt="a red ball"))
+    _, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=31), store_path, prompt="a red ball",
+                                           verification="text-only"))
+    report = reports[0]
+    assert report["skipped_steps"] == 5 and report["probes"] == [] and report["structure_agreement"] is None
+    assert report["model_calls"] == STEPS - 5
