@@ -146,3 +146,26 @@ def test_second_request_borrows_the_first_requests_masks(comfy, tiny_models):
     assert report["attention"]["head_history"]
     relative = float((second - plain).norm() / plain.norm())
     assert relative < 0.5, relative
+
+
+def test_dense_calls_chain_to_an_existing_attention_override(comfy, tiny_models):
+    """A model already patched by another attention pack (SageAttention-style) keeps that patch for dense calls."""
+    calls = []
+
+    def other_pack_override(func, *args, **kwargs):
+        calls.append((args[0].shape[1], args[1].shape[1]))  # (query tokens, key tokens)
+        return func(*args, **kwargs)
+
+    model = comfy.call_node("UNETLoader", unet_name=tiny_models["wan"].name, weight_dtype="default")[0].clone()
+    model.model_options["transformer_options"]["optimized_attention_override"] = other_pack_override
+    patched = comfy.call_node(
+        "CarnatorSparseAttention", model=model, source="own", block_size="64", tau=0.9, min_density=0.05,
+        max_density=1.0, dense_fraction=0.0, dense_first_blocks=0, dense_last_blocks=0, refresh_every=2,
+        recheck_every=2, enter_recall=0.9, exit_recall=0.75, backend="auto")[0]
+    positive = comfy.call_node("HarnessTextConditioning", text="a red ball", family="wan")[0]
+    negative = comfy.call_node("HarnessTextConditioning", text="blurry", family="wan")[0]
+    latent = comfy.call_node("EmptyHunyuanLatentVideo", width=256, height=256, length=5, batch_size=1)[0]
+    comfy.call_node("KSampler", model=patched, seed=0, steps=2, cfg=5.0, sampler_name="euler", scheduler="simple",
+                    positive=positive, negative=negative, latent_image=latent, denoise=1.0)
+    assert calls, "the existing override was bypassed"
+    assert all(queries != keys for queries, keys in calls)  # only cross-attention went dense, through the other pack
