@@ -15,7 +15,6 @@ import logging
 import math
 import time
 
-import comfy.model_patcher
 import comfy.patcher_extension
 import torch
 
@@ -24,7 +23,7 @@ from carnator_core.masks import BlockSparseMask
 from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings, masks_from_blob
 from carnator_core.store import ReuseStore
 
-from .host import patch_size, store_from_path
+from .host import patch_size, per_run_options, store_from_path
 from .reports import publish
 
 log = logging.getLogger("carnator")
@@ -79,10 +78,7 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
 def attention_outer_sample(executor, noise, latent_image, sampler, sigmas, denoise_mask=None, callback=None,
                            disable_pbar=False, seed=None):
     guider = executor.class_obj
-    original_options = guider.model_options
-    guider.model_options = comfy.model_patcher.create_model_options_clone(original_options)
-    options = guider.model_options["transformer_options"]
-    try:
+    with per_run_options(guider) as options:
         patcher = guider.model_patcher
         grid = token_grid(noise.shape, patch_size(patcher))
         run = SparseAttentionRun(settings=options[SETTINGS_KEY], video_tokens=math.prod(grid),
@@ -98,9 +94,6 @@ def attention_outer_sample(executor, noise, latent_image, sampler, sigmas, denoi
         if not run.reported_by_reuse:
             publish(attention_report(run, time.perf_counter() - started))
         return output
-    finally:
-        options.pop(RUN_KEY, None)
-        guider.model_options = original_options
 
 
 def attention_report(run: SparseAttentionRun, elapsed: float) -> dict:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
+import comfy.model_patcher
 import folder_paths
 import torch
 
@@ -101,3 +103,17 @@ def conditioning_tensor(conditioning) -> torch.Tensor:
     if not conditioning or not isinstance(conditioning[0][0], torch.Tensor):
         raise ValueError("positive conditioning is empty or not a ComfyUI CONDITIONING")
     return conditioning[0][0]
+
+
+@contextmanager
+def per_run_options(guider) -> Iterator[dict]:
+    """The guider's model options cloned for one sampling run (as EasyCache does), restored afterwards.
+
+    Yields the clone's transformer_options, where per-run state lives and dies with the run.
+    """
+    original = guider.model_options
+    guider.model_options = comfy.model_patcher.create_model_options_clone(original)
+    try:
+        yield guider.model_options["transformer_options"]
+    finally:
+        guider.model_options = original

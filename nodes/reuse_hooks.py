@@ -30,7 +30,7 @@ from carnator_core.thumbnail import preview_png
 
 from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
 from .attention_hooks import install_sparse_attention, load_donor_masks
-from .host import hard_key, store_from_path
+from .host import hard_key, per_run_options, store_from_path
 from .reports import publish
 
 log = logging.getLogger("carnator")
@@ -100,11 +100,8 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
 def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise_mask=None, callback=None,
                          disable_pbar=False, seed=None):
     guider = executor.class_obj
-    original_options = guider.model_options
-    guider.model_options = comfy.model_patcher.create_model_options_clone(original_options)
-    transformer_options = guider.model_options["transformer_options"]
-    settings: ReuseSettings = transformer_options[SETTINGS_KEY]
-    try:
+    with per_run_options(guider) as transformer_options:
+        settings: ReuseSettings = transformer_options[SETTINGS_KEY]
         try:
             run = build_run(guider, settings, noise, latent_image, sigmas, denoise_mask, seed)
         except (StoreError, FingerprintError, ValueError) as error:
@@ -116,9 +113,6 @@ def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise
         if run is not None:
             publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
         return output
-    finally:
-        transformer_options.pop(RUN_KEY, None)
-        guider.model_options = original_options
 
 
 def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:

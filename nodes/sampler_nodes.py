@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import comfy.model_patcher
 import comfy.patcher_extension
 import comfy.samplers
 import nodes as comfy_nodes
@@ -13,6 +12,7 @@ from comfy_api.latest import io
 from carnator_core.fingerprint import FingerprintError
 from carnator_core.store import StoreError
 
+from .host import per_run_options
 from .reports import publish
 from .reuse_hooks import (
     RUN_KEY,
@@ -83,31 +83,29 @@ class ReuseSampler(comfy.samplers.Sampler):
             log.warning("Carnator: the model already goes through a Carnator Reuse node; the reuse sampler defers to it")
             return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
                                      disable_pbar)
-        original_guider_options = guider.model_options
-        guider.model_options = comfy.model_patcher.create_model_options_clone(original_guider_options)
         wrappers = comfy.patcher_extension.WrappersMP
-        comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper,
-                                                     guider.model_options, is_model_options=True)
         comfy.patcher_extension.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper,
                                                      model_options, is_model_options=True)
         try:
-            try:
-                run = build_run(guider, self.settings, noise, latent_image, sigmas, denoise_mask,
-                                 extra_args.get("seed"))
-            except (StoreError, FingerprintError, ValueError) as error:
-                log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
-                return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
-                                         disable_pbar)
-            state = HostState(run, self.settings)
-            model_options["transformer_options"][RUN_KEY] = state
-            guider.model_options["transformer_options"][RUN_KEY] = state
-            output = sample_with_run(self.inner.sample, state, guider, sigmas, extra_args, callback, noise,
-                                     latent_image, denoise_mask, disable_pbar, match=self.match)
-            publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
-            return output
+            with per_run_options(guider) as guider_options:
+                comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY,
+                                                             predict_noise_wrapper, guider.model_options,
+                                                             is_model_options=True)
+                try:
+                    run = build_run(guider, self.settings, noise, latent_image, sigmas, denoise_mask,
+                                    extra_args.get("seed"))
+                except (StoreError, FingerprintError, ValueError) as error:
+                    log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
+                    return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image,
+                                             denoise_mask, disable_pbar)
+                state = HostState(run, self.settings)
+                model_options["transformer_options"][RUN_KEY] = guider_options[RUN_KEY] = state
+                output = sample_with_run(self.inner.sample, state, guider, sigmas, extra_args, callback, noise,
+                                         latent_image, denoise_mask, disable_pbar, match=self.match)
+                publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
+                return output
         finally:
             model_options.get("transformer_options", {}).pop(RUN_KEY, None)
-            guider.model_options = original_guider_options
 
 
 class CarnatorReuseSampler(io.ComfyNode):
