@@ -1,21 +1,46 @@
-"""Block-sparse attention in plain PyTorch, fast on CPU (and correct on any device).
+"""Block-sparse attention in plain PyTorch, fast on CPU.
 
-Query blocks are grouped by how many key blocks they attend; each group is processed in chunks whose
-gathered key/value blocks fit a cache-sized budget, so one dense batched attention call covers many
-query blocks at once and no (query, key) expansion is ever materialised. Rows that attend the ragged last
-block have it sorted last, so cutting the gathered keys at the true length removes the padding without a
-mask. The cost is one gather of the attended K/V blocks (1/block_size of the attention FLOPs in bytes).
+Work is done by PyTorch's fused CPU flash attention (the op behind SDPA, in the variant that also
+returns the log-sum-exp) on batches of query blocks, in two ways:
+
+- long key runs (>= MIN_RUN consecutive key blocks, as bands at higher densities produce) are read in
+  place: the same run attended by many query blocks is one call with those query blocks stacked
+  ("column"), and runs at a fixed offset from consecutive query blocks are an overlapping strided view
+  of K/V ("diagonal"), so none of their bytes are copied;
+- every other key block of a query block is gathered, per query block, into one contiguous key
+  sequence (cache-sized, reused buffers) and query blocks with equally many gathered blocks share a
+  call. Short runs are cheaper gathered than attended one by one: a call over a few key tokens runs
+  far below the kernel's peak, while the copy costs about a quarter of the attention it feeds.
+
+Partial results of one query block are merged exactly by log-sum-exp. A ragged last block is always
+the last gathered block (or the end of a run) and is cut at the true token count. Query blocks with no
+key block stay zero; NaN/inf propagate through the merge as through dense attention. CPU tensors only:
+the LSE variant of the kernel is CPU's (CUDA uses the Triton kernel).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.nn.functional as F
 
 from kernels.layout import BlockLayout
 
-# Gathered K+V bytes per chunk: large enough for efficient batched GEMMs, small enough to stay in L2/L3.
-CHUNK_BYTES = 4 << 20
+# Gathered K+V bytes per call: large enough for efficient batched GEMMs, small enough to stay in cache.
+CHUNK_BYTES = 8 << 20
+# Runs at least this long (in blocks; 8 x 64 tokens = the kernel's 512-token key split) are read in place.
+MIN_RUN = 8
+# ...as one stacked-query call when at least this many query blocks share the run.
+MIN_COLUMN = 4
+
+# Fused CPU flash attention returning (output, logsumexp); a private ATen op, present since torch 2.3.
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, 1, Lq, D) x (m, 1, Lk, D) -> output (m, Lq, D) and logsumexp (m, Lq)."""
+    out, lse = _flash(q, k, v, 0.0, False, attn_mask=None, scale=scale)
+    return out.squeeze(1), lse.squeeze(1)
 
 
 def _blocked(x: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:
@@ -29,45 +54,171 @@ def _blocked(x: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:
     return out.view(batch * heads * num_blocks, block_size, dim)
 
 
+class _Accumulator:
+    """Per query block: attention over the parts seen so far (kept normalised) and its log-sum-exp."""
+
+    def __init__(self, rows: int, block_size: int, dim: int, like: torch.Tensor) -> None:
+        dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+        self.out = torch.zeros(rows, block_size, dim, dtype=dtype, device=like.device)
+        self.lse = torch.full((rows, block_size), float("-inf"), dtype=dtype, device=like.device)
+        self.touched = torch.zeros(rows, dtype=torch.bool, device=like.device)
+
+    def add(self, rows: slice | torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """Merge (m, bs, D) outputs and (m, bs) log-sum-exps into the distinct query blocks `rows`."""
+        lse = lse.to(self.lse.dtype)
+        in_place = isinstance(rows, slice)
+        first = not bool(self.touched[rows].any())
+        self.touched[rows] = True
+        if first:  # nothing to merge with: a plain copy
+            if in_place:
+                self.out[rows] = out
+                self.lse[rows] = lse
+            else:
+                self.out.index_copy_(0, rows, out.to(self.out.dtype))
+                self.lse.index_copy_(0, rows, lse)
+            return
+        acc = self.out[rows] if in_place else self.out.index_select(0, rows)
+        acc_lse = self.lse[rows] if in_place else self.lse.index_select(0, rows)
+        total = torch.logaddexp(acc_lse, lse)
+        acc.mul_(torch.exp(acc_lse - total).unsqueeze(-1))
+        acc.addcmul_(out, torch.exp(lse - total).unsqueeze(-1))
+        if in_place:
+            acc_lse.copy_(total)
+        else:
+            self.out.index_copy_(0, rows, acc)
+            self.lse.index_copy_(0, rows, total)
+
+
+def _sorted_rows(layout: BlockLayout, batch: int, heads: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B*H*nb, width) ascending key blocks per query block (padding = nb sorts last) and their counts."""
+    nb = layout.num_blocks
+    indices, counts = layout.to(device).expanded(batch, heads)
+    rows = batch * heads * nb
+    counts = counts.reshape(rows).long()
+    width = indices.shape[-1]
+    valid = torch.arange(width, device=device) < counts[:, None]
+    return torch.where(valid, indices.reshape(rows, width).long(), nb).sort(-1).values, counts
+
+
+def _long_runs(indices: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Maximal runs of consecutive key blocks at least MIN_RUN long: row, position in row, start, length."""
+    rows, width = indices.shape
+    valid = torch.arange(width, device=indices.device) < counts[:, None]
+    previous = torch.cat([indices.new_full((rows, 1), -2), indices[:, :-1]], dim=1)
+    row, position = (valid & (indices != previous + 1)).nonzero(as_tuple=True)
+    same_row = torch.roll(row, -1) == row
+    if same_row.numel():
+        same_row[-1] = False
+    length = torch.where(same_row, torch.roll(position, -1), counts[row]) - position
+    long = length >= MIN_RUN
+    row, position, length = row[long], position[long], length[long]
+    return {"row": row, "position": position, "start": indices[row, position], "length": length}
+
+
 def cpu_block_sparse_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float | None = None
 ) -> torch.Tensor:
-    """Attention over (B, H, N, D) restricted to `layout`; returns a new contiguous (B, H, N, D) tensor."""
+    """Attention over CPU (B, H, N, D) tensors restricted to `layout`; returns (B, H, N, D)."""
     batch, heads, n, dim = q.shape
     bs, nb = layout.block_size, layout.num_blocks
-    layout = layout.to(q.device)
-    indices, counts = layout.expanded(batch, heads)
-    rows_total = batch * heads * nb
-    counts = counts.reshape(rows_total).long()
-    width = indices.shape[-1]
-    valid = torch.arange(width, device=q.device) < counts[:, None]
-    # Ascending with padding (nb) last: the ragged last block, when attended, is each row's final entry.
-    indices = torch.where(valid, indices.reshape(rows_total, width).long(), nb).sort(-1).values
-    tail = n - (nb - 1) * bs  # tokens in the last block
-    attends_last = (indices == nb - 1).any(-1) if tail < bs else torch.zeros_like(counts, dtype=torch.bool)
-    # Global block ids into the blocked K/V: row r belongs to (b, h) = r // nb.
-    indices += (torch.arange(rows_total, device=q.device) // nb * nb)[:, None]
-
+    tail = n - (nb - 1) * bs  # real tokens in the last block
     qb, kb, vb = (_blocked(x, bs, nb) for x in (q, k, v))
-    out = torch.zeros_like(qb)
-    group_key = counts * 2 + attends_last
-    order = torch.argsort(group_key, stable=True)
-    keys, sizes = torch.unique_consecutive(group_key[order], return_counts=True)
-    start = 0
-    for key, size in zip(keys.tolist(), sizes.tolist(), strict=True):
-        rows = order[start : start + size]
-        start += size
-        count, last = key // 2, bool(key % 2)
-        if count == 0:
+    acc = _Accumulator(batch * heads * nb, bs, dim, q)
+    indices, counts = _sorted_rows(layout, batch, heads, q.device)
+
+    def key_tokens(blocks: int, ragged: bool) -> int:
+        return blocks * bs - (bs - tail if ragged else 0)
+
+    runs = _long_runs(indices, counts)
+    columns, diagonals, in_place = _plan_runs(runs, nb, batch * heads, tail < bs)
+    # Blocks not read in place are gathered: mark each in-place run's entries as covered.
+    covered = torch.zeros(indices.shape[0], indices.shape[1] + 1, dtype=torch.int32, device=q.device)
+    row, position, length = runs["row"][in_place], runs["position"][in_place], runs["length"][in_place]
+    covered.index_put_((row, position), torch.ones_like(row, dtype=torch.int32), accumulate=True)
+    covered.index_put_((row, position + length), torch.full_like(row, -1, dtype=torch.int32), accumulate=True)
+    keep = (torch.arange(indices.shape[1], device=q.device) < counts[:, None]) & (covered.cumsum(1)[:, :-1] == 0)
+    order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+    rest = torch.where(keep, indices, nb).gather(1, order)  # gathered blocks first, ascending
+    # Global block ids into qb/kb/vb: query block r belongs to (batch, head) r // nb.
+    _attend_gathered(rest + (torch.arange(rest.shape[0], device=q.device) // nb * nb)[:, None], keep.sum(1),
+                     (rest == nb - 1).any(1) & (tail < bs), qb, kb, vb, acc, key_tokens, scale)
+
+    for rows, s, blocks, ragged in columns:
+        tokens = key_tokens(blocks, ragged)
+        out, lse = _attend(qb.index_select(0, rows).view(1, 1, -1, dim), kb[s : s + blocks].view(1, 1, -1, dim)[:, :, :tokens],
+                           vb[s : s + blocks].view(1, 1, -1, dim)[:, :, :tokens], scale)
+        acc.add(rows, out.view(-1, bs, dim), lse.view(-1, bs))
+    strides = (bs * dim, bs * dim, dim, 1)
+    for first_row, m, s, blocks in diagonals:
+        window = (m, 1, blocks * bs, dim)
+        keys = kb.as_strided(window, strides, kb.storage_offset() + s * bs * dim)
+        values = vb.as_strided(window, strides, vb.storage_offset() + s * bs * dim)
+        out, lse = _attend(qb[first_row : first_row + m].unsqueeze(1), keys, values, scale)
+        acc.add(slice(first_row, first_row + m), out, lse)
+    return acc.out.to(q.dtype).view(batch, heads, nb * bs, dim)[:, :, :n]
+
+
+def _plan_runs(runs: dict[str, torch.Tensor], nb: int, groups: int, ragged: bool
+               ) -> tuple[list[tuple[torch.Tensor, int, int, bool]], list[tuple[int, int, int, int]], torch.Tensor]:
+    """Which long runs are read in place, batched as columns (query blocks, start, blocks, ragged) and
+    diagonals (first query block, count, start, blocks), with global block indices; plus a mask of the
+    runs so covered (the others are gathered)."""
+    row, length = runs["row"], runs["length"]
+    start = runs["start"] + row // nb * nb  # global block index
+    cut = (runs["start"] + length == nb) & ragged
+    # Columns: one run of one (batch, head) attended by many of its query blocks; queries stacked.
+    column_key = start * (nb + 1) + length
+    _, inverse, sizes = torch.unique(column_key, return_inverse=True, return_counts=True)
+    in_column = sizes[inverse] >= MIN_COLUMN
+    members = torch.nonzero(in_column)[:, 0]
+    members = members[torch.argsort(column_key[members], stable=True)]
+    _, group_sizes = torch.unique_consecutive(column_key[members], return_counts=True)
+    groups_list = torch.split(members, group_sizes.tolist())
+    firsts = [int(group[0]) for group in groups_list]
+    columns = [(row[group], int(start[first]), int(length[first]), bool(cut[first]))
+               for group, first in zip(groups_list, firsts, strict=True)]
+    # Diagonals: equal-length runs at one offset from consecutive query blocks of one (batch, head).
+    # Sorting by (offset, length, head, query block) puts a diagonal's members at key steps of 1; the
+    # (nb + 1) spacing per head makes a step across heads 2, which ends the diagonal.
+    rest = torch.nonzero(~in_column & ~cut)[:, 0]
+    offset = start[rest] - row[rest]
+    key = ((offset * (nb + 1) + length[rest]) * groups + row[rest] // nb) * (nb + 1) + row[rest] % nb
+    key, order = torch.sort(key)
+    rest = rest[order]
+    breaks = torch.nonzero(key[1:] - key[:-1] != 1)[:, 0] + 1
+    bounds = torch.cat([breaks.new_zeros(1), breaks, breaks.new_full((1,), rest.numel())])
+    sizes = bounds[1:] - bounds[:-1]
+    strided = sizes >= 2
+    in_diagonal = torch.zeros_like(in_column)
+    in_diagonal[rest[torch.repeat_interleave(strided, sizes)]] = True
+    heads_of = rest[bounds[:-1][strided]]
+    diagonals = list(zip(row[heads_of].tolist(), sizes[strided].tolist(), start[heads_of].tolist(),
+                         length[heads_of].tolist(), strict=True))
+    return columns, diagonals, in_column | in_diagonal
+
+
+def _attend_gathered(indices: torch.Tensor, counts: torch.Tensor, ragged: torch.Tensor, qb: torch.Tensor,
+                     kb: torch.Tensor, vb: torch.Tensor, acc: _Accumulator, key_tokens: Callable[[int, bool], int],
+                     scale: float | None) -> None:
+    """Per query block, its first `counts` (global) key blocks copied into one key sequence; query
+    blocks with the same count (and raggedness) batched into cache-sized calls."""
+    bs, dim = qb.shape[1], qb.shape[2]
+    kind = counts * 2 + ragged
+    order = torch.argsort(kind, stable=True)
+    kinds, sizes = torch.unique_consecutive(kind[order], return_counts=True)
+    per_buffer = max(CHUNK_BYTES // (2 * qb.element_size()), int(counts.max()) * bs * dim)
+    key_buffer, value_buffer = qb.new_empty(per_buffer), qb.new_empty(per_buffer)
+    for group, kind_value in zip(torch.split(order, sizes.tolist()), kinds.tolist(), strict=True):
+        blocks = kind_value // 2
+        if blocks == 0:
             continue
-        kv_len = count * bs - (bs - tail if last else 0)
-        per_chunk = max(1, CHUNK_BYTES // (2 * count * bs * dim * q.element_size()))
-        for begin in range(0, size, per_chunk):
-            chunk = rows[begin : begin + per_chunk]
-            m = chunk.numel()
-            blocks = indices[chunk, :count].reshape(-1)
-            keys_chunk = kb.index_select(0, blocks).view(m, 1, count * bs, dim)[:, :, :kv_len]
-            values_chunk = vb.index_select(0, blocks).view(m, 1, count * bs, dim)[:, :, :kv_len]
-            result = F.scaled_dot_product_attention(qb.index_select(0, chunk)[:, None], keys_chunk, values_chunk, scale=scale)
-            out.index_copy_(0, chunk, result[:, 0])
-    return out.view(batch, heads, nb * bs, dim)[:, :, :n]
+        tokens = key_tokens(blocks, bool(kind_value % 2))
+        for rows in torch.split(group, max(1, per_buffer // (blocks * bs * dim))):
+            m = rows.numel()
+            ids = indices[rows, :blocks].reshape(-1)
+            used = m * blocks * bs * dim
+            keys = torch.index_select(kb, 0, ids, out=key_buffer[:used].view(m * blocks, bs, dim))
+            values = torch.index_select(vb, 0, ids, out=value_buffer[:used].view(m * blocks, bs, dim))
+            out, lse = _attend(qb.index_select(0, rows).unsqueeze(1), keys.view(m, 1, -1, dim)[:, :, :tokens],
+                               values.view(m, 1, -1, dim)[:, :, :tokens], scale)
+            acc.add(rows, out, lse)

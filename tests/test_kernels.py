@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels.cpu
 from kernels import BlockLayout, block_sparse_attention, dispatch, reference_attention
 from kernels.cpu import cpu_block_sparse_attention
 from kernels.flex import flex_available, flex_block_sparse_attention
@@ -60,6 +61,27 @@ def test_random_masks_match_reference(path: str, shape: tuple[int, ...]) -> None
     layout = random_layout(batch, heads, n, block_size)
     assert len(set(layout.kv_counts.sum(dim=(0, 2)).tolist())) == heads, "heads should differ in density"
     assert_close(PATHS[path](q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
+
+
+def banded_layout(n: int, heads: int, block_size: int, width: int) -> BlockLayout:
+    """Per head a band of `width` blocks at its own offset, plus a global column: long runs, columns and
+    diagonals (the CPU path's in-place cases) next to short gathered blocks."""
+    blocks = -(-n // block_size)
+    i, j = torch.arange(blocks)[:, None], torch.arange(blocks)[None, :]
+    mask = torch.stack([((j - i - h) >= -width // 2) & ((j - i - h) < width - width // 2) for h in range(heads)])
+    mask[:, :, 0] = True
+    mask[1:, ::3, blocks // 2] = True
+    return BlockLayout.from_dense(mask[None], block_size, n)
+
+
+@pytest.mark.parametrize("min_run", [1, 3, kernels.cpu.MIN_RUN])
+@pytest.mark.parametrize("n", [24 * 64, 24 * 64 - 37], ids=["even", "ragged"])
+def test_cpu_runs_read_in_place_match_reference(min_run: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns, diagonals and gathered leftovers, merged by log-sum-exp, equal one softmax over the row."""
+    monkeypatch.setattr(kernels.cpu, "MIN_RUN", min_run)
+    q, k, v = inputs(2, 3, n, 16, seed=7)
+    for layout in (banded_layout(n, 3, 64, 10), random_layout(2, 3, n, 64, seed=7), BlockLayout.full(n, 64)):
+        assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
 
 
 @pytest.mark.parametrize("path", PATHS)
