@@ -11,6 +11,8 @@ import sys
 BENCHMARKS = {
     "attention": "carnator_core.bench.attention",
     "lookup": "carnator_core.bench.lookup",
+    "workload": "carnator_core.bench.workload",
+    "probe": "carnator_core.bench.probe",
 }
 
 

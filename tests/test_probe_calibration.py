@@ -1,0 +1,25 @@
+"""The probe calibration benchmark runs end to end (figures are not asserted: the full run is a command)."""
+
+import math
+
+from carnator_core.bench.probe import RELATIONS, SIGNALS, auc, calibrate, summarise
+from carnator_core.demo.wan_model import WanConfig, WanT2V
+
+
+def test_calibration_runs_and_summarises_every_signal():
+    model = WanT2V(WanConfig(dim=128, ffn_dim=256, num_layers=1)).eval()
+    rows = calibrate(model, pair_count=1, steps=4, depths=[1, 2], cfg_scale=3.0, seed=0)
+    assert {row.relation for row in rows} == set(RELATIONS) and len(rows) == 2 * len(RELATIONS)
+    summary = summarise(rows)
+    assert set(summary["auc"]) == set(SIGNALS)
+    assert set(summary["auc_by_depth"]) == {"0.25", "0.50"}
+    assert all(math.isfinite(value) for value in summary["unrelated_raw_agreement_by_depth"].values())
+    reworded = [r for r in rows if r.relation == "reworded"]
+    assert all(r.text_cosine > 0.5 for r in reworded)
+
+
+def test_auc_definition():
+    assert auc([0.9, 0.8, 0.1], [True, True, False]) == 1.0
+    assert auc([0.1, 0.9], [True, False]) == 0.0
+    assert auc([0.5, 0.5], [True, False]) == 0.5
+    assert auc([0.5], [True]) is None
