@@ -19,6 +19,9 @@ import torch
 from kernels.layout import BlockLayout
 
 MASK_FORMAT = "carnator.block-mask.v1"
+# 128-token blocks: half the copy-per-FLOP of 64 in the CPU kernel (measured ~1.4x faster at density
+# 0.125) and a natural GPU tile; 64 stays available where finer masks pay off (short sequences).
+DEFAULT_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def pool_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
 def estimate_block_mass(
     q: torch.Tensor,
     k: torch.Tensor,
-    block_size: int = 64,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     scale: float | None = None,
     heads: int | None = None,
 ) -> torch.Tensor:
@@ -168,7 +171,7 @@ def select_blocks(
 def estimate_mask(
     q: torch.Tensor,
     k: torch.Tensor,
-    block_size: int = 64,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     tau: float = 0.9,
     first_frame_tokens: int = 0,
     min_density: float = 0.05,

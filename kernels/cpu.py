@@ -219,6 +219,9 @@ def _attend_gathered(indices: torch.Tensor, counts: torch.Tensor, ragged: torch.
             used = m * blocks * bs * dim
             keys = torch.index_select(kb, 0, ids, out=key_buffer[:used].view(m * blocks, bs, dim))
             values = torch.index_select(vb, 0, ids, out=value_buffer[:used].view(m * blocks, bs, dim))
-            out, lse = _attend(qb.index_select(0, rows).unsqueeze(1), keys.view(m, 1, -1, dim)[:, :, :tokens],
+            first = int(rows[0])
+            # Query blocks with equal counts are often consecutive: then slices replace index copies.
+            span: slice | torch.Tensor = slice(first, first + m) if int(rows[-1]) - first == m - 1 else rows
+            out, lse = _attend(qb[span].unsqueeze(1), keys.view(m, 1, -1, dim)[:, :, :tokens],
                                values.view(m, 1, -1, dim)[:, :, :tokens], scale)
-            acc.add(rows, out, lse)
+            acc.add(span, out, lse)
