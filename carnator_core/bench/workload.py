@@ -1,0 +1,407 @@
+"""Workload benchmark: a prompt stream through a real headless ComfyUI, every configuration side by side.
+
+    python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial} [--prompts FILE]
+        [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0] [--weights FILE] [--attention-heavy]
+        [--json] [--out DIR]
+
+Configurations (each with its own store directory, all in one server so they share the loaded model):
+plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verification=text-only: skip depth from
+prompt similarity, no probe, NIRVANA/Chorus style) · own-masks (CarnatorSparseAttention, online masks) ·
+any-donor-masks (CarnatorSparseAttention borrowed+own, masks of an unrelated donor prompt via a
+CarnatorCompatibilityLookup fed that prompt's conditioning) · safe · balanced · fast (CarnatorReuse modes,
+node defaults) · balanced+easycache.
+
+Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
+(other processes on a shared CPU) spreads over all configurations. A configuration's time is the wall time
+of the nodes it adds plus the sampler's (per-node times from ComfyUI's websocket); text encoding, model
+loading and file saving are the same everywhere and left out. Every configuration first runs once on a
+throwaway prompt (2 steps, separate stores) so that no timed run pays for loading a model or a kernel. After
+a run that records, the benchmark waits until the server's background writer has stored the entry, so the
+write neither overlaps the next timed run nor is missed by the next lookup. Quality: PSNR/SSIM of the
+decoded clip against the same prompt's plain clip (same seed), and the demo oracle's adherence (share of
+shape, colour, motion and background that match the prompt; prompts it cannot parse are left out).
+
+`--attention-heavy` adds a timing-only configuration: a random-weight Wan 2.1 model on >= 4k video tokens,
+where attention dominates a step as in full-size models, plain versus CarnatorSparseAttention with own masks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from carnator_core.bench import plot
+from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
+from carnator_core.bench.random_wan import write_random_wan
+from carnator_core.bench.streams import STREAMS, make_stream, read_prompts
+from carnator_core.comfy_client import ComfyClient, ComfyError, carnator_reports
+from carnator_core.comfy_events import PromptEvents, PromptRun
+from carnator_core.demo import graphs, world
+from carnator_core.demo.oracle import score
+from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
+from carnator_core.demo.wan_model import WanConfig
+from carnator_core.store import ReuseStore
+
+CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
+           "balanced+easycache")
+FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
+RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
+WARMUP_PROMPT = "a green square resting on a white background"
+WARMUP_STEPS = 2
+DONOR_SEED = 987654321
+EASYCACHE_LINE = re.compile(r"EasyCache - skipped (\d+)/(\d+) steps")
+HEAVY_CLIP = (9, 48, 48)  # 9 x 24 x 24 = 5184 video tokens after Wan's 1x2x2 patches
+HEAVY_MODEL = WanConfig(dim=256, ffn_dim=1024, num_layers=2)
+HEAVY_STEPS = 8
+# Random weights attend almost uniformly (no structure to find), so the mask density is capped: the
+# configuration measures what a given density buys end to end, not whether the masks are right. A 2-layer
+# model has no interior layers, so the dense edge blocks (2 of 30 in Wan 1.3B) are switched off here.
+HEAVY_ATTENTION = {"max_density": 0.25, "dense_first_blocks": 0, "dense_last_blocks": 0}
+
+
+def _store_dir(name: str, prefix: str = "stores") -> str:
+    return f"{prefix}/{re.sub('[^a-z0-9]+', '_', name)}"
+
+
+def config_graph(name: str, base: dict, prompt: str, donor_prompt: str, store_prefix: str = "stores",
+                 seed_policy: str = "same-noise") -> dict:
+    """The base demo graph with configuration `name` spliced in front of its sampler."""
+    store = _store_dir(name, store_prefix)
+
+    def reuse(graph: dict, **options) -> dict:
+        return graphs.with_reuse(graph, store, prompt, seed_policy=seed_policy, **options)
+
+    def any_donor() -> dict:
+        graph, match = graphs.with_donor_lookup(base, store, donor_prompt)
+        return graphs.with_sparse_attention(graph, "borrowed+own", match)
+
+    builders: dict[str, Callable[[], dict]] = {
+        "plain": lambda: base,
+        "easycache": lambda: graphs.with_easycache(base),
+        "text-only": lambda: reuse(base, mode="balanced", verification="text-only", sparse_attention="off"),
+        "own-masks": lambda: graphs.with_sparse_attention(base, "own"),
+        "any-donor-masks": any_donor,
+        "safe": lambda: reuse(base, mode="safe"),
+        "balanced": lambda: reuse(base, mode="balanced"),
+        "fast": lambda: reuse(base, mode="fast"),
+        "balanced+easycache": lambda: graphs.with_easycache(reuse(base, mode="balanced")),
+    }
+    return builders[name]()
+
+
+def donor_prompt_for(prompts: list[str]) -> str:
+    """A canonical prompt as far from every scorable stream prompt as the world allows (the arbitrary donor)."""
+    parsed = [p for p in (world.parse_prompt(x) for x in prompts) if p is not None]
+
+    def nearest(attrs: dict[str, str]) -> int:
+        return min((sum(attrs[k] == p[k] for k in world.ATTRIBUTES) for p in parsed), default=0)
+
+    return world.canonical_prompt(min(world.all_attribute_sets(), key=nearest))
+
+
+@dataclass
+class Sample:
+    """One configuration on one prompt."""
+
+    seconds: float
+    model_calls: int
+    hit: bool
+    skipped_steps: int
+    density: float
+    rgb: torch.Tensor
+    report: dict | None
+    quality: dict[str, Any] = field(default_factory=dict)
+
+
+class Bench:
+    """The server session: queue graphs, time them, read back latents, reports and the EasyCache log."""
+
+    def __init__(self, client: ComfyClient, events: PromptEvents, base_dir: Path) -> None:
+        self.client, self.events, self.base_dir = client, events, base_dir
+        self.object_info = client.object_info()
+        self.log = base_dir / "comfyui.log"
+        self.counter = 0
+
+    def run(self, graph: dict) -> tuple[PromptRun, str]:
+        """Execute `graph`; returns the run and the server log lines it produced."""
+        start = self.log.stat().st_size if self.log.exists() else 0
+        run = self.events.run(graphs.complete(graph, self.object_info))
+        with self.log.open("rb") as handle:
+            handle.seek(start)
+            log = handle.read().decode(errors="replace")
+        return run, log
+
+    def sample(self, name: str, graph: dict, steps: int) -> Sample:
+        self.counter += 1
+        graph = graphs.with_save_latent(graph, f"bench/{_store_dir(name, '')[1:]}_{self.counter:04d}")
+        run, log = self.run(graph)
+        saved = run.history["outputs"][graphs.SAVE_LATENT]["latents"][0]
+        latent = load_file(str(self.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+        report = (carnator_reports(run.history) or [None])[0]
+        skipped_by_easycache = sum(int(m.group(1)) for m in EASYCACHE_LINE.finditer(log))
+        calls = report["model_calls"] if report and "model_calls" in report else steps
+        density = report.get("attention_density") if report else None
+        return Sample(seconds=run.seconds_except(graphs.SHARED_NODES), model_calls=calls - skipped_by_easycache,
+                      hit=bool(report and report.get("hit")), skipped_steps=int(report.get("skipped_steps", 0))
+                      if report else 0, density=1.0 if density is None else float(density),
+                      rgb=world.decode(world.from_raw(latent[0].float())), report=report)
+
+    def wait_for_entries(self, store: str, count: int, timeout: float = 60.0) -> dict[str, float]:
+        """Store totals once the server's background writer has stored `count` entries."""
+        deadline = time.monotonic() + timeout
+        while True:
+            totals = store_totals(self.base_dir / store)
+            if totals["entries"] >= count or time.monotonic() > deadline:
+                return totals
+            time.sleep(0.05)
+
+
+def store_totals(directory: Path) -> dict[str, float]:
+    if not directory.exists():
+        return {"entries": 0, "bytes": 0}
+    store = ReuseStore(str(directory))
+    try:
+        return store.totals()
+    finally:
+        store.close()
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per configuration in the issue's JSON shape."""
+    plain_time = _median([s.seconds for s in samples["plain"]])
+    rows = []
+    for name in CONFIGS:
+        runs = samples[name]
+        rows.append({
+            "name": name,
+            "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
+            "model_calls": round(sum(s.model_calls for s in runs) / len(runs), 2),
+            "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
+            "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
+            "psnr": round(psnr_from_mse(_mean([s.quality["mse"] for s in runs])), 2),
+            "ssim": round(_mean([s.quality["ssim"] for s in runs]), 4),
+            "adherence": _round(_mean([s.quality["adherence"] for s in runs]), 3),
+            "bytes_per_entry": round(store_bytes.get(name, 0.0)),
+        })
+    return rows
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def score_samples(prompts: list[str], samples: dict[str, list[Sample]]) -> None:
+    """PSNR/SSIM against the same prompt's plain clip, and oracle adherence (None when unscorable)."""
+    for i, prompt in enumerate(prompts):
+        reference = samples["plain"][i].rgb
+        for name in CONFIGS:
+            sample = samples[name][i]
+            result = score(prompt, sample.rgb)
+            error = mse(sample.rgb, reference)
+            sample.quality = {"mse": error, "psnr": psnr_from_mse(error), "ssim": ssim(sample.rgb, reference),
+                              "adherence": result.adherence, "observed": result.observed}
+
+
+def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
+               seed_policy: str, progress: Callable[[str], None]) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
+    donor = donor_prompt_for(prompts)
+    warm_base = graphs.base_graph(unet, WARMUP_PROMPT, seed=1, steps=WARMUP_STEPS, cfg=cfg)
+    warm_donor = graphs.with_reuse(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=WARMUP_STEPS, cfg=cfg),
+                                   _store_dir("any-donor-masks", "warmup"), donor, mode="safe",
+                                   sparse_attention="own")
+    bench.run(graphs.with_save_latent(warm_donor, "bench/warmup"))
+    bench.wait_for_entries(_store_dir("any-donor-masks", "warmup"), 1)
+    for name in CONFIGS:
+        progress(f"warm-up: {name}")
+        bench.sample(name, config_graph(name, warm_base, WARMUP_PROMPT, donor, "warmup"), WARMUP_STEPS)
+    progress(f"recording the arbitrary donor's masks: {donor!r}")
+    donor_graph = graphs.with_reuse(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=steps, cfg=cfg),
+                                    _store_dir("any-donor-masks"), donor, mode="safe", sparse_attention="own")
+    bench.run(graphs.with_save_latent(donor_graph, "bench/donor"))
+    bench.wait_for_entries(_store_dir("any-donor-masks"), 1)
+    samples: dict[str, list[Sample]] = {name: [] for name in CONFIGS}
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
+        base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
+        order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
+        for name in order:
+            sample = bench.sample(name, config_graph(name, base, prompt, donor, seed_policy=seed_policy), steps)
+            if name in RECORDING:
+                bench.wait_for_entries(_store_dir(name), i + 1)
+            samples[name].append(sample)
+        times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in CONFIGS)
+        progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
+    store_bytes = {}
+    for name in RECORDING:
+        totals = bench.wait_for_entries(_store_dir(name), len(prompts))
+        store_bytes[name] = totals["bytes"] / max(1, totals["entries"])
+    return samples, store_bytes, donor
+
+
+def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
+                    progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Plain vs own-mask sparse attention on the random-weight >= 4k-token model, ABBA-interleaved."""
+    frames, height, width = HEAVY_CLIP
+    tokens = frames * (height // 2) * (width // 2)
+    base = graphs.base_graph(unet, "a timing run", seed=0, steps=HEAVY_STEPS, clip=HEAVY_CLIP)
+    sparse = graphs.with_sparse_attention(base, "own", **HEAVY_ATTENTION)
+    times: dict[str, list[float]] = {"plain": [], "own-masks": []}
+    density = []
+    for r in range(repeats):
+        for name in (("plain", "own-masks") if r % 2 == 0 else ("own-masks", "plain")):
+            run, _ = bench.run(base if name == "plain" else sparse)
+            times[name].append(run.seconds_except(graphs.SHARED_NODES))
+            reports = carnator_reports(run.history)
+            if reports and reports[0].get("attention_density") is not None:
+                density.append(float(reports[0]["attention_density"]))
+            progress(f"attention-heavy {name}: {times[name][-1]:.1f} s")
+    plain, sparse_time = _median(times["plain"]), _median(times["own-masks"])
+    return {"model": {"dim": HEAVY_MODEL.dim, "ffn_dim": HEAVY_MODEL.ffn_dim, "layers": HEAVY_MODEL.num_layers,
+                      "weights": "random"},
+            "latent": list(HEAVY_CLIP), "video_tokens": tokens, "steps": HEAVY_STEPS, "settings": HEAVY_ATTENTION,
+            "plain_s": round(plain, 2), "own_masks_s": round(sparse_time, 2), "speedup": round(plain / sparse_time, 3),
+            "attention_density": round(_mean(density), 3) if density else None,
+            "times": {k: [round(t, 2) for t in v] for k, v in times.items()}}
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
+    lines = [f"### Workload `{result['stream']}` ({len(result['prompts'])} prompts, {settings['steps']} steps, "
+             f"seed {settings['seed']}, cfg {settings['cfg']})", "",
+             "| config | speedup | model calls | hit rate | attention density | PSNR (dB) | SSIM | adherence | "
+             "bytes/entry |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in result["configs"]:
+        adherence = "n/a" if c["adherence"] is None else f"{c['adherence']:.3f}"
+        lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {c['model_calls']:.1f} | {c['hit_rate']:.2f} | "
+                     f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | {adherence} | "
+                     f"{c['bytes_per_entry']:,} |")
+    heavy = settings.get("attention_heavy")
+    if heavy:
+        lines += ["", f"Attention-heavy timing (random-weight Wan 2.1, {heavy['video_tokens']} video tokens, "
+                      f"{heavy['steps']} steps, {heavy['model']['layers']} layers of dim {heavy['model']['dim']}): "
+                      f"plain {heavy['plain_s']:.1f} s, own masks {heavy['own_masks_s']:.1f} s at density "
+                      f"{heavy['attention_density']} -> {heavy['speedup']:.2f}x end to end."]
+    lines += ["", "PSNR: of all the stream's clips together (mean squared error over prompts) against the same-seed "
+                  f"plain clips, {PSNR_IDENTICAL:.0f} dB when identical; SSIM: mean over prompts; adherence over the prompts the oracle can score; bytes/entry 0: "
+                  "the configuration records nothing. Machine: " + settings["machine"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], details: list[dict]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "workload_" + re.sub("[^a-z0-9-]+", "_", result["stream"].lower()).strip("_")
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
+    paths[0].write_text(json.dumps({**result, "settings": settings, "per_prompt": details}, indent=1))
+    paths[1].write_text(markdown(result, settings))
+    points = [(c["name"], c["speedup"], c["adherence"] if c["adherence"] is not None else c["ssim"])
+              for c in result["configs"]]
+    quality = "oracle adherence" if all(c["adherence"] is not None for c in result["configs"]) else "SSIM vs plain"
+    plot.scatter(points, paths[2], f"Carnator workload '{result['stream']}': speed vs quality",
+                 "speedup vs plain (median time)", quality)
+    return paths
+
+
+def _details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sample]]) -> list[dict]:
+    return [{"prompt": p, "seed": seed, "expected": world.parse_prompt(p), "configs": {
+        name: {"time_s": round(s.seconds, 3), "model_calls": s.model_calls, "hit": s.hit,
+               "skipped_steps": s.skipped_steps, "attention_density": round(s.density, 3),
+               "psnr": round(s.quality["psnr"], 2), "ssim": round(s.quality["ssim"], 4),
+               "adherence": s.quality["adherence"], "observed": s.quality["observed"],
+               "donor_prompt": (s.report or {}).get("donor_prompt"), "reason": (s.report or {}).get("reason")}
+        for name, runs in samples.items() for s in runs[i:i + 1]}} for i, (p, seed) in enumerate(zip(prompts, seeds, strict=True))]
+
+
+def _machine() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return f"{os.cpu_count()} CPUs, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m carnator_core.bench workload",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stream", choices=STREAMS, default="near-dup")
+    parser.add_argument("--prompts", help="your own stream: one prompt per line, run in order")
+    parser.add_argument("--n", type=int, default=6, help="prompts in a generated stream")
+    parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",
+                        help="fixed: one seed for every prompt (the editing loop); random: a seed per prompt, "
+                             "and the reuse nodes take donors with any noise (seed_policy serving)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--cfg", type=float, default=1.0)
+    parser.add_argument("--weights", help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else shipped)")
+    parser.add_argument("--attention-heavy", action="store_true",
+                        help="also time plain vs own-mask sparse attention on a random-weight >= 4k-token model")
+    parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
+    parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
+    args = parser.parse_args(argv)
+    say = (lambda message: print(message, file=sys.stderr, flush=True)) if args.json else \
+        (lambda message: print(message, flush=True))
+    try:
+        if args.steps < 2:
+            raise DemoSetupError("--steps must be at least 2")
+        prompts = read_prompts(args.prompts) if args.prompts else make_stream(args.stream, args.n)
+        weights = demo_weights(args.weights)
+        result, settings, details = _run(args, prompts, weights, say)
+    except (DemoSetupError, ComfyError, OSError, ValueError) as error:
+        print(f"carnator workload benchmark: {error}", file=sys.stderr)
+        return 1
+    paths = write_outputs(args.out, result, settings, details)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(markdown(result, settings))
+        print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
+         say: Callable[[str], None]) -> tuple[dict, dict, list]:
+    seeds = [42] * len(prompts) if args.seed == "fixed" else \
+        [int(s) for s in np.random.default_rng(0).integers(0, 2**31, len(prompts))]
+    base_dir = Path(tempfile.mkdtemp(prefix="carnator-bench-"))
+    heavy_unet = "carnator_random_wan_heavy.safetensors"
+    if args.attention_heavy:
+        write_random_wan(base_dir / "models" / "diffusion_models" / heavy_unet, HEAVY_MODEL)
+    seed_policy = "same-noise" if args.seed == "fixed" else "serving"
+    say(f"starting ComfyUI headless (base directory {base_dir}) ...")
+    try:
+        with demo_server(base_dir, weights) as (client, unet), PromptEvents(client) as events:
+            bench = Bench(client, events, base_dir)
+            samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy,
+                                                     say)
+            heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
+    finally:
+        if (base_dir / "comfyui.log").exists():
+            args.out.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(base_dir / "comfyui.log", args.out / "comfyui.log")
+        shutil.rmtree(base_dir, ignore_errors=True)
+    score_samples(prompts, samples)
+    stream = f"file:{Path(args.prompts).name}" if args.prompts else args.stream
+    result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes)}
+    settings = {"steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
+                "donor_prompt": donor, "clip": list(world.CLIP), "attention_heavy": heavy, "machine": _machine(),
+                "seed_policy": seed_policy}
+    return result, settings, _details(prompts, seeds, samples)

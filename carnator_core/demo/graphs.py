@@ -1,0 +1,151 @@
+"""API-format ComfyUI graphs for the embedded demo model, shared by `demo run` and the workload benchmark.
+
+Why one place: the demo command and every benchmark configuration must sample through the same stock chain
+(UNETLoader -> ModelSamplingSD3 -> KSampler over an EmptyHunyuanLatentVideo of the demo clip size), so that
+the only difference between two configurations is the nodes a `with_*` function splices in front of the
+sampler. Node ids are names (`SAMPLER`, `MODEL_CHAIN` ...), so callers can find outputs in /history.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from carnator_core.demo import world
+
+LOADER = "loader"
+MODEL_CHAIN = "model_sampling"  # the last node of the plain model chain
+POSITIVE = "positive"
+NEGATIVE = "negative"
+LATENT = "latent"
+SAMPLER = "sampler"
+STORE = "carnator_store"
+REPORT = "carnator_report"
+SAVE_LATENT = "save_latent"
+# nodes whose work is the same in every configuration (cached by ComfyUI or negligible): not timed
+SHARED_NODES = frozenset({LOADER, MODEL_CHAIN, POSITIVE, NEGATIVE, LATENT, STORE, REPORT, SAVE_LATENT,
+                          "decode", "save_webp", "donor_text"})
+
+SHIFT = 3.0  # the flow shift the demo model was trained and evaluated with (train.py)
+VAE_SPATIAL, VAE_TEMPORAL = 8, 4  # Wan 2.1's latent compression, which EmptyHunyuanLatentVideo assumes
+
+
+def _node(class_type: str, **inputs) -> dict:
+    return {"class_type": class_type, "inputs": inputs}
+
+
+def latent_size(clip: tuple[int, int, int] = world.CLIP) -> dict[str, int]:
+    """EmptyHunyuanLatentVideo width/height/length that give a latent of `clip` (frames, height, width)."""
+    frames, height, width = clip
+    return {"width": width * VAE_SPATIAL, "height": height * VAE_SPATIAL, "length": (frames - 1) * VAE_TEMPORAL + 1}
+
+
+def base_graph(unet_name: str, prompt: str, *, seed: int = 0, steps: int = 30, cfg: float = 1.0,
+               clip: tuple[int, int, int] = world.CLIP, sampler_name: str = "euler", scheduler: str = "simple") -> dict:
+    """The plain demo graph up to the sampled LATENT (no output node yet)."""
+    return {
+        LOADER: _node("UNETLoader", unet_name=unet_name, weight_dtype="default"),
+        MODEL_CHAIN: _node("ModelSamplingSD3", model=[LOADER, 0], shift=SHIFT),
+        POSITIVE: _node("CarnatorDemoTextEncode", text=prompt),
+        NEGATIVE: _node("CarnatorDemoTextEncode", text=""),
+        LATENT: _node("EmptyHunyuanLatentVideo", batch_size=1, **latent_size(clip)),
+        SAMPLER: _node("KSampler", model=[MODEL_CHAIN, 0], seed=seed, steps=steps, cfg=cfg,
+                       sampler_name=sampler_name, scheduler=scheduler, positive=[POSITIVE, 0],
+                       negative=[NEGATIVE, 0], latent_image=[LATENT, 0], denoise=1.0),
+    }
+
+
+def _splice(graph: dict, node_id: str, node: dict) -> dict:
+    """Insert a MODEL -> MODEL node between the sampler and whatever fed its model."""
+    graph = copy.deepcopy(graph)
+    node = copy.deepcopy(node)
+    node["inputs"]["model"] = graph[SAMPLER]["inputs"]["model"]
+    graph[node_id] = node
+    graph[SAMPLER]["inputs"]["model"] = [node_id, 0]
+    return graph
+
+
+def with_store(graph: dict, path: str, size_limit_gb: float = 1.0) -> dict:
+    """A CarnatorStore node (path relative to the ComfyUI base directory)."""
+    graph = copy.deepcopy(graph)
+    graph[STORE] = _node("CarnatorStore", path=path, size_limit_gb=size_limit_gb)
+    return graph
+
+
+def with_reuse(graph: dict, store_path: str, prompt: str, **options) -> dict:
+    """CarnatorReuse in front of the sampler (node defaults unless `options` override them) plus a report."""
+    graph = _splice(with_store(graph, store_path), "carnator_reuse",
+                    _node("CarnatorReuse", store=[STORE, 0], prompt=prompt, **options))
+    return with_report(graph)
+
+
+def with_easycache(graph: dict, reuse_threshold: float = 0.2, start_percent: float = 0.15,
+                   end_percent: float = 0.95) -> dict:
+    """ComfyUI's built-in EasyCache (its defaults), verbose so the server log says how many steps it skipped."""
+    return _splice(graph, "easycache", _node("EasyCache", reuse_threshold=reuse_threshold,
+                                             start_percent=start_percent, end_percent=end_percent, verbose=True))
+
+
+def with_sparse_attention(graph: dict, source: str = "own", match: list | None = None, **knobs) -> dict:
+    """CarnatorSparseAttention in front of the sampler (optionally borrowing from a lookup `match`) plus a report."""
+    inputs = {"source": source, **knobs}
+    if match is not None:
+        inputs["match"] = match
+    return with_report(_splice(graph, "sparse_attention", _node("CarnatorSparseAttention", **inputs)))
+
+
+def with_donor_lookup(graph: dict, store_path: str, donor_prompt: str) -> tuple[dict, list]:
+    """A CarnatorCompatibilityLookup fed the conditioning of `donor_prompt`, not the request's own.
+
+    Its match therefore names whatever the store holds for the donor prompt, however unrelated to the request:
+    the "arbitrary donor" baseline for sparsity reuse. Returns the graph and the match output to wire in.
+    """
+    graph = with_store(graph, store_path)
+    graph["donor_text"] = _node("CarnatorDemoTextEncode", text=donor_prompt)
+    graph["lookup"] = _node("CarnatorCompatibilityLookup", model=graph[SAMPLER]["inputs"]["model"],
+                            positive=["donor_text", 0], latent=[LATENT, 0], prompt=donor_prompt,
+                            store=[STORE, 0], top_k=1, min_similarity=-1.0)
+    return graph, ["lookup", 0]
+
+
+def with_report(graph: dict) -> dict:
+    graph = copy.deepcopy(graph)
+    graph[REPORT] = _node("CarnatorReport", samples=[SAMPLER, 0])
+    return graph
+
+
+def with_save_latent(graph: dict, prefix: str) -> dict:
+    """SaveLatent into the server's output folder (a safetensors file with key `latent_tensor`)."""
+    graph = copy.deepcopy(graph)
+    graph[SAVE_LATENT] = _node("SaveLatent", samples=[SAMPLER, 0], filename_prefix=prefix)
+    return graph
+
+
+def complete(graph: dict, object_info: dict) -> dict:
+    """`graph` with every required widget input it leaves out set to the node's default (from /object_info).
+
+    The builders above set only what they mean to set; /prompt rejects missing required inputs, and taking the
+    defaults from the server keeps the graphs right when a node gains an input.
+    """
+    graph = copy.deepcopy(graph)
+    for node in graph.values():
+        info = object_info.get(node["class_type"], {}).get("input", {}).get("required", {})
+        for name, spec in info.items():
+            if name in node["inputs"] or not isinstance(spec, (list, tuple)) or not spec:
+                continue
+            options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            if "default" in options:
+                node["inputs"][name] = options["default"]
+            elif isinstance(spec[0], list) and spec[0]:
+                node["inputs"][name] = spec[0][0]
+            elif options.get("options"):
+                node["inputs"][name] = options["options"][0]
+    return graph
+
+
+def with_webp(graph: dict, prefix: str, scale: int = 8, fps: float = 8.0) -> dict:
+    """Decode with CarnatorDemoDecode and save an animated WEBP with the stock SaveAnimatedWEBP node."""
+    graph = copy.deepcopy(graph)
+    graph["decode"] = _node("CarnatorDemoDecode", samples=[SAMPLER, 0], scale=scale)
+    graph["save_webp"] = _node("SaveAnimatedWEBP", images=["decode", 0], filename_prefix=prefix, fps=fps,
+                               lossless=True, quality=90, method="default")
+    return graph
