@@ -2,12 +2,17 @@
 
 import math
 
+import torch
+
 from carnator_core.bench.probe import RELATIONS, SIGNALS, auc, calibrate, summarise
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 
 
 def test_calibration_runs_and_summarises_every_signal():
     model = WanT2V(WanConfig(dim=128, ffn_dim=256, num_layers=1)).eval()
+    generator = torch.Generator().manual_seed(0)
+    for parameter in model.parameters():  # the zero-initialised output head would predict x0 = x exactly
+        parameter.data = torch.randn(parameter.shape, generator=generator) * 0.05
     rows = calibrate(model, pair_count=1, steps=4, depths=[1, 2], cfg_scale=3.0, seed=0)
     assert {row.relation for row in rows} == set(RELATIONS) and len(rows) == 2 * len(RELATIONS)
     summary = summarise(rows)
