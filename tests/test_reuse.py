@@ -121,3 +121,14 @@ def test_text_only_baseline_resumes_without_a_probe(comfy, tiny_models, store_pa
     report = reports[0]
     assert report["skipped_steps"] == 5 and report["probes"] == [] and report["structure_agreement"] is None
     assert report["model_calls"] == STEPS - 5
+
+
+def test_guidance_boost_changes_only_the_steps_after_a_resume(comfy, tiny_models, store_path):
+    first, _ = _sample(comfy, with_reuse(_wan(tiny_models, seed=41), store_path, prompt="a red ball"))
+    plain_resume, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=41), store_path, prompt="a red ball",
+                                                      record=False))
+    boosted, boosted_reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=41), store_path, prompt="a red ball",
+                                                         record=False, guidance_boost=0.5, guidance_boost_steps=2))
+    assert reports[0]["skipped_steps"] == boosted_reports[0]["skipped_steps"] == 5
+    assert not torch.equal(boosted, plain_resume)
+    assert boosted_reports[0]["model_calls"] == reports[0]["model_calls"]  # a boost costs no extra evaluation
