@@ -58,10 +58,11 @@ def pick_port(preferred: int | None) -> tuple[int, str]:
 
 
 @contextmanager
-def demo_server(base_dir: Path, weights: Path, port: int | None = None) -> Iterator[tuple[ComfyClient, str]]:
+def demo_server(base_dir: Path, weights: Path, port: int | None = None,
+                extra_args: tuple[str, ...] = ()) -> Iterator[tuple[ComfyClient, str]]:
     """A headless ComfyUI on `base_dir` with the pack and `weights` linked in; yields (client, unet_name).
 
-    The server's log is `base_dir/comfyui.log`.
+    `extra_args` go to ComfyUI's command line. The server's log is `base_dir/comfyui.log`.
     """
     comfyui_path()  # fail with the message before creating anything
     models = base_dir / "models" / "diffusion_models"
@@ -69,5 +70,5 @@ def demo_server(base_dir: Path, weights: Path, port: int | None = None) -> Itera
     link = models / weights.name
     if not link.exists():
         link.symlink_to(weights)
-    with headless_server(base_dir, port=port, log_path=base_dir / "comfyui.log") as client:
+    with headless_server(base_dir, port=port, log_path=base_dir / "comfyui.log", extra_args=extra_args) as client:
         yield client, weights.name
