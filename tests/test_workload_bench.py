@@ -71,11 +71,14 @@ def test_adversarial_pairs_differ_in_one_word_and_one_attribute():
 
 def test_prompts_file_and_arbitrary_donor(tmp_path):
     path = tmp_path / "prompts.txt"
-    path.write_text("a red circle moving left on a black background\n\n  a dragon over the moon \n")
+    path.write_text("a red circle moving left on a black background\n\n  a dragon over the moon \n"
+                    "a small green box rising over white\n")
     prompts = read_prompts(str(path))
-    assert prompts == ["a red circle moving left on a black background", "a dragon over the moon"]
+    assert prompts == ["a red circle moving left on a black background", "a dragon over the moon",
+                       "a small green box rising over white"]
     donor = world.parse_prompt(donor_prompt_for(prompts))
-    assert all(donor[k] != v for k, v in world.parse_prompt(prompts[0]).items())  # unrelated in every attribute
+    for prompt in (prompts[0], prompts[2]):  # unrelated to every scorable prompt in every attribute
+        assert all(donor[k] != v for k, v in world.parse_prompt(prompt).items()), (donor, prompt)
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(ValueError, match="no prompts"):
         read_prompts(str(tmp_path / "empty.txt"))

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -112,10 +113,10 @@ def donor_prompt_for(prompts: list[str]) -> str:
     """A canonical prompt as far from every scorable stream prompt as the world allows (the arbitrary donor)."""
     parsed = [p for p in (world.parse_prompt(x) for x in prompts) if p is not None]
 
-    def nearest(attrs: dict[str, str]) -> int:
-        return min((sum(attrs[k] == p[k] for k in world.ATTRIBUTES) for p in parsed), default=0)
+    def closest_overlap(attrs: dict[str, str]) -> int:  # attributes shared with the most similar stream prompt
+        return max((sum(attrs[k] == p[k] for k in world.ATTRIBUTES) for p in parsed), default=0)
 
-    return world.canonical_prompt(min(world.all_attribute_sets(), key=nearest))
+    return world.canonical_prompt(min(world.all_attribute_sets(), key=closest_overlap))
 
 
 @dataclass
@@ -365,6 +366,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the ComfyUI server is stopped
     say = (lambda message: print(message, file=sys.stderr, flush=True)) if args.json else \
         (lambda message: print(message, flush=True))
     try:

@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cfg", type=float, default=1.0)
     run.add_argument("--mode", choices=("safe", "balanced", "fast"), default="balanced")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the ComfyUI server is stopped
     try:
         if args.steps < 1:
             raise DemoSetupError("--steps must be at least 1")
