@@ -107,11 +107,12 @@ def block_sparse_attention(
     if reason is not None:
         _fall_back(reason)
         result = F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
-    elif packed:
-        out = torch.empty(batch, n, heads, width // heads, dtype=q.dtype, device=q.device)
-        result = _run(q4, k4, v4, layout, scale, backend, out.transpose(1, 2))
     else:
-        result = _run(q4, k4, v4, layout, scale, backend, None)
+        # On CUDA the Triton kernel writes (B, N, H, D) directly, so packed output needs no extra copy.
+        out = None
+        if packed and q.is_cuda:
+            out = torch.empty(batch, n, heads, width // heads, dtype=q.dtype, device=q.device).transpose(1, 2)
+        result = _run(q4, k4, v4, layout, scale, backend, out)
     if packed:
         return result.transpose(1, 2).reshape(batch, n, width)
     return result
