@@ -77,13 +77,20 @@ def embed_prompt(prompt: str) -> tuple[torch.Tensor | None, str | None]:
 
 
 def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_similarity: float) -> Match:
-    """Shortlist donors for `request`; candidates whose entries vanished meanwhile are dropped."""
+    """Shortlist donors for `request`; candidates whose entries vanished meanwhile are dropped.
+
+    While the store is unavailable there are no candidates, and a note says why.
+    """
     index = index_for(store)
     result: ShortlistResult = index.query(request.hard_key, request.cond_vector, request.text_vector,
                                           top_k=max(1, top_k) * 2, min_similarity=min_similarity)
     live = []
-    for candidate in result.candidates:
-        if store.get_meta(candidate.entry_id) is None:
+    metas = store.get_metas([candidate.entry_id for candidate in result.candidates])
+    if store.unavailable:  # nothing can be reused now; keep the index as it is for when the store is back
+        return Match(store_directory=store.directory, request=request, candidates=[], searched=result.searched,
+                     notes=[f"store unavailable, generating without reuse: {store.unavailable}"])
+    for candidate, meta in zip(result.candidates, metas, strict=True):
+        if meta is None:
             index.remove(candidate.entry_id)
             continue
         live.append(candidate)

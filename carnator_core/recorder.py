@@ -19,7 +19,7 @@ import torch
 from carnator_core.embeddings import EmbeddingError, text_embedder
 from carnator_core.entry import EntryMeta
 from carnator_core.probe import downsample_guidance
-from carnator_core.store import IndexVectors, ReuseStore
+from carnator_core.store import IndexVectors, ReuseStore, StoreUnavailable
 from carnator_core.tensor_codec import encode_tensors
 
 log = logging.getLogger("carnator.recorder")
@@ -108,6 +108,8 @@ class _Writer:
                     pending.on_written(None)
                     continue
                 self._write(pending)
+            except StoreUnavailable:
+                pass  # dropped whole; the store logs each outage once
             except Exception:  # a failed write must never take the server down; the entry is dropped whole
                 log.exception("Carnator: could not record entry %s", getattr(pending.meta, "entry_id", "?"))
 

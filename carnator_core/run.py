@@ -68,6 +68,7 @@ class ReuseRun:
     recorder: RunRecorder | None = None
     model_calls: int = 0
     attention: dict[str, Any] = field(default_factory=dict)
+    store_problem: str | None = None  # why the store could not be used during this run
 
     @property
     def total_steps(self) -> int:
@@ -88,6 +89,7 @@ class ReuseRun:
             self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
             if note:
                 self.match.notes.append(note)
+        self.store_problem = self.store.unavailable
         self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
         if not self.latent_reuse_allowed or self.settings.max_resume_fraction <= 0:
             return []
@@ -142,6 +144,7 @@ class ReuseRun:
         if attention is not None:
             self.attention = attention.summary()
         elapsed = time.perf_counter() - self.started_at
+        self.store_problem = self.store_problem or self.store.unavailable
         if self.resume is not None:
             saved_steps = self.resume.target.step
             donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
@@ -206,10 +209,18 @@ class ReuseRun:
                            for c in (self.match.candidates if self.match else [])],
             "filtered": dict(self.match.filtered) if self.match else {},
             "skipped_donors": dict(self.skipped),
-            "notes": list(self.match.notes if self.match else []),
+            "notes": self._notes(),
         }
 
+    def _notes(self) -> list[str]:
+        notes = list(self.match.notes if self.match else [])
+        if self.store_problem and not any("store unavailable" in note for note in notes):
+            notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
+        return notes
+
     def _miss_reason(self) -> str:
+        if self.store_problem:
+            return "store unavailable: generated without reuse"
         if not self.latent_reuse_allowed:
             return self.latent_reuse_note or "latent reuse not applicable"
         if self.settings.max_resume_fraction <= 0:

@@ -2,10 +2,13 @@
 
 Hard compatibility partitions the index (one group per model/grid/schedule key), so a
 query scores only candidates it could ever use. Inside a group, conditioning and text
-vectors sit side by side in one fp16 matrix that grows by doubling, so a query is a single
-matrix-vector product over the group and an add costs O(1); the best few are then
-re-scored exactly in fp32. The index lives in memory, is filled from the store once, and
-then follows the store's append sequence incrementally.
+vectors sit side by side in fp16 rows, kept in lists of at most `list_size` rows. A small
+group is one list. A list that outgrows `list_size` splits in two by 2-means, so a large
+group becomes an inverted file: a query scores the lists' centroids, then the rows of the
+nearest lists up to `probe_rows` rows (one fp16 product per list), and finally re-scores
+the best few exactly in fp32. Groups up to `probe_rows` rows are scanned whole; at a million
+entries a query reads about 10 MB instead of a gigabyte. The index lives in memory, is
+filled from the store once in batches, and then follows the store's append log.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 from carnator_core.entry import HardKey
-from carnator_core.store import IndexVectors, ReuseStore
+from carnator_core.store import IndexEntry, IndexVectors, ReuseStore
 
 _RERANK_FACTOR = 4  # coarse fp16 candidates per requested candidate, re-scored in fp32
+LIST_SIZE = 1024  # rows per list before it splits: one list (an exact scan) up to this size
+PROBE_ROWS = 8192  # rows a query scores: groups up to this size are scanned exactly
+_REFRESH_BATCH = 1000  # entries fetched from the store per round trip
+_NOT_PROBED = "outside the probed index lists"
 
 
 @dataclass
@@ -41,107 +48,198 @@ class ShortlistResult:
     searched: int = 0
 
 
-class _Group:
-    """Rows of one hard-compatibility key: [cond | text] vectors in a doubling fp16 buffer."""
+class _List:
+    """Rows of one list: [cond | text] vectors in doubling buffers, removed rows marked -inf."""
 
-    def __init__(self, cond_width: int, text_width: int) -> None:
-        self.cond_width, self.text_width = cond_width, text_width
+    def __init__(self, width: int, capacity: int = 16) -> None:
+        self.rows = torch.zeros(capacity, width, dtype=torch.float16)
+        self.has_text = torch.zeros(capacity, dtype=torch.bool)
+        self.text_weight = torch.ones(capacity)  # 2 for rows without text: their coarse dot holds cond/2 only
+        self.dead = torch.zeros(capacity)  # -inf for removed rows, 0 for live ones
         self.ids: list[str] = []
         self.prompts: list[str] = []
-        self.live_count = 0
-        self._rows = torch.zeros(16, cond_width + text_width, dtype=torch.float16)
-        self._has_text = torch.zeros(16, dtype=torch.bool)
-        self._text_weight = torch.ones(16)  # 2 for rows without text: their coarse dot holds cond/2 only
-        self._dead = torch.zeros(16)  # -inf for removed rows, 0 for live ones
 
-    def add(self, entry_id: str, prompt: str, vectors: IndexVectors) -> int:
-        row = len(self.ids)
-        if row == self._rows.shape[0]:
-            grow = self._rows.shape[0]
-            self._rows = torch.cat([self._rows, torch.zeros_like(self._rows[:grow])])
-            self._has_text = torch.cat([self._has_text, torch.zeros_like(self._has_text[:grow])])
-            self._text_weight = torch.cat([self._text_weight, torch.ones(grow)])
-            self._dead = torch.cat([self._dead, torch.zeros(grow)])
-        self._rows[row, : self.cond_width] = vectors.cond.reshape(-1).half()
-        if vectors.text is not None and vectors.text.numel() == self.text_width:
-            self._rows[row, self.cond_width:] = vectors.text.reshape(-1).half()
-            self._has_text[row] = True
-        else:
-            self._text_weight[row] = 2.0
-        self.ids.append(entry_id)
-        self.prompts.append(prompt)
-        self.live_count += 1
-        return row
-
-    def kill(self, row: int) -> None:
-        if self._dead[row] == 0:
-            self._dead[row] = float("-inf")
-            self.live_count -= 1
-
-    def exact_scores(self, rows: torch.Tensor, cond: torch.Tensor, text: torch.Tensor | None):
-        """(score, cond similarity, text similarity or NaN) of the given rows, in fp32."""
-        vectors, has_text = self._rows[rows].float(), self._has_text[rows]
-        cond_sim = vectors[:, : self.cond_width] @ cond
-        text_sim = torch.full_like(cond_sim, float("nan"))
-        score = cond_sim
-        if text is not None:
-            text_sim = torch.where(has_text, vectors[:, self.cond_width:] @ text, text_sim)
-            score = torch.where(has_text, (cond_sim + text_sim.nan_to_num()) / 2, cond_sim)
-        return score, cond_sim, text_sim
+    def append(self, rows: torch.Tensor, has_text: torch.Tensor, ids: list[str], prompts: list[str]) -> range:
+        start, end = len(self.ids), len(self.ids) + len(ids)
+        if end > self.rows.shape[0]:
+            capacity = max(end, 2 * self.rows.shape[0])
+            grow = capacity - self.rows.shape[0]
+            self.rows = torch.cat([self.rows, self.rows.new_zeros(grow, self.rows.shape[1])])
+            self.has_text = torch.cat([self.has_text, self.has_text.new_zeros(grow)])
+            self.text_weight = torch.cat([self.text_weight, torch.ones(grow)])
+            self.dead = torch.cat([self.dead, torch.zeros(grow)])
+        self.rows[start:end] = rows.half()
+        self.has_text[start:end] = has_text
+        self.text_weight[start:end] = torch.where(has_text, 1.0, 2.0)
+        self.ids.extend(ids)
+        self.prompts.extend(prompts)
+        return range(start, end)
 
     def coarse_scores(self, query: torch.Tensor, text_given: bool) -> torch.Tensor:
-        """Approximate scores in one fp16 product: dead rows -inf, rows without text doubled.
-
-        Few full-length operations on purpose: at 100k rows each one costs milliseconds.
-        """
+        """Approximate scores in one fp16 product: dead rows -inf, rows without text doubled."""
         count = len(self.ids)
-        dot = (self._rows[:count] @ query).float()
+        dot = (self.rows[:count] @ query).float()
         if text_given:
-            return torch.addcmul(self._dead[:count], dot, self._text_weight[:count])
-        return dot.add_(self._dead[:count])
+            return torch.addcmul(self.dead[:count], dot, self.text_weight[:count])
+        return dot.add_(self.dead[:count])
+
+
+class _Group:
+    """Rows of one hard-compatibility key, in lists with running centroids."""
+
+    def __init__(self, cond_width: int, text_width: int, list_size: int) -> None:
+        self.cond_width, self.text_width, self.list_size = cond_width, text_width, list_size
+        self.width = cond_width + text_width
+        self.lists = [_List(self.width)]
+        self.sums = torch.zeros(1, self.width)  # per list: sum of its live rows (the centroid, unnormalised)
+        self.counts = torch.zeros(1)
+        self.where: dict[str, tuple[int, int]] = {}  # entry id -> (list, row)
+
+    @property
+    def live_count(self) -> int:
+        return len(self.where)
+
+    def add(self, entries: list[IndexEntry]) -> None:
+        rows = torch.zeros(len(entries), self.width)
+        has_text = torch.zeros(len(entries), dtype=torch.bool)
+        for i, entry in enumerate(entries):
+            rows[i, : self.cond_width] = entry.vectors.cond.reshape(-1).float()
+            text = entry.vectors.text
+            if text is not None and text.numel() == self.text_width:
+                rows[i, self.cond_width:] = text.reshape(-1).float()
+                has_text[i] = True
+        if len(self.lists) == 1:
+            targets = torch.zeros(len(entries), dtype=torch.long)
+        else:
+            targets = (rows @ self.centroids().T).argmax(dim=1)
+        pending = targets.unique().tolist()
+        for slot in pending:
+            chosen = (targets == slot).nonzero().squeeze(1).tolist()
+            self._place(slot, rows[chosen], has_text[chosen], [entries[i].entry_id for i in chosen],
+                        [entries[i].prompt for i in chosen])
+        while pending:
+            slot = pending.pop()
+            if len(self.lists[slot].ids) > self.list_size:
+                pending += [slot, self._split(slot)]
+
+    def centroids(self) -> torch.Tensor:
+        return self.sums / self.counts.clamp(min=1).unsqueeze(1)
+
+    def _place(self, slot: int, rows: torch.Tensor, has_text: torch.Tensor, ids: list[str], prompts: list[str]) -> None:
+        positions = self.lists[slot].append(rows, has_text, ids, prompts)
+        for entry_id, position in zip(ids, positions, strict=True):
+            self.where[entry_id] = (slot, position)
+        self.sums[slot] += rows.sum(dim=0)
+        self.counts[slot] += len(ids)
+
+    def _split(self, slot: int) -> int:
+        """Replace an overfull list by two, cut by a few 2-means rounds over its live rows; returns the new slot.
+
+        Removed rows are dropped on the way; a list that is overfull only with removed rows is just compacted.
+        """
+        old = self.lists[slot]
+        alive = (old.dead[: len(old.ids)] == 0).nonzero().squeeze(1)
+        vectors = old.rows[alive].float()
+        side = torch.zeros(len(alive), dtype=torch.bool)
+        if len(alive) > self.list_size:
+            first = vectors[0]
+            second = vectors[(vectors @ first).argmin()]
+            for _ in range(4):
+                side = (vectors @ second) > (vectors @ first)
+                if side.all() or not side.any():
+                    break
+                first, second = vectors[~side].mean(dim=0), vectors[side].mean(dim=0)
+            if side.all() or not side.any():  # identical rows: halve
+                side = torch.arange(len(alive)) % 2 == 1
+        new_slot = len(self.lists)
+        self.lists[slot] = _List(self.width, max(16, self.list_size))
+        self.lists.append(_List(self.width, max(16, self.list_size)))
+        self.sums = torch.cat([self.sums, self.sums.new_zeros(1, self.width)])
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(1)])
+        self.sums[slot], self.counts[slot] = 0, 0
+        for target, members in ((slot, alive[~side]), (new_slot, alive[side])):
+            rows = members.tolist()
+            self._place(target, old.rows[members].float(), old.has_text[members], [old.ids[i] for i in rows],
+                        [old.prompts[i] for i in rows])
+        return new_slot
+
+    def kill(self, entry_id: str) -> None:
+        slot, row = self.where.pop(entry_id)
+        target = self.lists[slot]
+        target.dead[row] = float("-inf")
+        self.sums[slot] -= target.rows[row].float()
+        self.counts[slot] -= 1
+
+    def probe(self, query: torch.Tensor, probe_rows: int) -> list[int]:
+        """The lists a query scores: all when the group has at most `probe_rows` rows, else the lists with
+        the nearest centroids until they hold `probe_rows` rows together."""
+        if self.live_count <= probe_rows or len(self.lists) == 1:
+            return list(range(len(self.lists)))
+        order = torch.argsort(self.centroids() @ query, descending=True)
+        enough = int(torch.searchsorted(self.counts[order].cumsum(0), float(probe_rows))) + 1
+        return order[:enough].tolist()
 
 
 class ShortlistIndex:
-    """In-memory index over a store's entries, refreshed incrementally from its sequence log."""
+    """In-memory index over a store's entries, refreshed incrementally from its append log."""
 
-    def __init__(self) -> None:
+    def __init__(self, list_size: int = LIST_SIZE, probe_rows: int = PROBE_ROWS) -> None:
+        self.list_size, self.probe_rows = list_size, probe_rows
         self._groups: dict[HardKey, _Group] = {}
-        self._where: dict[str, tuple[HardKey, int]] = {}
+        self._group_of: dict[str, HardKey] = {}
         self._seen_sequence = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._group_of)
 
     def add(self, entry_id: str, hard_key: HardKey, prompt: str, vectors: IndexVectors) -> None:
+        self.add_many([IndexEntry(entry_id, hard_key, prompt, vectors)])
+
+    def add_many(self, entries: list[IndexEntry]) -> None:
+        """Add entries (ones already indexed, or with another conditioning width than their group, are skipped)."""
+        by_key: dict[HardKey, list[IndexEntry]] = {}
         with self._lock:
-            if entry_id in self._where:
-                return
-            group = self._groups.get(hard_key)
-            if group is None:
-                text_width = vectors.text.numel() if vectors.text is not None else 384
-                group = self._groups[hard_key] = _Group(vectors.cond.numel(), text_width)
-            if vectors.cond.numel() != group.cond_width:
-                return  # written with another conditioning summary width: not comparable
-            self._where[entry_id] = (hard_key, group.add(entry_id, prompt, vectors))
+            for entry in entries:
+                if entry.entry_id in self._group_of:
+                    continue
+                group = self._groups.get(entry.hard_key)
+                if group is None:
+                    text_width = entry.vectors.text.numel() if entry.vectors.text is not None else 384
+                    group = self._groups[entry.hard_key] = _Group(entry.vectors.cond.numel(), text_width,
+                                                                  self.list_size)
+                if entry.vectors.cond.numel() != group.cond_width:
+                    continue  # written with another conditioning summary width: not comparable
+                self._group_of[entry.entry_id] = entry.hard_key
+                by_key.setdefault(entry.hard_key, []).append(entry)
+            for key, group_entries in by_key.items():
+                self._groups[key].add(group_entries)
 
     def remove(self, entry_id: str) -> None:
         with self._lock:
-            located = self._where.pop(entry_id, None)
-            if located is not None:
-                self._groups[located[0]].kill(located[1])
+            key = self._group_of.pop(entry_id, None)
+            if key is not None:
+                self._groups[key].kill(entry_id)
 
     def refresh(self, store: ReuseStore) -> int:
-        """Add entries the store gained since the last refresh; returns how many were added."""
+        """Add entries the store gained since the last refresh; returns how many were added.
+
+        Starts over when the store's log did (a server that lost its data); stops where it is,
+        to continue next time, when the store becomes unavailable midway.
+        """
         new_ids, sequence = store.entries_since(self._seen_sequence)
+        if sequence < self._seen_sequence:
+            with self._lock:
+                self._groups.clear()
+                self._group_of.clear()
+            new_ids, sequence = store.entries_since(0)
         added = 0
-        for entry_id in new_ids:
-            meta = store.get_meta(entry_id)
-            vectors = store.get_vectors(entry_id) if meta is not None else None
-            if meta is None or vectors is None:
-                continue  # deleted since, or corrupt (the store logged it once)
-            self.add(entry_id, meta.hard_key, meta.prompt, vectors)
-            added += 1
+        for start in range(0, len(new_ids), _REFRESH_BATCH):
+            entries = store.index_entries(new_ids[start:start + _REFRESH_BATCH])
+            if store.unavailable:
+                return added
+            self.add_many(entries)
+            added += len(entries)
         self._seen_sequence = sequence
         return added
 
@@ -154,7 +252,7 @@ class ShortlistIndex:
         """
         filtered: dict[str, int] = {}
         candidates: list[Candidate] = []
-        searched = below = 0
+        searched = 0
         cond = cond.float().reshape(-1)
         with self._lock:
             for key, group in self._groups.items():
@@ -166,30 +264,52 @@ class ShortlistIndex:
                     filtered[reason] = filtered.get(reason, 0) + group.live_count
                     continue
                 searched += group.live_count
-                found, dropped = self._query_group(group, cond, text, top_k, min_similarity)
-                candidates.extend(found)
-                below += dropped
-        if below:
-            filtered["below min similarity"] = below
+                candidates.extend(self._query_group(group, cond, text, top_k, min_similarity, filtered))
         candidates.sort(key=lambda c: c.score, reverse=True)
-        return ShortlistResult(candidates[:top_k], filtered, searched)
+        return ShortlistResult(candidates[:top_k], {k: v for k, v in filtered.items() if v}, searched)
 
-    @staticmethod
-    def _query_group(group: _Group, cond: torch.Tensor, text: torch.Tensor | None, top_k: int,
-                     min_similarity: float) -> tuple[list[Candidate], int]:
+    def _query_group(self, group: _Group, cond: torch.Tensor, text: torch.Tensor | None, top_k: int,
+                     min_similarity: float, filtered: dict[str, int]) -> list[Candidate]:
         text_used = text.float().reshape(-1) if text is not None and text.numel() == group.text_width else None
         query = torch.cat([cond, text_used if text_used is not None else torch.zeros(group.text_width)])
-        coarse = group.coarse_scores((query / (2 if text_used is not None else 1)).half(), text_used is not None)
-        below = int((coarse < min_similarity).sum()) - (len(group.ids) - group.live_count)
-        rows = torch.topk(coarse, min(len(coarse), top_k * _RERANK_FACTOR)).indices
-        rows = rows[coarse[rows] > float("-inf")]
-        score, cond_sim, text_sim = group.exact_scores(rows, cond, text_used)
+        query = query / (2 if text_used is not None else 1)
+        slots = group.probe(query, self.probe_rows)
+        query_half = query.half()
+        parts = [group.lists[slot].coarse_scores(query_half, text_used is not None) for slot in slots]
+        coarse = torch.cat(parts)
+        dead = int(torch.isneginf(coarse).sum())
+        filtered["below min similarity"] = filtered.get("below min similarity", 0) + int(
+            (coarse < min_similarity).sum()) - dead
+        filtered[_NOT_PROBED] = filtered.get(_NOT_PROBED, 0) + group.live_count - (len(coarse) - dead)
+        picks = torch.topk(coarse, min(len(coarse), top_k * _RERANK_FACTOR)).indices
+        picks = picks[coarse[picks] > float("-inf")]
+        ends = torch.tensor([len(part) for part in parts]).cumsum(0)
+        located = []
+        for pick in picks.tolist():
+            part = int(torch.searchsorted(ends, pick, right=True))
+            located.append((group.lists[slots[part]], pick - (int(ends[part - 1]) if part else 0)))
+        return self._rerank(group, located, cond, text_used, min_similarity)
+
+    @staticmethod
+    def _rerank(group: _Group, located: list[tuple[_List, int]], cond: torch.Tensor, text: torch.Tensor | None,
+                min_similarity: float) -> list[Candidate]:
+        """Exact fp32 (score, cond similarity, text similarity) of the coarse winners."""
+        if not located:
+            return []
+        vectors = torch.stack([rows.rows[row] for rows, row in located]).float()
+        has_text = torch.stack([rows.has_text[row] for rows, row in located])
+        cond_sim = vectors[:, : group.cond_width] @ cond
+        text_sim = torch.full_like(cond_sim, float("nan"))
+        score = cond_sim
+        if text is not None:
+            text_sim = torch.where(has_text, vectors[:, group.cond_width:] @ text, text_sim)
+            score = torch.where(has_text, (cond_sim + text_sim.nan_to_num()) / 2, cond_sim)
         found = []
-        for position, row in enumerate(rows.tolist()):
+        for position, (rows, row) in enumerate(located):
             if float(score[position]) < min_similarity:
                 continue
             similarity = float(text_sim[position])
-            found.append(Candidate(entry_id=group.ids[row], prompt=group.prompts[row], score=float(score[position]),
+            found.append(Candidate(entry_id=rows.ids[row], prompt=rows.prompts[row], score=float(score[position]),
                                    cond_similarity=float(cond_sim[position]),
                                    text_similarity=None if similarity != similarity else similarity))
-        return found, below
+        return found

@@ -1,79 +1,68 @@
-"""The reuse store: a diskcache directory shared by every ComfyUI process on the machine.
+"""The reuse store: entries of earlier requests, shared by every worker that points at it.
 
-Layout (one SQLite-backed cache, string keys only):
+A store lives on a key-value backend (store_backend.py): a local diskcache directory, the
+default, shared by every ComfyUI process on the machine, or a Redis database shared by a
+fleet of workers, selected by a `redis://` URL. All entry logic is here, once, for both.
+
+Layout (string keys):
 
     carnator/schema   JSON   format marker and schema version
-    carnator/seq      int    append counter; `seq/<n>` names the n-th entry ever written
     carnator/bytes    int    logical bytes of all live entries (what the size limit bounds)
+    (entry log)              the order entries were written in: `carnator/seq` + `seq/<n>` on
+                             diskcache, the list `carnator/log` on Redis
     parts/<id>        JSON   names of the entry's blobs, so even a corrupt entry can be deleted whole
     meta/<id>         JSON   `EntryMeta`, the commit record of an entry
     emb/<id>          bytes  safetensors: the entry's text/conditioning index vectors
     blob/<id>/<name>  bytes  safetensors or PNG: checkpoints, masks, thumbnail
-    stats/<id>        JSON   hits, seconds saved, last hit, pinned
+    stats/<id>        record hits, seconds saved, last hit, pinned (JSON on diskcache, a hash on Redis)
 
-An entry is written in one SQLite transaction, so concurrent readers and a writer killed
-mid-write never expose half an entry. Values are only ever bytes, str or numbers: the
-`SafeDisk` below refuses to pickle on write and refuses to unpickle on read, so a planted
-pickle payload is reported as corruption and never executed.
+An entry is written by one atomic backend commit, so concurrent readers and a writer killed
+mid-write never expose half an entry. Values are only ever bytes and numbers: never pickle.
+
+A remote store can be down or slow. Reads then answer "nothing there" at once, writes raise
+`StoreUnavailable` (the recorder drops the entry whole), the outage is logged once and shown
+in `unavailable`, and the first call after the backend's retry interval reconnects by itself.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
-import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
-import diskcache
 import torch
-from diskcache.core import MODE_PICKLE
 
-from carnator_core.entry import SCHEMA_VERSION, CorruptEntryError, EntryMeta
+from carnator_core.blob_cache import BlobCache
+from carnator_core.entry import SCHEMA_VERSION, CorruptEntryError, EntryMeta, HardKey
+from carnator_core.store_backend import (
+    CorruptValueError,
+    KeyValueBackend,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    UnsafeValueError,
+)
+from carnator_core.store_diskcache import DiskcacheBackend
+from carnator_core.store_redis import RedisBackend, parse_redis_url
 from carnator_core.tensor_codec import CorruptBlobError, decode_tensors, encode_tensors
+
+__all__ = ["EntryStats", "IndexVectors", "ReuseStore", "StoreError", "StoreFull", "StoreUnavailable", "UnsafeValueError",
+           "open_store", "resolve_store_directory", "resolve_store_location"]
 
 log = logging.getLogger("carnator.store")
 
 STORE_FORMAT = "carnator-store"
 DEFAULT_SIZE_LIMIT = 20 * 2**30
 _EVICT_TARGET = 0.9  # evict down to this share of the limit so eviction does not run on every put
-
-
-class StoreError(RuntimeError):
-    """The store cannot be opened or used as asked; the message says what to do."""
-
-
-class UnsafeValueError(TypeError):
-    """A value that would need pickle was offered to, or found in, the store."""
-
-
-class SafeDisk(diskcache.Disk):
-    """diskcache serialisation restricted to bytes, str and numbers: never pickle."""
-
-    def put(self, key):
-        if type(key) not in (str, bytes, int, float):
-            raise UnsafeValueError(f"store keys must be str/bytes/numbers, not {type(key).__name__}")
-        return super().put(key)
-
-    def get(self, key, raw):
-        if not raw:
-            raise UnsafeValueError("refusing to unpickle a store key")
-        return super().get(key, raw)
-
-    def store(self, value, read, key=diskcache.core.UNKNOWN):
-        if read or type(value) not in (str, bytes, int, float):
-            raise UnsafeValueError(f"store values must be bytes/str/numbers, not {type(value).__name__}")
-        return super().store(value, read, key)
-
-    def fetch(self, mode, filename, value, read):
-        if mode == MODE_PICKLE:
-            raise UnsafeValueError("refusing to unpickle a store value")
-        if filename is not None and (os.path.isabs(filename) or ".." in filename.replace("\\", "/").split("/")):
-            raise UnsafeValueError(f"store value points outside the store: {filename!r}")
-        return super().fetch(mode, filename, value, read)
+_BYTES = "carnator/bytes"
+_SCHEMA = "carnator/schema"
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -85,6 +74,11 @@ class EntryStats:
     last_hit_at: float = 0.0
     pinned: bool = False
 
+    @classmethod
+    def from_record(cls, record: dict[str, float]) -> EntryStats:
+        return cls(hits=int(record["hits"]), seconds_saved=float(record["seconds_saved"]),
+                   last_hit_at=float(record["last_hit_at"]), pinned=bool(record["pinned"]))
+
 
 @dataclass
 class IndexVectors:
@@ -94,47 +88,63 @@ class IndexVectors:
     cond: torch.Tensor
 
 
-class ReuseStore:
-    """Entries of earlier requests, safe to share between processes and across restarts."""
+@dataclass
+class IndexEntry:
+    """An entry as the shortlist index sees it."""
 
-    def __init__(self, directory: str, size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
+    entry_id: str
+    hard_key: HardKey
+    prompt: str
+    vectors: IndexVectors
+
+
+def _schema_marker() -> bytes:
+    return json.dumps({"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION}).encode()
+
+
+def _is_url(location: str) -> bool:
+    return "://" in location
+
+
+def _backend_for(location: str) -> KeyValueBackend:
+    return RedisBackend(parse_redis_url(location)) if _is_url(location) else DiskcacheBackend(location)
+
+
+class ReuseStore:
+    """Entries of earlier requests, safe to share between processes, machines and restarts.
+
+    `location` is a directory or a `redis://` URL. A remote store keeps blobs it fetched in a
+    local read-through cache under `blob_cache_root` (none when not given).
+    """
+
+    def __init__(self, location: str, size_limit: int = DEFAULT_SIZE_LIMIT, blob_cache_root: str | None = None) -> None:
         if size_limit <= 0:
             raise StoreError(f"size limit must be positive, got {size_limit}")
-        self.directory = os.path.abspath(directory)
         self.size_limit = int(size_limit)
-        self._check_directory()
-        try:
-            self._cache = diskcache.Cache(self.directory, disk=SafeDisk, eviction_policy="none",
-                                          size_limit=2**62, timeout=60)
-        except (sqlite3.DatabaseError, OSError) as error:
-            raise StoreError(f"{self.directory} is not a usable Carnator store: {error}") from error
-        self._check_schema()
+        self.backend = _backend_for(location)
+        self.directory = self.backend.location  # directory, or URL without credentials
+        self._blob_cache: BlobCache | None = None
+        if isinstance(self.backend, RedisBackend) and blob_cache_root:
+            self._blob_cache = BlobCache(BlobCache.directory_for(blob_cache_root, self.directory),
+                                         int(self.backend.redis_location.cache_gb * 2**30))
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._problem: str | None = None
+        self._schema_checked = False
+        try:
+            self._check_schema()
+        except StoreUnavailable as error:
+            self._went_down(error)
 
     # ----------------------------------------------------------------- opening
-    def _check_directory(self) -> None:
-        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
-            raise StoreError(f"store path {self.directory} is a file, not a directory")
-        if os.path.isdir(self.directory):
-            contents = set(os.listdir(self.directory))
-            if contents and "cache.db" not in contents:
-                raise StoreError(f"{self.directory} is not a Carnator store (it holds other files and no cache.db); "
-                                 "choose an empty or new directory")
-
     def _check_schema(self) -> None:
-        try:
-            raw = self._cache.get("carnator/schema")
-        except (UnsafeValueError, OSError) as error:
-            raise StoreError(f"{self.directory} is not a Carnator store: {error}") from error
+        raw = self.backend.get(_SCHEMA)
         if raw is None:
-            with self._cache.transact():
-                if self._cache.get("carnator/schema") is None:
-                    if len(self._cache) > 0:
-                        raise StoreError(f"{self.directory} is a diskcache directory but not a Carnator store")
-                    self._cache.set("carnator/schema", json.dumps(
-                        {"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION}))
-            return
+            if not self.backend.is_empty() and self.backend.get(_SCHEMA) is None:
+                raise StoreError(f"{self.directory} is not a Carnator store (it holds other data and no Carnator "
+                                 "schema marker); choose an empty directory or Redis database")
+            self.backend.set_if_absent(_SCHEMA, _schema_marker())
+            raw = self.backend.get(_SCHEMA)
         try:
             schema = json.loads(raw)
             store_format, version = schema["format"], int(schema["schema_version"])
@@ -144,17 +154,71 @@ class ReuseStore:
             raise StoreError(f"{self.directory} is not a Carnator store (format {store_format!r})")
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.directory} was written by a newer Carnator (store schema {version}); this version "
-                             f"reads schema {SCHEMA_VERSION}. Update Carnator or point it at another store directory.")
+                             f"reads schema {SCHEMA_VERSION}. Update Carnator or point it at another store.")
         if version < SCHEMA_VERSION:
             raise StoreError(f"{self.directory} holds an older Carnator store (schema {version}, current "
-                             f"{SCHEMA_VERSION}); clear it or choose another directory.")
+                             f"{SCHEMA_VERSION}); clear it or choose another store.")
+        self._schema_checked = True
 
     def close(self) -> None:
-        self._cache.close()
+        self.backend.close()
+        if self._blob_cache is not None:
+            self._blob_cache.close()
+
+    # ----------------------------------------------------------------- availability
+    @property
+    def unavailable(self) -> str | None:
+        """Why the store cannot be used right now (server down, slow, refusing us), or None."""
+        return self._problem
+
+    def _went_down(self, error: Exception) -> None:
+        with self._lock:
+            first = self._problem is None
+            self._problem = str(error)
+        if first:
+            log.warning("Carnator store %s unavailable (%s): generating without reuse and not recording until it "
+                        "is back; it reconnects by itself", self.directory, error)
+
+    def _attempt(self, operation: Callable[..., _T], *args) -> _T:
+        """Run a backend call; an outage is remembered (and logged once) and re-raised as `StoreUnavailable`."""
+        try:
+            if self._problem is not None or not self._schema_checked:
+                self._recover()
+            return operation(*args)
+        except StoreUnavailable as error:
+            self._went_down(error)
+            raise
+
+    def _recover(self) -> None:
+        try:
+            self._check_schema()
+        except StoreUnavailable:
+            raise
+        except StoreError as error:  # the server now holds something else: as good as unavailable
+            raise StoreUnavailable(str(error)) from None
+        if self._problem is not None:
+            self._problem = None
+            log.warning("Carnator store %s is reachable again: reuse and recording resume", self.directory)
+
+    def _quietly(self, default: _T, operation: Callable[..., _T], *args) -> _T:
+        """A read that answers `default` while the store is unavailable."""
+        try:
+            return self._attempt(operation, *args)
+        except StoreUnavailable:
+            return default
+
+    def budget(self) -> int:
+        """Bytes the store may hold: the size limit, or less when the server's own memory limit is lower."""
+        capacity = self._quietly(None, self.backend.capacity)
+        return min(self.size_limit, capacity) if capacity else self.size_limit
 
     # ----------------------------------------------------------------- writing
     def put(self, meta: EntryMeta, blobs: dict[str, bytes], vectors: IndexVectors) -> None:
-        """Write one entry atomically, then evict by value if the store is over its limit."""
+        """Write one entry atomically, then evict by value if the store is over its budget.
+
+        Raises `StoreUnavailable` when the store is down, `StoreFull` when the server has no room even
+        after evicting: the entry is then not written at all.
+        """
         for name, blob in blobs.items():
             if not isinstance(blob, bytes) or not name.isidentifier():
                 raise UnsafeValueError(f"blob {name!r} must be bytes under an identifier name")
@@ -165,66 +229,63 @@ class ReuseStore:
         meta.blob_bytes = {name: len(blob) for name, blob in blobs.items()}
         meta.blob_bytes["_index"] = len(emb_blob)
         entry_id = meta.entry_id
-        meta_json = meta.to_json()
-        with self._cache.transact():
-            if f"meta/{entry_id}" in self._cache:
-                raise StoreError(f"entry {entry_id} already exists")
-            for name, blob in blobs.items():
-                self._cache.set(f"blob/{entry_id}/{name}", blob)
-            self._cache.set(f"emb/{entry_id}", emb_blob)
-            self._cache.set(f"parts/{entry_id}", json.dumps(sorted(blobs)))
-            self._cache.set(f"stats/{entry_id}", json.dumps(asdict(EntryStats())))
-            self._cache.set(f"meta/{entry_id}", meta_json)
-            self._cache.incr("carnator/bytes", meta.total_bytes + len(meta_json))
-            seq = self._cache.incr("carnator/seq")
-            self._cache.set(f"seq/{seq:012d}", entry_id)
-        if self.used_bytes() > self.size_limit:
-            self.evict(int(self.size_limit * _EVICT_TARGET))
+        meta_json = meta.to_json().encode("utf-8")
+        values = {f"blob/{entry_id}/{name}": blob for name, blob in blobs.items()}
+        values |= {f"emb/{entry_id}": emb_blob, f"parts/{entry_id}": json.dumps(sorted(blobs)).encode(),
+                   f"meta/{entry_id}": meta_json}
+        stats = {name: float(value) for name, value in asdict(EntryStats()).items()}
+        # the schema marker rides along, so a server that lost all its data is a valid store again at once
+        commit = (f"meta/{entry_id}", values, {f"stats/{entry_id}": stats},
+                  {_BYTES: meta.total_bytes + len(meta_json)}, entry_id.encode(), {_SCHEMA: _schema_marker()})
+        try:
+            written = self._attempt(self.backend.commit, *commit)
+        except StoreFull:  # the server has less room than the budget assumed (its overhead, other data): make some
+            self.evict(int(self.used_bytes() * _EVICT_TARGET) - len(meta_json) - meta.total_bytes)
+            written = self._attempt(self.backend.commit, *commit)
+        if not written:
+            raise StoreError(f"entry {entry_id} already exists")
+        budget = self.budget()
+        if self.used_bytes() > budget:
+            self.evict(int(budget * _EVICT_TARGET))
 
     def record_hit(self, entry_id: str, seconds_saved: float) -> None:
-        """Count a reuse of `entry_id`; read-modify-write inside one transaction, so concurrent hits add up."""
-        with self._cache.transact():
-            stats = self.stats(entry_id)
-            if stats is None:
-                return
-            stats.hits += 1
-            stats.seconds_saved += max(0.0, float(seconds_saved))
-            stats.last_hit_at = time.time()
-            self._cache.set(f"stats/{entry_id}", json.dumps(asdict(stats)))
+        """Count a reuse of `entry_id` with one atomic update, so concurrent hits add up (best effort)."""
+        try:
+            self._attempt(self.backend.update_record, f"stats/{entry_id}",
+                          {"hits": 1.0, "seconds_saved": max(0.0, float(seconds_saved))}, {"last_hit_at": time.time()})
+        except StoreUnavailable:
+            pass  # the outage is logged once; a lost hit only makes eviction slightly less informed
+        except CorruptValueError as error:
+            self._warn_once(entry_id, f"stats: {error}")
 
     def set_pinned(self, entry_id: str, pinned: bool) -> bool:
         """Pin (never evicted) or unpin an entry; False when the entry does not exist."""
-        with self._cache.transact():
-            stats = self.stats(entry_id)
-            if stats is None:
-                return False
-            stats.pinned = bool(pinned)
-            self._cache.set(f"stats/{entry_id}", json.dumps(asdict(stats)))
-        return True
+        try:
+            return self._attempt(self.backend.update_record, f"stats/{entry_id}", {}, {"pinned": float(bool(pinned))})
+        except CorruptValueError as error:
+            self._warn_once(entry_id, f"stats: {error}")
+            return False
 
     def delete(self, entry_id: str) -> bool:
-        """Remove an entry and all its blobs in one transaction; False when it did not exist."""
-        with self._cache.transact():
-            raw_meta = self._read(f"meta/{entry_id}", entry_id)
-            if raw_meta is None and f"meta/{entry_id}" not in self._cache:
-                return False
-            meta = self.get_meta(entry_id)
-            freed = meta.total_bytes + len(raw_meta) if meta is not None and isinstance(raw_meta, str) else 0
-            try:
-                names = json.loads(self._read(f"parts/{entry_id}", entry_id) or "[]")
-            except (TypeError, ValueError):
-                names = []
-            for name in names if isinstance(names, list) else []:
-                if isinstance(name, str) and name.isidentifier():
-                    self._cache.delete(f"blob/{entry_id}/{name}")
-            for key in (f"meta/{entry_id}", f"emb/{entry_id}", f"stats/{entry_id}", f"parts/{entry_id}"):
-                self._cache.delete(key)
-            if freed:
-                self._cache.incr("carnator/bytes", -freed)
-        return True
+        """Remove an entry and all its blobs atomically; False when it did not exist."""
+        raw_meta = self._value(f"meta/{entry_id}", entry_id)
+        meta = self._parse_meta(entry_id, raw_meta)
+        freed = meta.total_bytes + len(raw_meta) if meta is not None else 0
+        try:
+            names = json.loads(self._value(f"parts/{entry_id}", entry_id) or b"[]")
+        except (TypeError, ValueError):
+            names = []
+        names = [name for name in names if isinstance(name, str) and name.isidentifier()] if isinstance(names, list) else []
+        blob_keys = [f"blob/{entry_id}/{name}" for name in names]
+        existed = self._attempt(self.backend.delete, [*blob_keys, f"emb/{entry_id}", f"stats/{entry_id}",
+                                                      f"parts/{entry_id}"], f"meta/{entry_id}", _BYTES, freed)
+        if self._blob_cache is not None:
+            for key in blob_keys:
+                self._blob_cache.discard(key)
+        return existed
 
     def clear(self) -> None:
-        """Delete every entry but keep the directory a valid (empty) Carnator store."""
+        """Delete every entry but keep the store a valid (empty) Carnator store."""
         for entry_id in list(self.entry_ids()):
             self.delete(entry_id)
 
@@ -236,20 +297,18 @@ class ReuseStore:
             self._warned.add(entry_id)
         log.warning("Carnator store %s: skipping entry %s: %s", self.directory, entry_id, problem)
 
-    def _read(self, key: str, entry_id: str) -> bytes | str | None:
+    def _value(self, key: str, entry_id: str) -> bytes | None:
         try:
-            return self._cache.get(key)
-        except (UnsafeValueError, OSError, sqlite3.DatabaseError) as error:
+            return self._quietly(None, self.backend.get, key)
+        except CorruptValueError as error:
             self._warn_once(entry_id, f"{key}: {error}")
             return None
 
-    def get_meta(self, entry_id: str) -> EntryMeta | None:
-        """The entry's metadata, or None when absent or corrupt (logged once)."""
-        raw = self._read(f"meta/{entry_id}", entry_id)
+    def _parse_meta(self, entry_id: str, raw: bytes | None) -> EntryMeta | None:
         if raw is None:
             return None
         try:
-            meta = EntryMeta.from_json(raw if isinstance(raw, str) else raw.decode("utf-8"))
+            meta = EntryMeta.from_json(raw.decode("utf-8"))
         except (CorruptEntryError, UnicodeDecodeError) as error:
             self._warn_once(entry_id, str(error))
             return None
@@ -258,12 +317,38 @@ class ReuseStore:
             return None
         return meta
 
+    def get_meta(self, entry_id: str) -> EntryMeta | None:
+        """The entry's metadata, or None when absent, corrupt (logged once) or the store is unavailable."""
+        return self._parse_meta(entry_id, self._value(f"meta/{entry_id}", entry_id))
+
+    def get_metas(self, entry_ids: Sequence[str]) -> list[EntryMeta | None]:
+        """Metadata of several entries in one round trip (None where absent, corrupt or unavailable)."""
+        raws = self._quietly([None] * len(entry_ids), self.backend.get_many, [f"meta/{e}" for e in entry_ids])
+        return [self._parse_meta(entry_id, raw) for entry_id, raw in zip(entry_ids, raws, strict=True)]
+
     def get_blob(self, entry_id: str, name: str) -> bytes | None:
-        """Raw bytes of one blob, or None when missing or unreadable (logged once)."""
-        raw = self._read(f"blob/{entry_id}/{name}", entry_id)
-        if raw is not None and not isinstance(raw, bytes):
-            self._warn_once(entry_id, f"blob {name} is not bytes")
+        """Raw bytes of one blob, or None when missing, unreadable (logged once) or unavailable.
+
+        A remote store serves a local copy when the upstream blob still has its length.
+        """
+        key = f"blob/{entry_id}/{name}"
+        try:
+            if self._blob_cache is not None:
+                size = self._attempt(self.backend.size, key)
+                if size == 0:  # evicted upstream: the local copy goes too
+                    self._blob_cache.discard(key)
+                    return None
+                local = self._blob_cache.get(key, size)
+                if local is not None:
+                    return local
+            raw = self._attempt(self.backend.get, key)
+        except StoreUnavailable:
             return None
+        except CorruptValueError as error:
+            self._warn_once(entry_id, f"{key}: {error}")
+            return None
+        if raw is not None and self._blob_cache is not None:
+            self._blob_cache.put(key, raw)
         return raw
 
     def get_tensors(self, entry_id: str, name: str) -> dict[str, torch.Tensor] | None:
@@ -277,10 +362,8 @@ class ReuseStore:
             self._warn_once(entry_id, f"blob {name}: {error}")
             return None
 
-    def get_vectors(self, entry_id: str) -> IndexVectors | None:
-        """The entry's index vectors, or None when missing or corrupt (logged once)."""
-        blob = self._read(f"emb/{entry_id}", entry_id)
-        if not isinstance(blob, bytes):
+    def _parse_vectors(self, entry_id: str, blob: bytes | None) -> IndexVectors | None:
+        if blob is None:
             return None
         try:
             tensors = decode_tensors(blob)
@@ -291,64 +374,92 @@ class ReuseStore:
         text = tensors.get("text")
         return IndexVectors(text=text.float() if text is not None else None, cond=cond)
 
+    def get_vectors(self, entry_id: str) -> IndexVectors | None:
+        """The entry's index vectors, or None when missing, corrupt (logged once) or unavailable."""
+        return self._parse_vectors(entry_id, self._value(f"emb/{entry_id}", entry_id))
+
+    def index_entries(self, entry_ids: Sequence[str]) -> list[IndexEntry]:
+        """What the shortlist needs of several entries, fetched in batched round trips; unreadable ones left out."""
+        keys = [key for entry_id in entry_ids for key in (f"meta/{entry_id}", f"emb/{entry_id}")]
+        raws = self._quietly([None] * len(keys), self.backend.get_many, keys)
+        found = []
+        for position, entry_id in enumerate(entry_ids):
+            meta = self._parse_meta(entry_id, raws[2 * position])
+            vectors = self._parse_vectors(entry_id, raws[2 * position + 1]) if meta is not None else None
+            if meta is not None and vectors is not None:
+                found.append(IndexEntry(entry_id, meta.hard_key, meta.prompt, vectors))
+        return found
+
     def stats(self, entry_id: str) -> EntryStats | None:
-        raw = self._read(f"stats/{entry_id}", entry_id)
-        if raw is None:
-            return None
+        """Usage counters; None when the entry is absent, defaults when they are unreadable (logged once)."""
         try:
-            record = json.loads(raw)
-            return EntryStats(hits=int(record["hits"]), seconds_saved=float(record["seconds_saved"]),
-                              last_hit_at=float(record["last_hit_at"]), pinned=bool(record["pinned"]))
-        except (TypeError, ValueError, KeyError) as error:
+            record = self._quietly(None, self.backend.get_record, f"stats/{entry_id}")
+            return EntryStats.from_record(record) if record is not None else None
+        except (CorruptValueError, KeyError) as error:
             self._warn_once(entry_id, f"stats: {error}")
             return EntryStats()
+
+    def stats_many(self, entry_ids: Sequence[str]) -> list[EntryStats | None]:
+        """Usage counters of several entries in batched round trips (None where absent or unreadable)."""
+        records = self._quietly([None] * len(entry_ids), self.backend.get_records, [f"stats/{e}" for e in entry_ids])
+        found: list[EntryStats | None] = []
+        for record in records:
+            try:
+                found.append(EntryStats.from_record(record) if record is not None else None)
+            except KeyError:
+                found.append(None)
+        return found
 
     # ----------------------------------------------------------------- listing
     def sequence(self) -> int:
         """Number of entries ever written; changes whenever a new entry lands."""
-        value = self._cache.get("carnator/seq", 0)
-        return value if isinstance(value, int) else 0
+        return self._quietly(0, self.backend.log_length)
 
     def entries_since(self, seq: int) -> tuple[list[str], int]:
-        """Ids of entries written after sequence number `seq`, and the current sequence number.
+        """Ids of entries written after sequence number `seq`, and the sequence number they reach.
 
-        Lets an in-memory index refresh incrementally instead of rescanning the store.
+        Lets an in-memory index refresh incrementally instead of rescanning the store. A result
+        below `seq` means the log started over (the server lost its data): rebuild from 0.
+        While the store is unavailable: nothing new, `seq` unchanged.
         """
-        current = self.sequence()
+        try:
+            length = self._attempt(self.backend.log_length)
+            if length < seq:
+                return [], length
+            values = self._attempt(self.backend.read_log, seq)
+        except StoreUnavailable:
+            return [], seq
         ids = []
-        for n in range(seq + 1, current + 1):
-            entry_id = self._read(f"seq/{n:012d}", f"seq/{n}")
-            if isinstance(entry_id, str):
+        for value in values:
+            try:
+                entry_id = value.decode("ascii") if value is not None else ""
+            except UnicodeDecodeError:
+                entry_id = ""
+            if entry_id.isalnum():
                 ids.append(entry_id)
-        return ids, current
+        return ids, seq + len(values)
 
     def entry_ids(self) -> Iterator[str]:
         """Ids of every live entry, oldest first."""
         ids, _ = self.entries_since(0)
-        for entry_id in ids:
-            if f"meta/{entry_id}" in self._cache:
-                yield entry_id
+        live = self._quietly([False] * len(ids), self.backend.exists_many, [f"meta/{e}" for e in ids])
+        yield from (entry_id for entry_id, exists in zip(ids, live, strict=True) if exists)
 
     def volume(self) -> int:
-        """Bytes the store occupies on disk (SQLite file plus blob files)."""
-        return self._cache.volume()
+        """Bytes the store occupies: on disk (SQLite plus blob files), or the Redis server's memory."""
+        return self._quietly(0, self.backend.volume)
 
     def used_bytes(self) -> int:
-        """Logical bytes of live entries: what `size_limit` bounds (disk use adds SQLite overhead)."""
-        value = self._cache.get("carnator/bytes", 0)
-        return value if isinstance(value, int) else 0
+        """Logical bytes of live entries: what `size_limit` bounds (storage adds its own overhead)."""
+        return self._quietly(0, self.backend.counter, _BYTES)
 
     def totals(self) -> dict[str, float]:
         """Entry count, bytes, hits and seconds saved over the whole store."""
-        entries = hits = 0
-        saved = 0.0
-        for entry_id in self.entry_ids():
-            stats = self.stats(entry_id) or EntryStats()
-            entries += 1
-            hits += stats.hits
-            saved += stats.seconds_saved
-        return {"entries": entries, "bytes": self.used_bytes(), "disk_bytes": self.volume(), "hits": hits,
-                "seconds_saved": saved, "size_limit": self.size_limit}
+        ids = list(self.entry_ids())
+        stats = [s or EntryStats() for s in self.stats_many(ids)]
+        return {"entries": len(ids), "bytes": self.used_bytes(), "disk_bytes": self.volume(),
+                "hits": sum(s.hits for s in stats), "seconds_saved": sum(s.seconds_saved for s in stats),
+                "size_limit": self.size_limit}
 
     # ----------------------------------------------------------------- eviction
     def evict(self, target_bytes: int) -> list[str]:
@@ -357,10 +468,9 @@ class ReuseStore:
         Value = hits x seconds of work saved per hit / bytes, ties broken by age (oldest
         first). Pinned entries are never evicted; corrupt entries go first.
         """
+        ids = list(self.entry_ids())
         ranked: list[tuple[float, float, str]] = []
-        for entry_id in self.entry_ids():
-            meta = self.get_meta(entry_id)
-            stats = self.stats(entry_id)
+        for entry_id, meta, stats in zip(ids, self.get_metas(ids), self.stats_many(ids), strict=True):
             if meta is None or stats is None:
                 ranked.append((-1.0, 0.0, entry_id))
                 continue
@@ -377,13 +487,19 @@ class ReuseStore:
             evicted.append(entry_id)
         if evicted:
             log.info("Carnator store %s: evicted %d entries to stay under %d bytes",
-                     self.directory, len(evicted), self.size_limit)
+                     self.directory, len(evicted), self.budget())
         return evicted
 
 
 ALLOW_OUTSIDE_ENV = "CARNATOR_ALLOW_STORE_OUTSIDE_BASE"
 _open_stores: dict[str, ReuseStore] = {}
 _open_stores_lock = threading.Lock()
+
+
+def _allow_outside(allow_outside: bool | None) -> bool:
+    if allow_outside is None:
+        return os.environ.get(ALLOW_OUTSIDE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return allow_outside
 
 
 def resolve_store_directory(user_path: str, base_directory: str, default_directory: str,
@@ -395,28 +511,65 @@ def resolve_store_directory(user_path: str, base_directory: str, default_directo
     and one must not be able to point a server's store at an arbitrary directory — unless the
     operator sets `CARNATOR_ALLOW_STORE_OUTSIDE_BASE=1`.
     """
-    if allow_outside is None:
-        allow_outside = os.environ.get(ALLOW_OUTSIDE_ENV, "").strip().lower() in ("1", "true", "yes")
     if not user_path.strip():
         return os.path.realpath(default_directory)
     base = os.path.realpath(base_directory)
     candidate = os.path.realpath(os.path.join(base, os.path.expanduser(user_path.strip())))
-    if not allow_outside and os.path.commonpath([base, candidate]) != base:
+    if not _allow_outside(allow_outside) and os.path.commonpath([base, candidate]) != base:
         raise StoreError(f"store path {user_path!r} resolves to {candidate}, outside the ComfyUI base directory "
                          f"{base}; use a path inside it or set {ALLOW_OUTSIDE_ENV}=1 on the server")
     return candidate
 
 
-def open_store(directory: str, size_limit: int | None = None) -> ReuseStore:
-    """The process-wide store object of a directory (one SQLite connection set per process).
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_store_location(user_path: str, base_directory: str, default_location: str,
+                           configured_url: str | None = None, allow_outside: bool | None = None) -> str:
+    """A store directory or Redis URL for what a workflow names (empty: `default_location`).
+
+    Directories follow `resolve_store_directory`. A workflow may name a Redis server on this
+    machine or the server the operator configured (`configured_url`); any other host needs
+    `CARNATOR_ALLOW_STORE_OUTSIDE_BASE=1`, so a shared workflow cannot make a worker talk to
+    arbitrary servers of its network.
+    """
+    text = user_path.strip()
+    if not text:
+        return default_location
+    if not _is_url(text):
+        return resolve_store_directory(text, base_directory, default_location, allow_outside)
+    location = parse_redis_url(text)
+    configured = parse_redis_url(configured_url) if configured_url else None
+    known = configured is not None and (configured.host, configured.port) == (location.host, location.port)
+    if not (_is_loopback(location.host) or known or _allow_outside(allow_outside)):
+        raise StoreError(f"store URL {location.public_url} names a server other than this machine and the "
+                         f"configured store; set {ALLOW_OUTSIDE_ENV}=1 on the server to allow it")
+    if configured is not None and location.public_url == configured.public_url and location.password is None:
+        return configured_url  # a workflow (or report) names the configured store without its credentials
+    return text
+
+
+def store_key(location: str) -> str:
+    """The registry name of a location: the absolute directory, or the URL without credentials and options."""
+    return parse_redis_url(location).public_url if _is_url(location) else os.path.abspath(location)
+
+
+def open_store(location: str, size_limit: int | None = None, blob_cache_root: str | None = None) -> ReuseStore:
+    """The process-wide store object of a directory or Redis URL (one connection set per process).
 
     `size_limit=None` keeps the limit the store was opened with (default for a new one).
     """
-    directory = os.path.abspath(directory)
+    key = store_key(location)
     with _open_stores_lock:
-        store = _open_stores.get(directory)
+        store = _open_stores.get(key)
         if store is None:
-            store = _open_stores[directory] = ReuseStore(directory, size_limit or DEFAULT_SIZE_LIMIT)
+            store = _open_stores[key] = ReuseStore(location, size_limit or DEFAULT_SIZE_LIMIT, blob_cache_root)
         elif size_limit is not None:
             store.size_limit = int(size_limit)
         return store

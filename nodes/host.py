@@ -16,7 +16,8 @@ import torch
 
 from carnator_core.entry import HardKey
 from carnator_core.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
-from carnator_core.store import ReuseStore, open_store, resolve_store_directory
+from carnator_core.store import ReuseStore, open_store, resolve_store_location
+from carnator_core.store_config import SETTINGS_FILE, configured_store_url
 
 _fingerprints: dict[tuple[int, str], str] = {}
 
@@ -26,10 +27,21 @@ def default_store_directory() -> str:
     return os.path.join(folder_paths.get_user_directory(), "carnator", "store")
 
 
+def configured_store() -> str | None:
+    """The fleet store this worker's operator configured (CARNATOR_STORE_URL or the settings file), if any."""
+    return configured_store_url(os.path.join(folder_paths.get_user_directory(), "carnator", SETTINGS_FILE))
+
+
 def store_from_path(path: str = "", size_limit: int | None = None) -> ReuseStore:
-    """Open the store a node asked for, applying the base-directory rule (see resolve_store_directory)."""
-    directory = resolve_store_directory(path, folder_paths.base_path, default_store_directory())
-    return open_store(directory, size_limit)
+    """Open the store a node asked for: a directory (base-directory rule), a Redis URL, or the default.
+
+    The default is the configured fleet store, else the local directory. Remote stores keep a
+    local read-through blob cache under `<user dir>/carnator/blob-cache`.
+    """
+    configured = configured_store()
+    location = resolve_store_location(path, folder_paths.base_path, configured or default_store_directory(),
+                                      configured)
+    return open_store(location, size_limit, os.path.join(folder_paths.get_user_directory(), "carnator", "blob-cache"))
 
 
 def _first_tensor(value) -> torch.Tensor | None:

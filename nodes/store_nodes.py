@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from comfy_api.latest import io
 
 from carnator_core.store import StoreError
 
-from .host import store_from_path
+from .host import configured_store, store_from_path
 from .types import StoreType
 
 _GIB = 2**30
+log = logging.getLogger("carnator")
+
+
+def check_configured_store() -> None:
+    """At start-up: open the configured fleet store, so a bad URL, password or schema shows in the log at once."""
+    try:
+        url = configured_store()
+        if url is not None:
+            store = store_from_path()
+            log.info("Carnator: using the configured store %s%s", store.directory,
+                     f" (unavailable for now: {store.unavailable})" if store.unavailable else "")
+    except StoreError as error:
+        log.error("Carnator: the configured store cannot be used; Carnator nodes will fail until it is fixed: %s",
+                  error)
+
+
+check_configured_store()
 
 
 class CarnatorStore(io.ComfyNode):
@@ -24,9 +42,12 @@ class CarnatorStore(io.ComfyNode):
             description="Opens the persistent reuse store that Carnator nodes read donors from and record into. "
                         "Without this node, Carnator uses the default store in ComfyUI's user directory.",
             inputs=[
-                io.String.Input("path", default="", tooltip="Store directory. Empty: <user dir>/carnator/store. "
-                                "Relative paths start at the ComfyUI base directory and must stay inside it "
-                                "(the server may allow others with CARNATOR_ALLOW_STORE_OUTSIDE_BASE=1)."),
+                io.String.Input("path", default="", tooltip="Store directory, or redis://host:port/db for a store "
+                                "shared by several workers. Empty: the server's configured store "
+                                "(CARNATOR_STORE_URL), else <user dir>/carnator/store. Relative paths start at the "
+                                "ComfyUI base directory and must stay inside it; Redis URLs must name this machine "
+                                "or the configured server (the server may allow others with "
+                                "CARNATOR_ALLOW_STORE_OUTSIDE_BASE=1)."),
                 io.Float.Input("size_limit_gb", default=20.0, min=0.01, max=100000.0, step=0.5,
                                tooltip="Bound on the store's size; the least valuable entries (hits x saved "
                                        "time / bytes, then oldest) are evicted beyond it. Pinned entries stay."),
@@ -68,7 +89,9 @@ class CarnatorStoreInfo(io.ComfyNode):
         summary = (f"Carnator store {store.directory}\n"
                    f"entries: {totals['entries']}\n"
                    f"size: {totals['bytes'] / 2**20:.1f} MiB of {totals['size_limit'] / 2**30:.1f} GiB "
-                   f"(on disk {totals['disk_bytes'] / 2**20:.1f} MiB)\n"
+                   f"(storage uses {totals['disk_bytes'] / 2**20:.1f} MiB)\n"
                    f"hits: {totals['hits']}, time saved: {totals['seconds_saved']:.1f} s")
+        if store.unavailable:
+            summary += f"\nunavailable: {store.unavailable}"
         return io.NodeOutput(summary, ui={"text": [summary], "carnator_store": [json.dumps(totals)]})
 

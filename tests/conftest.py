@@ -6,6 +6,8 @@
 - `new_base_dir`          factory: a fresh ComfyUI base directory with pack + tiny models linked in
 - `comfy_server`          one headless server per test module
 - `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
+- `redis_server`          one loopback redis-server for the session; `redis_url` empties it for each test
+- `redis_factory`         start more redis-servers (password, persistence, maxmemory) for one test
 
 At pytest start ComfyUI's args are set (CPU, a throwaway base dir), so a test that imports ComfyUI
 modules directly gets the same host as the `comfy` fixture; prefer the fixture, which also loads the pack.
@@ -30,6 +32,7 @@ from comfy_host import (
     find_comfyui,
     make_base_dir,
 )
+from redis_host import RedisNotFound, RedisServer
 from tiny_models import SPECS, TinyModelSpec, write_tiny_model
 
 _INPROCESS_BASE = pytest.StashKey[Path]()
@@ -106,3 +109,42 @@ def comfy_server_factory(comfyui_path: Path, new_base_dir: Callable[[], Path]) -
         yield factory
     finally:
         factory.stop_all()
+
+
+def _start_redis(directory: Path, **options) -> RedisServer:
+    try:
+        return RedisServer(directory, **options)
+    except RedisNotFound as error:
+        reason = str(error)
+    pytest.fail(reason, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = _start_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of an empty database on the session's redis-server."""
+    redis_server.client().flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RedisServer]]:
+    started: list[RedisServer] = []
+
+    def start(**options) -> RedisServer:
+        started.append(_start_redis(tmp_path_factory.mktemp("redis"), **options))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

@@ -1,6 +1,6 @@
-"""Subprocess helper for store tests: writes synthetic entries into a store directory.
+"""Subprocess helper for store tests: writes synthetic entries into a store (directory or Redis URL).
 
-Run as `python tests/store_writer.py DIR COUNT TAG [BLOB_BYTES]`; prints one line per entry
+Run as `python tests/store_writer.py LOCATION COUNT TAG [BLOB_FLOATS]`; prints one line per entry
 written (`wrote <id>`), flushing each, so a parent can kill it mid-stream.
 """
 
@@ -12,7 +12,7 @@ import zlib
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # after ComfyUI, whose `nodes` we must not shadow
 
 from carnator_core.entry import EntryMeta, HardKey  # noqa: E402
 from carnator_core.store import IndexVectors, ReuseStore  # noqa: E402

@@ -113,3 +113,25 @@ def test_index_follows_the_store_incrementally_and_drops_deleted_entries(tmp_pat
     match = find_compatible(store, request, top_k=3, min_similarity=-1.0)
     assert ids[0] not in [c.entry_id for c in match.candidates]
     assert len(match.candidates) == 2
+
+
+def test_inverted_file_index_keeps_paraphrases_first(thousand_prompt_store):
+    """Lists of 32 rows, 150 rows probed: a query scores a sixth of the store and still finds the paraphrase."""
+    store, prompts = thousand_prompt_store
+    index = ShortlistIndex(list_size=32, probe_rows=150)
+    assert index.refresh(store) == 1000
+    pairs = [("an old fisherman waiting beside a foggy harbour at dawn",
+              "an elderly fisherman waits by a misty harbor at dawn"),
+             ("a golden retriever running along a sandy beach at sunset",
+              "a golden retriever dog jogging on the sand of a beach during sunset"),
+             ("a steam locomotive crossing a frozen river", "an old steam train going across an icy river"),
+             ("a black cat resting near a quiet forest lake", "a dark kitten lying down beside a calm lake in the woods")]
+    texts, conds = encode([paraphrase for _, paraphrase in pairs])
+    for (stored, _), text, cond in zip(pairs, texts, conds, strict=True):
+        result = index.query(KEY, condition_vector(cond), text, top_k=3, min_similarity=0.0)
+        assert result.candidates[0].prompt == stored
+        assert result.searched == 1000 and 700 < result.filtered["outside the probed index lists"] < 900
+    removed = result.candidates[0].entry_id
+    index.remove(removed)
+    again = index.query(KEY, condition_vector(conds[-1]), None, top_k=3, min_similarity=0.0)
+    assert removed not in [c.entry_id for c in again.candidates] and again.searched == 999

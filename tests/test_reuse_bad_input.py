@@ -57,7 +57,7 @@ def test_bad_donors_are_skipped_with_a_reason(tmp_path, case, tensors, meta_chan
 def test_corrupt_checkpoint_blob_is_skipped(tmp_path):
     store = ReuseStore(str(tmp_path / "store"))
     candidate = _donor(store, {"x_5": torch.zeros(SHAPE), "x0_5": torch.zeros(SHAPE)})
-    store._cache.set(f"blob/{candidate.entry_id}/checkpoints", b"torn")
+    store.backend.set(f"blob/{candidate.entry_id}/checkpoints", b"torn")
     assert _plan(store, candidate)[1] == {"checkpoint blob missing or corrupt": 1}
 
 

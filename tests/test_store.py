@@ -1,4 +1,9 @@
-"""The reuse store: round trips, concurrency, crash safety, hostile content, eviction, schema."""
+"""The reuse store on both backends: round trips, concurrency, crash safety, hostile content, eviction, schema.
+
+Every test taking `location` runs once on a diskcache directory and once on a real Redis
+database (a loopback redis-server started for the session). Hostile or foreign content is
+planted the way an attacker or another program would: with plain diskcache or redis clients.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +13,45 @@ import pickle
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import diskcache
 import numpy as np
 import pytest
+import redis
 import torch
+from store_writer import synthetic_entry
 
 from carnator_core.entry import SCHEMA_VERSION, EntryMeta, HardKey
 from carnator_core.store import IndexVectors, ReuseStore, StoreError, UnsafeValueError, resolve_store_directory
+from carnator_core.store_redis import is_redis_url
 from carnator_core.tensor_codec import decode_tensors, encode_tensors
 
 WRITER = os.path.join(os.path.dirname(__file__), "store_writer.py")
-sys.path.insert(0, os.path.dirname(__file__))
-from store_writer import synthetic_entry  # noqa: E402
+
+
+@pytest.fixture(params=["diskcache", "redis"])
+def location(request, tmp_path) -> str:
+    """Where a test's store lives: a new directory, or an empty Redis database."""
+    if request.param == "redis":
+        return request.getfixturevalue("redis_url")
+    return str(tmp_path / "store")
+
+
+def plant(location: str, key: str, value) -> None:
+    """Write a raw value as another program would: plain diskcache (pickling what is not bytes) or redis."""
+    if is_redis_url(location):
+        client = redis.Redis.from_url(location)
+        if isinstance(value, dict):
+            client.delete(key)
+            client.hset(key, mapping=value)
+        else:
+            client.set(key, value if isinstance(value, (bytes, str, int)) else pickle.dumps(value))
+    else:
+        with diskcache.Cache(location) as cache:
+            cache.set(key, value)
 
 
 def _vectors() -> IndexVectors:
@@ -29,8 +59,15 @@ def _vectors() -> IndexVectors:
                         cond=torch.nn.functional.normalize(torch.randn(256), dim=0))
 
 
-def test_round_trip_latents_and_masks(tmp_path):
-    store = ReuseStore(str(tmp_path / "store"))
+class Exploit:
+    marker: Path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_round_trip_latents_and_masks(location):
+    store = ReuseStore(location)
     latent = torch.randn(1, 16, 5, 16, 16)
     mask = torch.rand(12, 40, 40) < 0.2
     packed = torch.from_numpy(np.packbits(mask.numpy(), axis=-1))
@@ -39,7 +76,7 @@ def test_round_trip_latents_and_masks(tmp_path):
     store.put(meta, {"checkpoints": encode_tensors({"x_5": latent.half()}), "masks": encode_tensors({"w0": packed})},
               _vectors())
 
-    reopened = ReuseStore(str(tmp_path / "store"))
+    reopened = ReuseStore(location)
     loaded = reopened.get_meta(meta.entry_id)
     assert loaded.prompt == "a red ball" and loaded.checkpoints == [{"step": 5, "sigma": 0.8}]
     restored = reopened.get_tensors(meta.entry_id, "checkpoints")["x_5"]
@@ -47,44 +84,39 @@ def test_round_trip_latents_and_masks(tmp_path):
     assert torch.equal(restored, latent.half())  # bit-exact once fp16 quantisation is accounted for
     unpacked = np.unpackbits(reopened.get_tensors(meta.entry_id, "masks")["w0"].numpy(), axis=-1)[..., :40]
     assert np.array_equal(unpacked.astype(bool), mask.numpy())
+    assert reopened.used_bytes() == meta.total_bytes + len(meta.to_json())
 
 
-def test_values_that_need_pickle_are_refused(tmp_path):
-    store = ReuseStore(str(tmp_path / "store"))
+def test_values_that_need_pickle_are_refused(location):
+    store = ReuseStore(location)
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("m", (1,), "s"))
     with pytest.raises(UnsafeValueError):
         store.put(meta, {"checkpoints": {"not": "bytes"}}, _vectors())
     with pytest.raises(UnsafeValueError):
-        store._cache.set("meta/x", {"a": 1})
+        store.backend.set("meta/x", {"a": 1})
     assert list(store.entry_ids()) == []
 
 
-def test_planted_pickle_payload_is_never_executed(tmp_path):
-    directory = tmp_path / "store"
-    store = ReuseStore(str(directory))
+def test_planted_pickle_payload_is_never_executed(location, tmp_path):
+    store = ReuseStore(location)
     meta, blobs, vectors = synthetic_entry("victim", 0, 64)
     store.put(meta, blobs, vectors)
-    marker = tmp_path / "pwned"
-
-    class Exploit:
-        def __reduce__(self):
-            return (os.system, (f"touch {marker}",))
-
-    payload = pickle.dumps(Exploit())
-    # Plant pickles the way an attacker with write access would: straight into SQLite rows,
-    # as a value of an existing entry's keys and under a pickled key.
-    with sqlite3.connect(directory / "cache.db") as db:
-        for key in (f"meta/{meta.entry_id}", f"emb/{meta.entry_id}", f"blob/{meta.entry_id}/checkpoints"):
-            db.execute("UPDATE Cache SET mode = 4, value = ?, filename = NULL WHERE key = ?", (payload, key))
-        db.execute("INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, "
-                   "mode, filename, value) VALUES (?, 0, 0, NULL, 0, 0, NULL, 0, 4, NULL, ?)", (payload, payload))
-    reopened = ReuseStore(str(directory))
+    Exploit.marker = tmp_path / "pwned"
+    for key in (f"meta/{meta.entry_id}", f"emb/{meta.entry_id}", f"blob/{meta.entry_id}/checkpoints",
+                f"stats/{meta.entry_id}"):
+        plant(location, key, Exploit())
+    if not is_redis_url(location):  # and a pickled key, straight into SQLite
+        payload = pickle.dumps(Exploit())
+        with sqlite3.connect(Path(location) / "cache.db") as db:
+            db.execute("INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, "
+                       "mode, filename, value) VALUES (?, 0, 0, NULL, 0, 0, NULL, 0, 4, NULL, ?)", (payload, payload))
+    reopened = ReuseStore(location)
     assert reopened.get_meta(meta.entry_id) is None
     assert reopened.get_vectors(meta.entry_id) is None
     assert reopened.get_tensors(meta.entry_id, "checkpoints") is None
     assert reopened.totals()["entries"] == 1  # listed, but every read is refused
     reopened.evict(0)
-    assert not marker.exists()
+    assert not Exploit.marker.exists()
 
 
 def test_blob_file_pointing_outside_the_store_is_refused(tmp_path):
@@ -98,43 +130,54 @@ def test_blob_file_pointing_outside_the_store_is_refused(tmp_path):
     assert ReuseStore(str(tmp_path / "store")).get_blob(meta.entry_id, "checkpoints") is None
 
 
-def test_corrupt_entry_is_skipped_and_others_still_served(tmp_path, caplog):
-    store = ReuseStore(str(tmp_path / "store"))
-    entries = [synthetic_entry("corrupt", n, 64) for n in range(3)]
+def test_corrupt_and_foreign_keys_are_skipped_and_others_still_served(location, caplog):
+    store = ReuseStore(location)
+    entries = [synthetic_entry("corrupt", n, 64) for n in range(4)]
     for meta, blobs, vectors in entries:
         store.put(meta, blobs, vectors)
-    broken = entries[1][0].entry_id
-    store._cache.set(f"meta/{broken}", "{not json")
-    store._cache.set(f"blob/{entries[2][0].entry_id}/checkpoints", b"\x00torn")
+    broken, torn, wrong_type, healthy = (entry[0].entry_id for entry in entries)
+    store.backend.set(f"meta/{broken}", b"{not json")
+    store.backend.set(f"blob/{torn}/checkpoints", b"\x00torn")
+    plant(location, f"blob/{wrong_type}/checkpoints", {"a": "hash"} if is_redis_url(location) else 42)
+    plant(location, f"stats/{healthy}", b"not a record")
+    plant(location, "someone:else", b"another program's data")
+    plant(location, "meta/foreign", b"{}")
+
     assert store.get_meta(broken) is None
     assert store.get_meta(broken) is None
     assert sum("skipping entry" in r.message and broken in r.message for r in caplog.records) == 1  # logged once
-    assert store.get_tensors(entries[2][0].entry_id, "checkpoints") is None
-    assert store.get_tensors(entries[0][0].entry_id, "checkpoints") is not None
+    assert store.get_tensors(torn, "checkpoints") is None
+    assert store.get_tensors(wrong_type, "checkpoints") is None
+    assert store.get_tensors(healthy, "checkpoints") is not None
+    assert store.stats(healthy).hits == 0  # unreadable counters read as fresh ones
+    assert [entry.entry_id for entry in store.index_entries([broken, torn, wrong_type, healthy, "foreign"])] == [
+        torn, wrong_type, healthy]  # the index needs only metadata and vectors
+    assert set(store.entry_ids()) == {broken, torn, wrong_type, healthy}
     assert store.delete(broken)  # a corrupt entry can still be removed whole
     assert store.get_blob(broken, "checkpoints") is None
+    store.evict(0)
+    assert list(store.entry_ids()) == []
+    assert store.backend.get("someone:else") == b"another program's data"  # never touched
 
 
-def test_two_processes_writing_concurrently_lose_nothing(tmp_path):
-    directory = str(tmp_path / "store")
-    ReuseStore(directory)
-    writers = [subprocess.Popen([sys.executable, WRITER, directory, "100", tag], stdout=subprocess.PIPE, text=True)
+def test_two_processes_writing_concurrently_lose_nothing(location):
+    ReuseStore(location)
+    writers = [subprocess.Popen([sys.executable, WRITER, location, "60", tag], stdout=subprocess.PIPE, text=True)
                for tag in ("left", "right")]
     written = set()
     for writer in writers:
         out, _ = writer.communicate(timeout=300)
         assert writer.returncode == 0
         written |= {line.split()[1] for line in out.splitlines() if line.startswith("wrote ")}
-    assert len(written) == 200
-    store = ReuseStore(directory)
+    assert len(written) == 120
+    store = ReuseStore(location)
     assert set(store.entry_ids()) == written
-    prompts = {store.get_meta(entry_id).prompt for entry_id in written}
-    assert {f"left prompt {n}" for n in range(100)} <= prompts and {f"right prompt {n}" for n in range(100)} <= prompts
+    prompts = {meta.prompt for meta in store.get_metas(sorted(written))}
+    assert {f"left prompt {n}" for n in range(60)} <= prompts and {f"right prompt {n}" for n in range(60)} <= prompts
 
 
-def test_writer_killed_mid_write_leaves_a_readable_store(tmp_path):
-    directory = str(tmp_path / "store")
-    writer = subprocess.Popen([sys.executable, WRITER, directory, "100000", "killed", "400000"],
+def test_writer_killed_mid_write_leaves_a_readable_store(location):
+    writer = subprocess.Popen([sys.executable, WRITER, location, "100000", "killed", "400000"],
                               stdout=subprocess.PIPE, text=True)
     written = []
     while len(written) < 5:
@@ -144,7 +187,7 @@ def test_writer_killed_mid_write_leaves_a_readable_store(tmp_path):
     time.sleep(0.05)  # land the kill inside a later write
     writer.kill()
     writer.wait()
-    store = ReuseStore(directory)
+    store = ReuseStore(location)
     ids = list(store.entry_ids())
     assert set(written) <= set(ids)
     for entry_id in ids:  # every entry that is listed is whole
@@ -155,15 +198,16 @@ def test_writer_killed_mid_write_leaves_a_readable_store(tmp_path):
     assert store.get_meta(meta.entry_id) is not None
 
 
-def test_eviction_keeps_store_under_its_limit_and_spares_valuable_and_pinned(tmp_path):
+def test_eviction_keeps_store_under_its_limit_and_spares_valuable_and_pinned(location):
     limit = 600_000
-    store = ReuseStore(str(tmp_path / "store"), size_limit=limit)
+    store = ReuseStore(location, size_limit=limit)
     first_meta, blobs, vectors = synthetic_entry("evict", 0, 20_000)
     store.put(first_meta, blobs, vectors)
     second_meta, blobs, vectors = synthetic_entry("evict", 1, 20_000)
     store.put(second_meta, blobs, vectors)
     store.record_hit(first_meta.entry_id, 3.0)
     assert store.set_pinned(second_meta.entry_id, True)
+    assert not store.set_pinned("0" * 32, True)
     for number in range(2, 40):
         meta, blobs, vectors = synthetic_entry("evict", number, 20_000)
         store.put(meta, blobs, vectors)
@@ -171,17 +215,29 @@ def test_eviction_keeps_store_under_its_limit_and_spares_valuable_and_pinned(tmp
     ids = set(store.entry_ids())
     assert first_meta.entry_id in ids and second_meta.entry_id in ids
     assert len(ids) < 40
+    assert store.used_bytes() == sum(m.total_bytes + len(m.to_json()) for m in store.get_metas(sorted(ids)))
 
 
-def test_hit_counters_add_up(tmp_path):
-    store = ReuseStore(str(tmp_path / "store"))
+def test_hit_counters_add_up_under_concurrent_updates(location):
+    store = ReuseStore(location)
     meta, blobs, vectors = synthetic_entry("hits", 0, 64)
     store.put(meta, blobs, vectors)
-    for _ in range(3):
-        store.record_hit(meta.entry_id, 1.5)
+    views = [ReuseStore(location) for _ in range(4)]  # as four workers would
+
+    def hit(view: ReuseStore) -> None:
+        for _ in range(10):
+            view.record_hit(meta.entry_id, 1.5)
+
+    threads = [threading.Thread(target=hit, args=(view,)) for view in views]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     stats = store.stats(meta.entry_id)
-    assert stats.hits == 3 and stats.seconds_saved == pytest.approx(4.5)
-    assert store.totals()["hits"] == 3
+    assert stats.hits == 40 and stats.seconds_saved == pytest.approx(60.0) and stats.last_hit_at > 0
+    assert store.totals()["hits"] == 40
+    store.record_hit("0" * 32, 1.0)  # an entry that is gone: nothing happens
+    assert store.stats("0" * 32) is None
 
 
 def test_directory_that_is_not_a_store_is_refused(tmp_path):
@@ -190,23 +246,24 @@ def test_directory_that_is_not_a_store_is_refused(tmp_path):
     (foreign / "cat.jpg").write_bytes(b"jpeg")
     with pytest.raises(StoreError, match="not a Carnator store"):
         ReuseStore(str(foreign))
-    other_cache = tmp_path / "other-cache"
-    with diskcache.Cache(str(other_cache)) as cache:
-        cache.set("someone", "else")
-    with pytest.raises(StoreError, match="not a Carnator store"):
-        ReuseStore(str(other_cache))
     a_file = tmp_path / "file"
     a_file.write_text("x")
     with pytest.raises(StoreError, match="is a file"):
         ReuseStore(str(a_file))
 
 
-def test_store_from_a_newer_schema_is_refused_with_a_clear_error(tmp_path):
-    directory = tmp_path / "store"
-    store = ReuseStore(str(directory))
-    store._cache.set("carnator/schema", json.dumps({"format": "carnator-store", "schema_version": SCHEMA_VERSION + 1}))
+def test_store_holding_other_data_is_refused(location):
+    plant(location, "someone", b"else")
+    with pytest.raises(StoreError, match="not a Carnator store"):
+        ReuseStore(location)
+
+
+def test_store_from_a_newer_schema_is_refused_with_a_clear_error(location):
+    store = ReuseStore(location)
+    store.backend.set("carnator/schema", json.dumps({"format": "carnator-store",
+                                                     "schema_version": SCHEMA_VERSION + 1}).encode())
     with pytest.raises(StoreError, match="newer Carnator"):
-        ReuseStore(str(directory))
+        ReuseStore(location)
 
 
 def test_store_paths_must_stay_inside_the_base_directory(tmp_path):

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "lookup": "carnator_core.bench.lookup",
     "workload": "carnator_core.bench.workload",
     "probe": "carnator_core.bench.probe",
+    "store": "carnator_core.bench.store",
 }
 
 
