@@ -1,0 +1,220 @@
+// Carnator store panel: a sidebar tab (and a dialog from the Carnator menu, the only way on frontends without
+// sidebar tabs) listing the reuse store's entries with prompt, date, size, hits, time saved and thumbnail; search, pin, delete, clear all; totals.
+// It talks to the /carnator/store routes (nodes/routes.py). It refreshes when opened, on user actions and
+// after Carnator runs; a failed request shows an empty state with a retry button and is never retried by itself.
+
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { formatBytes, formatDate, formatSeconds, loadStylesheet, shorten, totalsText } from "./carnator_ui.js";
+
+const PAGE = 50;
+const SEARCH_DELAY_MS = 250;
+const AFTER_RUN_DELAY_MS = 1500;  // the sampler records its entry on a background thread after the run
+
+function element(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attributes)) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value !== undefined && value !== null && value !== false) node.setAttribute(key, value);
+  }
+  node.append(...children.filter((child) => child !== null && child !== undefined));
+  return node;
+}
+
+class StoreRequestError extends Error {}
+
+async function request(path, options = {}) {
+  let response;
+  try {
+    response = await api.fetchApi(path, options);
+  } catch (error) {
+    throw new StoreRequestError(`server unreachable (${error.message || error})`);
+  }
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  if (!response.ok) throw new StoreRequestError(body?.error || `HTTP ${response.status}`);
+  return body;
+}
+
+const mounted = new Set();  // panels on screen (the sidebar tab, the dialog)
+
+class StorePanel {
+  constructor() {
+    this.query = "";
+    this.entries = [];
+    this.total = 0;
+    this.root = null;
+    this.timer = null;
+    this.generation = 0;  // answers to superseded requests are dropped
+  }
+
+  mount(container) {
+    loadStylesheet();
+    this.search = element("input", {
+      type: "search", class: "carnator-search", placeholder: "Search prompts", "aria-label": "Search prompts",
+      oninput: () => this.schedule(SEARCH_DELAY_MS),
+    });
+    this.totals = element("div", { class: "carnator-totals" });
+    this.list = element("div", { class: "carnator-list", role: "list" });
+    this.more = element("button", { class: "carnator-button", onclick: () => this.load(true) }, "Load more");
+    this.root = element("div", { class: "carnator-panel" },
+      element("div", { class: "carnator-header" },
+        element("span", { class: "carnator-title" }, "Carnator store"),
+        element("button", { class: "carnator-icon-button", title: "Refresh", "aria-label": "Refresh",
+                            onclick: () => this.refresh() }, element("i", { class: "pi pi-refresh" }))),
+      this.totals, this.search, this.list,
+      element("div", { class: "carnator-footer" }, this.more,
+        element("button", { class: "carnator-button carnator-danger", onclick: () => this.clearAll() }, "Clear all…")));
+    container.replaceChildren(this.root);
+    mounted.add(this);
+    this.refresh();
+  }
+
+  unmount() {
+    clearTimeout(this.timer);
+    mounted.delete(this);
+    this.root = null;
+  }
+
+  /** Refresh after `delay` ms, once however many triggers arrive meanwhile. */
+  schedule(delay) {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.refresh(), delay);
+  }
+
+  refresh() {
+    if (!this.root) return;
+    this.query = this.search.value.trim();
+    this.load(false);
+  }
+
+  async load(append) {
+    const generation = ++this.generation;
+    const params = new URLSearchParams({ offset: append ? this.entries.length : 0, limit: PAGE });
+    if (this.query) params.set("q", this.query);
+    try {
+      const [page, totals] = await Promise.all([
+        request(`/carnator/store/entries?${params}`),
+        append ? Promise.resolve(null) : request("/carnator/store/stats"),
+      ]);
+      if (generation !== this.generation || !this.root) return;
+      this.entries = append ? this.entries.concat(page.entries) : page.entries;
+      this.total = page.total;
+      if (totals) this.totals.textContent = totalsText(totals);
+      this.render();
+    } catch (error) {
+      if (generation !== this.generation || !this.root) return;
+      this.entries = [];
+      this.total = 0;
+      this.totals.textContent = "";
+      this.renderEmpty(`Store unavailable: ${error.message}`, true);
+    }
+  }
+
+  render() {
+    this.more.hidden = this.entries.length >= this.total;
+    if (!this.entries.length) {
+      this.renderEmpty(this.query ? `No entry matches “${this.query}”.`
+        : "No entries yet. Queue a workflow with a Carnator node: each run is recorded here for later reuse.", false);
+      return;
+    }
+    this.list.replaceChildren(...this.entries.map((entry) => this.renderEntry(entry)));
+  }
+
+  renderEmpty(message, retry) {
+    this.more.hidden = true;
+    this.list.replaceChildren(element("div", { class: "carnator-empty" }, message,
+      retry ? element("button", { class: "carnator-button", onclick: () => this.refresh() }, "Retry") : null));
+  }
+
+  renderEntry(entry) {
+    const thumbnail = entry.thumbnail
+      ? element("img", { class: "carnator-thumb", alt: "", loading: "lazy",
+                         src: api.apiURL(`/carnator/store/entries/${entry.id}/thumbnail`) })
+      : element("div", { class: "carnator-thumb carnator-no-thumb" });
+    thumbnail.onerror = () => thumbnail.replaceWith(element("div", { class: "carnator-thumb carnator-no-thumb" }));
+    const facts = [formatDate(entry.created_at), formatBytes(entry.bytes), `${entry.hits} hits`,
+                   `${formatSeconds(entry.seconds_saved)} saved`];
+    if (entry.donor_id) facts.push(`reused ${entry.donor_depth}/${entry.total_steps}`);
+    return element("div", { class: "carnator-entry", role: "listitem", "data-entry-id": entry.id },
+      thumbnail,
+      element("div", { class: "carnator-info" },
+        element("div", { class: "carnator-prompt", title: entry.prompt || "" },
+          shorten(entry.prompt, 140) || element("em", {}, "(no prompt text)")),
+        element("div", { class: "carnator-facts" }, facts.join(" · "))),
+      element("div", { class: "carnator-actions" },
+        element("button", {
+          class: `carnator-icon-button${entry.pinned ? " carnator-pinned" : ""}`,
+          title: entry.pinned ? "Pinned: never evicted (click to unpin)" : "Pin (never evict)",
+          "aria-label": entry.pinned ? "Unpin" : "Pin", "aria-pressed": String(entry.pinned),
+          onclick: () => this.act(`/carnator/store/entries/${entry.id}/pin`,
+                                  { method: "POST", body: JSON.stringify({ pinned: !entry.pinned }) }),
+        }, element("i", { class: "pi pi-thumbtack" })),
+        element("button", {
+          class: "carnator-icon-button carnator-delete", title: "Delete this entry", "aria-label": "Delete",
+          onclick: () => this.act(`/carnator/store/entries/${entry.id}`, { method: "DELETE" }),
+        }, element("i", { class: "pi pi-trash" }))));
+  }
+
+  async act(path, options) {
+    try {
+      await request(path, { headers: { "Content-Type": "application/json" }, ...options });
+    } catch (error) {
+      app.extensionManager?.toast?.add?.({ severity: "error", summary: "Carnator store", detail: error.message,
+                                           life: 5000 });
+    }
+    this.refresh();
+  }
+
+  async clearAll() {
+    const message = "Delete every entry of the Carnator store (pinned ones too)? Later runs start from zero.";
+    const dialog = app.extensionManager?.dialog;
+    const confirmed = dialog?.confirm
+      ? await dialog.confirm({ title: "Clear the Carnator store", message, type: "delete" })
+      : window.confirm(message);
+    if (confirmed) await this.act("/carnator/store/clear?confirm=true", { method: "POST" });
+  }
+}
+
+/** The panel in a dialog: the Carnator menu's "Store" command, and the only way on frontends without sidebar tabs. */
+function openDialog() {
+  const panel = new StorePanel();
+  const body = element("div", { class: "carnator-dialog-body" });
+  const dialog = element("dialog", { class: "carnator-dialog" },
+    element("button", { class: "carnator-icon-button carnator-close", "aria-label": "Close",
+                        onclick: () => dialog.close() }, "×"), body);
+  dialog.addEventListener("close", () => { panel.unmount(); dialog.remove(); });
+  document.body.appendChild(dialog);
+  panel.mount(body);
+  dialog.showModal();
+}
+
+app.registerExtension({
+  name: "Carnator.StorePanel",
+  commands: [{ id: "Carnator.OpenStore", label: "Store", icon: "pi pi-database", function: openDialog }],
+  menuCommands: [{ path: ["Carnator"], commands: ["Carnator.OpenStore"] }],
+  async setup() {
+    const manager = app.extensionManager;
+    if (typeof manager?.registerSidebarTab === "function") {
+      const panel = new StorePanel();
+      manager.registerSidebarTab({
+        id: "carnator-store",
+        icon: "carnator-sidebar-icon",
+        title: "Carnator",
+        tooltip: "Carnator reuse store",
+        type: "custom",
+        render: (container) => panel.mount(container),
+        destroy: () => panel.unmount(),
+      });
+    }
+    loadStylesheet();  // the sidebar icon is styled before the tab is ever opened
+    const afterRun = () => { for (const panel of mounted) panel.schedule(AFTER_RUN_DELAY_MS); };
+    api.addEventListener("carnator.status", afterRun);
+    api.addEventListener("execution_success", afterRun);
+  },
+});
