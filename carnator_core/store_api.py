@@ -9,13 +9,16 @@ status and a message meant for the user; the route layer turns them into JSON.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from carnator_core.store import EntryStats, ReuseStore, StoreError, open_store, resolve_store_directory
+from carnator_core.entry import EntryMeta
+from carnator_core.store import EntryStats, ReuseStore, StoreError, StoreUnavailable
+from carnator_core.store_redis import is_redis_url
 
 ENTRY_ID = re.compile(r"[0-9a-f]{32}")
 DEFAULT_PAGE = 50
@@ -106,35 +109,51 @@ def cross_origin(headers: Mapping[str, str], scheme: str = "http") -> str | None
 
 
 # ------------------------------------------------------------------ store selection
-def select_store(user_path: str, base_directory: str, default_directory: str) -> ReuseStore | None:
-    """The store a request names (the `store` parameter, same rule as the Carnator Store node).
+def select_store(user_path: str, resolve: Callable[[str], str], open_path: Callable[[str], ReuseStore]
+                 ) -> ReuseStore | None:
+    """The store a request names (the `store` parameter), by the rule of the Carnator Store node.
 
-    A store that does not exist yet is None, an empty store to the caller: no request creates
-    directories on the server (it has no entries to list, pin or delete anyway).
+    `resolve` maps the parameter to a directory or Redis URL (empty: the server's default store) and
+    `open_path` opens it, both as the nodes do. A directory without a store is None, an empty store
+    to the caller: no request creates directories on the server (there is nothing to list, pin or
+    delete there anyway).
     """
     if len(user_path) > 4096:
         raise ApiError(400, "store path too long")
     try:
-        directory = resolve_store_directory(user_path, base_directory, default_directory)
+        location = resolve(user_path)
     except StoreError as error:
         raise ApiError(400, str(error)) from None
-    if not os.path.isfile(os.path.join(directory, "cache.db")):
-        if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
-            raise ApiError(409, f"{directory} is not a Carnator store")
+    if not is_redis_url(location) and not os.path.isfile(os.path.join(location, "cache.db")):
+        if os.path.exists(location) and (not os.path.isdir(location) or os.listdir(location)):
+            raise ApiError(409, f"{location} is not a Carnator store")
         return None
     try:
-        return open_store(directory)
+        store = open_path(user_path)
     except StoreError as error:
         raise ApiError(409, str(error)) from None
+    if store.unavailable:
+        raise ApiError(503, f"store {store.directory} is unavailable: {store.unavailable}")
+    return store
+
+
+def _changes(work: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A write to a store whose server went down meanwhile is a 503, not a stack trace."""
+
+    @functools.wraps(work)
+    def guarded(*args, **kwargs) -> dict[str, Any]:
+        try:
+            return work(*args, **kwargs)
+        except StoreUnavailable as error:
+            raise ApiError(503, f"store unavailable: {error}") from None
+
+    return guarded
 
 
 # ------------------------------------------------------------------ reading
-def entry_summary(store: ReuseStore, entry: str) -> dict[str, Any] | None:
-    """What the store panel shows of one entry; None when it is gone or unreadable."""
-    meta = store.get_meta(entry)
-    if meta is None:
-        return None
-    stats = store.stats(entry) or EntryStats()
+def _summary(entry: str, meta: EntryMeta, stats: EntryStats | None) -> dict[str, Any]:
+    """What the store panel shows of one entry."""
+    stats = stats or EntryStats()
     return {
         "id": entry,
         "prompt": meta.prompt,
@@ -155,24 +174,24 @@ def entry_summary(store: ReuseStore, entry: str) -> dict[str, Any] | None:
     }
 
 
-def _matches(prompt: str, terms: list[str]) -> bool:
-    text = prompt.lower()
-    return all(term in text for term in terms)
+def _readable(store: ReuseStore) -> tuple[list[str], list[EntryMeta | None]]:
+    """Live entry ids (oldest first) and their metadata, in one batched read."""
+    ids = list(store.entry_ids())
+    return ids, store.get_metas(ids)
 
 
 def list_entries(store: ReuseStore | None, offset: int, limit: int, text: str) -> dict[str, Any]:
     """One page of entries, newest first, whose prompt contains every word of `text` (any case)."""
     terms = text.lower().split()
-    page: list[dict[str, Any]] = []
-    total = 0
-    for entry in reversed(list(store.entry_ids()) if store is not None else []):
-        summary = entry_summary(store, entry)
-        if summary is None or not _matches(summary["prompt"], terms):
-            continue
-        if offset <= total < offset + limit:
-            page.append(summary)
-        total += 1
-    return {"entries": page, "total": total, "offset": offset, "limit": limit, "q": text,
+    matching: list[tuple[str, EntryMeta]] = []
+    if store is not None:
+        ids, metas = _readable(store)
+        matching = [(entry, meta) for entry, meta in zip(ids, metas, strict=True)
+                    if meta is not None and all(term in meta.prompt.lower() for term in terms)][::-1]
+    page = matching[offset:offset + limit]
+    stats = store.stats_many([entry for entry, _ in page]) if page else []
+    return {"entries": [_summary(entry, meta, s) for (entry, meta), s in zip(page, stats, strict=True)],
+            "total": len(matching), "offset": offset, "limit": limit, "q": text,
             "store": store.directory if store is not None else None}
 
 
@@ -185,48 +204,41 @@ def store_totals(store: ReuseStore | None) -> dict[str, Any]:
     if store is None:
         return {"store": None, "entries": 0, "bytes": 0, "disk_bytes": 0, "size_limit": None, "hits": 0,
                 "seconds_saved": 0.0, "pinned": 0, "reused": 0, "hit_rate": None}
-    entries = hits = pinned = reused = 0
-    saved = 0.0
-    for entry in store.entry_ids():
-        meta = store.get_meta(entry)
-        if meta is None:
-            continue
-        stats = store.stats(entry) or EntryStats()
-        entries += 1
-        hits += stats.hits
-        saved += stats.seconds_saved
-        pinned += stats.pinned
-        reused += bool(meta.lineage.get("donor_id"))
-    return {"store": store.directory, "entries": entries, "bytes": store.used_bytes(), "disk_bytes": store.volume(),
-            "size_limit": store.size_limit, "hits": hits, "seconds_saved": saved, "pinned": pinned,
-            "reused": reused, "hit_rate": reused / entries if entries else None}
+    ids, metas = _readable(store)
+    live = [(entry, meta) for entry, meta in zip(ids, metas, strict=True) if meta is not None]
+    stats = [s or EntryStats() for s in store.stats_many([entry for entry, _ in live])]
+    reused = sum(1 for _, meta in live if meta.lineage.get("donor_id"))
+    return {"store": store.directory, "entries": len(live), "bytes": store.used_bytes(), "disk_bytes": store.volume(),
+            "size_limit": store.size_limit, "hits": sum(s.hits for s in stats),
+            "seconds_saved": sum(s.seconds_saved for s in stats), "pinned": sum(1 for s in stats if s.pinned),
+            "reused": reused, "hit_rate": reused / len(live) if live else None}
 
 
 def thumbnail(store: ReuseStore | None, entry: str) -> bytes:
     """The entry's PNG preview, or ApiError 404."""
     png = store.get_blob(entry, "thumb") if store is not None else None
     if png is None:
-        raise ApiError(404, f"entry {entry} has no thumbnail" if _exists(store, entry) else f"no entry {entry}")
+        exists = store is not None and store.get_meta(entry) is not None
+        raise ApiError(404, f"entry {entry} has no thumbnail" if exists else f"no entry {entry}")
     return png
 
 
-def _exists(store: ReuseStore | None, entry: str) -> bool:
-    return store is not None and store.get_meta(entry) is not None
-
-
 # ------------------------------------------------------------------ changing
+@_changes
 def set_pinned(store: ReuseStore | None, entry: str, pinned: bool) -> dict[str, Any]:
     if store is None or not store.set_pinned(entry, pinned):
         raise ApiError(404, f"no entry {entry}")
     return {"id": entry, "pinned": pinned}
 
 
+@_changes
 def delete_entry(store: ReuseStore | None, entry: str) -> dict[str, Any]:
     if store is None or not store.delete(entry):
         raise ApiError(404, f"no entry {entry}")
     return {"id": entry, "deleted": True}
 
 
+@_changes
 def clear_store(store: ReuseStore | None, confirm: Any) -> dict[str, Any]:
     """Delete every entry; refused unless the request confirms it explicitly (`confirm=true`)."""
     if confirm is None or not flag_param(confirm, "confirm"):

@@ -24,9 +24,10 @@ import folder_paths
 from aiohttp import web
 
 from carnator_core import store_api
+from carnator_core.store import resolve_store_location
 from carnator_core.store_api import ApiError
 
-from .host import default_store_directory
+from .host import configured_store, default_store_directory, store_from_path
 
 log = logging.getLogger("carnator")
 
@@ -75,13 +76,18 @@ async def _json_body(request: web.Request) -> dict:
     return body
 
 
+def _location(path: str) -> str:
+    """Where `path` points, as store_from_path resolves it: empty is the configured store, else the local one."""
+    configured = configured_store()
+    return resolve_store_location(path, folder_paths.base_path, configured or default_store_directory(), configured)
+
+
 async def _in_store(request: web.Request, work: Callable, *args):
-    """Run `work(store, *args)` in a worker thread on the store the request names (SQLite blocks)."""
+    """Run `work(store, *args)` in a worker thread on the store the request names (store calls block)."""
     path = request.query.get("store", "")
 
     def run():
-        store = store_api.select_store(path, folder_paths.base_path, default_store_directory())
-        return work(store, *args)
+        return work(store_api.select_store(path, _location, store_from_path), *args)
 
     return await asyncio.to_thread(run)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 import torch
-from comfy_host import ComfyServer
+from comfy_host import ComfyServer, free_port
 
 from carnator_core.entry import EntryMeta, HardKey
 from carnator_core.store import IndexVectors, ReuseStore
@@ -139,7 +139,8 @@ def test_bad_ids_are_refused_with_json(server, store, bad):
 
 
 @pytest.mark.parametrize("params", [{"limit": "0"}, {"limit": "101"}, {"limit": "ten"}, {"offset": "-1"},
-                                    {"q": "x" * 201}, {"store": "../../outside"}, {"store": "/etc"}])
+                                    {"q": "x" * 201}, {"store": "../../outside"}, {"store": "/etc"},
+                                    {"store": "redis://192.0.2.1:6379/0"}])  # another machine's Redis
 def test_bad_list_parameters_are_400(server, store, params):
     response = server.get("/carnator/store/entries", params=params)
     assert response.status_code == 400 and _json(response)["error"]
@@ -159,6 +160,13 @@ def test_a_directory_that_is_not_a_store_is_409(server, store):
     (server.base_dir / "user" / "not_a_store" / "notes.txt").write_text("mine")
     response = server.get("/carnator/store/entries", params={"store": "user/not_a_store"})
     assert response.status_code == 409 and "not a Carnator store" in _json(response)["error"]
+
+
+def test_an_unreachable_redis_store_is_503(server, store):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # this machine, nothing listening
+    for response in (server.get("/carnator/store/entries", params={"store": url}),
+                     server.post(f"/carnator/store/entries/{MISSING_ID}/pin", params={"store": url}, json={"pinned": True})):
+        assert response.status_code == 503 and "unavailable" in _json(response)["error"]
 
 
 def test_store_parameter_selects_another_store_inside_the_base_directory(server, store):
