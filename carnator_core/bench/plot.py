@@ -46,9 +46,9 @@ def scatter(points: list[tuple[str, float, float]], path: Path, title: str, x_la
     if x_lo <= 1.0 <= x_hi:  # speedup 1 = as fast as plain
         u, _ = px(1.0, y_lo)
         draw.line((u, top, u, bottom), fill=(200, 200, 200))
-    draw.text((left, 15), title, fill="black")
+    draw.text((left, 10), title, fill="black")
     draw.text(((left + right) / 2 - 60, HEIGHT - 30), x_label, fill="black")
-    draw.text((8, top - 30), y_label, fill="black")
+    draw.text((8, top - 22), y_label, fill="black")
     for i, (label, x, y) in enumerate(points):
         u, v = px(x, y)
         colour = COLOURS[i % len(COLOURS)]

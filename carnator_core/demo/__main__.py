@@ -74,10 +74,17 @@ def _row(prompt: str, report: dict, adherence: float | None, seconds: float) -> 
             "adherence": "unscorable" if adherence is None else round(adherence, 2)}
 
 
+def _verdict(row: dict) -> str:
+    """HIT with what was reused: a donor's latent state (steps skipped) or only its attention masks."""
+    if not row["hit"]:
+        return "miss"
+    return "HIT (resumed)" if row["skipped_steps"] else "HIT (masks)"
+
+
 def summary_table(rows: list[dict]) -> str:
     lines = ["| # | prompt | hit/miss | skipped steps | time (s) | oracle adherence |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
-        lines.append(f"| {i} | {r['prompt']} | {'HIT' if r['hit'] else 'miss'} | {r['skipped_steps']}/"
+        lines.append(f"| {i} | {r['prompt']} | {_verdict(r)} | {r['skipped_steps']}/"
                      f"{r['total_steps']} | {r['time_s']:.1f} | {r['adherence']} |")
     return "\n".join(lines)
 
@@ -112,7 +119,7 @@ def run_demo(prompts: list[str], out: Path, steps: int, weights: Path, port: int
                                 "expected": oracle.expected, "prompt_seconds": round(run.seconds, 2),
                                 "carnator_report": report})
                 print(("\r" if sys.stdout.isatty() else "") + f"[{i + 1}/{len(prompts)}] {prompt[:48]}  "
-                      f"{'HIT' if rows[-1]['hit'] else 'miss'}, skipped {rows[-1]['skipped_steps']} steps, "
+                      f"{_verdict(rows[-1])}, skipped {rows[-1]['skipped_steps']} steps, "
                       f"{seconds:.1f} s, adherence {rows[-1]['adherence']}", flush=True)
     finally:
         if (base_dir / "comfyui.log").exists():
