@@ -33,9 +33,13 @@ class ComfyError(RuntimeError):
 
 def find_comfyui() -> Path:
     """$COMFYUI_PATH, else the ComfyUI tree this pack sits in (custom_nodes/), else ~/ComfyUI."""
+    configured = os.environ.get("COMFYUI_PATH")
+    if configured:  # an explicit setting that is wrong is an error, not a cue to look elsewhere
+        path = Path(configured).expanduser()
+        if (path / "main.py").is_file() and (path / "comfy").is_dir():
+            return path.resolve()
+        raise ComfyError(f"COMFYUI_PATH={configured} is not a ComfyUI checkout (no main.py and comfy/ there)")
     candidates = []
-    if os.environ.get("COMFYUI_PATH"):
-        candidates.append(Path(os.environ["COMFYUI_PATH"]).expanduser())
     if PACK_DIR.parent.name == "custom_nodes":
         candidates.append(PACK_DIR.parent.parent)
     candidates.append(Path.home() / "ComfyUI")

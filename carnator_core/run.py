@@ -67,6 +67,7 @@ class ReuseRun:
     resume: Resume | None = None
     recorder: RunRecorder | None = None
     model_calls: int = 0
+    candidate_checkpoints: int = 0
     attention: dict[str, Any] = field(default_factory=dict)
     store_problem: str | None = None  # why the store could not be used during this run
 
@@ -103,6 +104,7 @@ class ReuseRun:
 
     def probe(self, targets: list[ProbeTarget], evaluate: Evaluate) -> Resume | None:
         """Evaluate targets in order; the first whose signals pass is the resume point."""
+        self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
             return self._resume_by_text_similarity(targets)
         for target in targets:
@@ -229,6 +231,8 @@ class ReuseRun:
             return "no candidate" if not (self.match and self.match.filtered) else "no candidate (all filtered)"
         if self.probes:
             return "probe rejected"
+        if self.settings.verification == "text-only" and self.candidate_checkpoints:
+            return "text similarity too low for the baseline's skip table"
         if self.skipped:
             return "filtered: " + ", ".join(sorted(self.skipped))
         return "no candidate"

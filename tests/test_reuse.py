@@ -132,3 +132,12 @@ def test_guidance_boost_changes_only_the_steps_after_a_resume(comfy, tiny_models
     assert reports[0]["skipped_steps"] == boosted_reports[0]["skipped_steps"] == 5
     assert not torch.equal(boosted, plain_resume)
     assert boosted_reports[0]["model_calls"] == reports[0]["model_calls"]  # a boost costs no extra evaluation
+
+
+def test_text_only_baseline_says_why_it_declined(comfy, tiny_models, store_path):
+    _sample(comfy, with_reuse(_wan(tiny_models, seed=51), store_path, prompt="a red ball"))
+    _, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=51), store_path,
+                                           prompt="lecture notes on quantum chromodynamics",
+                                           verification="text-only", min_similarity=-1.0))
+    assert reports[0]["skipped_steps"] == 0 and reports[0]["candidates"]
+    assert reports[0]["reason"] == "text similarity too low for the baseline's skip table"
