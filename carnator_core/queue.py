@@ -13,7 +13,8 @@ Exit status: 0 when every prompt ran; 1 when some failed (validation error, node
 timeout, server lost) — the rest of the batch still runs and is reported; 2 when nothing could run
 (server unreachable, malformed workflow or prompts file).
 
-Only ComfyUI's public API is used: no ComfyUI import, so it runs from any machine that reaches the server.
+Only ComfyUI's public API is used (HTTP and its websocket, through aiohttp, which ComfyUI itself requires):
+no ComfyUI import, so it runs from any machine that reaches the server.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from carnator_core.comfy_client import ComfyClient, ComfyError
 
@@ -194,10 +197,8 @@ class ServerLost(ComfyError):
     """The server stopped answering mid-batch: the remaining prompts cannot run."""
 
 
-async def _run_one(client: ComfyClient, ws, graph: dict, result: PromptResult, timeout: float) -> None:
+async def _run_one(client: ComfyClient, ws: aiohttp.ClientWebSocketResponse, graph: dict, result: PromptResult, timeout: float) -> None:
     """Queue one graph and follow its events to the end, filling `result`."""
-    import aiohttp
-
     started = time.perf_counter()
     try:
         result.prompt_id = client.queue(graph)
@@ -249,8 +250,6 @@ async def _run_one(client: ComfyClient, ws, graph: dict, result: PromptResult, t
 async def run_batch(server: str, workflow: Workflow, prompts: list[str], seed: str = "fixed",
                     timeout: float = 3600.0, echo=print) -> list[PromptResult]:
     """Run every prompt in order; raises ComfyError only when the server cannot be reached at the start."""
-    import aiohttp
-
     client = ComfyClient(server)
     if not client.alive():
         raise ComfyError(f"cannot reach ComfyUI at {client.url}: is the server running (python main.py --listen ...) "
