@@ -84,7 +84,8 @@ def _shot(page, name: str) -> None:
 
 
 def _carnator_errors(page) -> list[str]:
-    return [f"{e}\n{e.stack}" for e in page.errors if "carnator" in f"{e.stack}".lower()]
+    """Errors thrown by Carnator's scripts or about its events (e.g. an unregistered `carnator.status`)."""
+    return [f"{e}\n{e.stack}" for e in page.errors if "carnator" in f"{e}\n{e.stack}".lower()]
 
 
 def _wait_for_badge(page, node_type: str, prefix: str) -> str:

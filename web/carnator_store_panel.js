@@ -105,7 +105,10 @@ class StorePanel {
       if (generation !== this.generation || !this.root) return;
       this.entries = append ? this.entries.concat(page.entries) : page.entries;
       this.total = page.total;
-      if (totals) this.totals.textContent = totalsText(totals);
+      if (totals) {
+        this.totals.textContent = totalsText(totals);
+        this.totals.title = totals.store ? `Store: ${totals.store}` : "";
+      }
       this.render();
     } catch (error) {
       if (generation !== this.generation || !this.root) return;
