@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
 PACK_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -169,6 +167,8 @@ def headless_server(base_dir: Path, port: int | None = None, log_path: Path | No
     log_path = log_path or base_dir / "comfyui.log"
     command = [sys.executable, "main.py", "--listen", "127.0.0.1", "--port", str(port), "--base-directory",
                str(base_dir), "--database-url", "sqlite:///:memory:", *extra_args]
+    import torch  # only here: the API client itself must start fast
+
     if not torch.cuda.is_available() and "--cpu" not in extra_args:
         command.append("--cpu")
     with open(log_path, "w") as log:

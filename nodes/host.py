@@ -38,10 +38,14 @@ def store_from_path(path: str = "", size_limit: int | None = None) -> ReuseStore
     The default is the configured fleet store, else the local directory. Remote stores keep a
     local read-through blob cache under `<user dir>/carnator/blob-cache`.
     """
+    return open_store(store_location(path), size_limit,
+                      os.path.join(folder_paths.get_user_directory(), "carnator", "blob-cache"))
+
+
+def store_location(path: str = "") -> str:
+    """Where `path` points: a directory (base-directory rule) or URL; empty is the configured, else local, store."""
     configured = configured_store()
-    location = resolve_store_location(path, folder_paths.base_path, configured or default_store_directory(),
-                                      configured)
-    return open_store(location, size_limit, os.path.join(folder_paths.get_user_directory(), "carnator", "blob-cache"))
+    return resolve_store_location(path, folder_paths.base_path, configured or default_store_directory(), configured)
 
 
 def _first_tensor(value) -> torch.Tensor | None:

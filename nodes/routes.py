@@ -20,14 +20,12 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable
 
-import folder_paths
 from aiohttp import web
 
 from carnator_core import store_api
-from carnator_core.store import resolve_store_location
 from carnator_core.store_api import ApiError
 
-from .host import configured_store, default_store_directory, store_from_path
+from .host import store_from_path, store_location
 
 log = logging.getLogger("carnator")
 
@@ -76,18 +74,12 @@ async def _json_body(request: web.Request) -> dict:
     return body
 
 
-def _location(path: str) -> str:
-    """Where `path` points, as store_from_path resolves it: empty is the configured store, else the local one."""
-    configured = configured_store()
-    return resolve_store_location(path, folder_paths.base_path, configured or default_store_directory(), configured)
-
-
 async def _in_store(request: web.Request, work: Callable, *args):
     """Run `work(store, *args)` in a worker thread on the store the request names (store calls block)."""
     path = request.query.get("store", "")
 
     def run():
-        return work(store_api.select_store(path, _location, store_from_path), *args)
+        return work(store_api.select_store(path, store_location, store_from_path), *args)
 
     return await asyncio.to_thread(run)
 
