@@ -3,12 +3,14 @@
 Hard compatibility partitions the index (one group per model/grid/schedule key), so a
 query scores only candidates it could ever use. Inside a group, conditioning and text
 vectors sit side by side in fp16 rows, kept in lists of at most `list_size` rows. A small
-group is one list. A list that outgrows `list_size` splits in two by 2-means, so a large
-group becomes an inverted file: a query scores the lists' centroids, then the rows of the
-nearest lists up to `probe_rows` rows (one fp16 product per list), and finally re-scores
-the best few exactly in fp32. Groups up to `probe_rows` rows are scanned whole; at a million
-entries a query reads about 10 MB instead of a gigabyte. The index lives in memory, is
-filled from the store once in batches, and then follows the store's append log.
+group is one list, scanned whole. A list that outgrows `list_size` splits in two by 2-means,
+so a large group becomes an inverted file: a query scores the lists' centroids, then the
+rows of the nearest lists up to `probe_rows` rows, and finally re-scores the best few
+exactly in fp32. Once a group has split, its coarse stage uses compact codes (the rows
+projected on the group's CODE_DIMS principal axes, fp32: on CPUs a fp32 product over 128
+numbers costs a small fraction of a fp16 one over 640). At a million entries a query reads
+about 10 MB instead of a gigabyte. The index lives in memory, is filled from the store once
+in batches, and then follows the store's append log.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import torch
 from carnator_core.entry import HardKey
 from carnator_core.store import IndexEntry, IndexVectors, ReuseStore
 
-_RERANK_FACTOR = 4  # coarse fp16 candidates per requested candidate, re-scored in fp32
+_RERANK_FACTOR = 8  # coarse candidates per requested candidate, re-scored exactly in fp32
 LIST_SIZE = 1024  # rows per list before it splits: one list (an exact scan) up to this size
-PROBE_ROWS = 8192  # rows a query scores: groups up to this size are scanned exactly
+PROBE_ROWS = 16384  # rows a query scores: groups up to this size are scanned whole
 _REFRESH_BATCH = 1000  # entries fetched from the store per round trip
+CODE_DIMS = 128  # width of the compact coarse vectors of split groups
+_BASIS_SAMPLE = 16384  # rows a group's principal axes are estimated from
+_BASIS_FINAL = 65536  # a group re-estimates its axes each time it grows 8x, until it holds this many rows
 _NOT_PROBED = "outside the probed index lists"
 
 
@@ -51,8 +56,10 @@ class ShortlistResult:
 class _List:
     """Rows of one list: [cond | text] vectors in doubling buffers, removed rows marked -inf."""
 
-    def __init__(self, width: int, capacity: int = 16) -> None:
+    def __init__(self, width: int, capacity: int = 16, basis: torch.Tensor | None = None) -> None:
         self.rows = torch.zeros(capacity, width, dtype=torch.float16)
+        self.basis = basis
+        self.codes = torch.zeros(capacity, basis.shape[1]) if basis is not None else None
         self.has_text = torch.zeros(capacity, dtype=torch.bool)
         self.text_weight = torch.ones(capacity)  # 2 for rows without text: their coarse dot holds cond/2 only
         self.dead = torch.zeros(capacity)  # -inf for removed rows, 0 for live ones
@@ -68,17 +75,29 @@ class _List:
             self.has_text = torch.cat([self.has_text, self.has_text.new_zeros(grow)])
             self.text_weight = torch.cat([self.text_weight, torch.ones(grow)])
             self.dead = torch.cat([self.dead, torch.zeros(grow)])
+            if self.codes is not None:
+                self.codes = torch.cat([self.codes, self.codes.new_zeros(grow, self.codes.shape[1])])
         self.rows[start:end] = rows.half()
+        if self.codes is not None:
+            self.codes[start:end] = rows.float() @ self.basis
         self.has_text[start:end] = has_text
         self.text_weight[start:end] = torch.where(has_text, 1.0, 2.0)
         self.ids.extend(ids)
         self.prompts.extend(prompts)
         return range(start, end)
 
-    def coarse_scores(self, query: torch.Tensor, text_given: bool) -> torch.Tensor:
-        """Approximate scores in one fp16 product: dead rows -inf, rows without text doubled."""
+    def use_basis(self, basis: torch.Tensor) -> None:
+        """Score through compact codes (rows projected on `basis`) from now on."""
+        self.basis = basis
+        self.codes = self.rows.float() @ basis
+
+    def coarse_scores(self, query: torch.Tensor, query_code: torch.Tensor | None, text_given: bool) -> torch.Tensor:
+        """Approximate scores in one product (fp32 codes, else fp16 rows): dead rows -inf, rows without text doubled."""
         count = len(self.ids)
-        dot = (self.rows[:count] @ query).float()
+        if self.codes is not None:
+            dot = self.codes[:count] @ query_code
+        else:
+            dot = (self.rows[:count] @ query).float()
         if text_given:
             return torch.addcmul(self.dead[:count], dot, self.text_weight[:count])
         return dot.add_(self.dead[:count])
@@ -94,20 +113,21 @@ class _Group:
         self.sums = torch.zeros(1, self.width)  # per list: sum of its live rows (the centroid, unnormalised)
         self.counts = torch.zeros(1)
         self.where: dict[str, tuple[int, int]] = {}  # entry id -> (list, row)
+        self.basis: torch.Tensor | None = None  # (width, CODE_DIMS) principal axes, once the group has split
+        self._basis_rows = 0
+        self._centroids: torch.Tensor | None = None  # sums / counts, kept until the lists change
 
     @property
     def live_count(self) -> int:
         return len(self.where)
 
     def add(self, entries: list[IndexEntry]) -> None:
-        rows = torch.zeros(len(entries), self.width)
-        has_text = torch.zeros(len(entries), dtype=torch.bool)
-        for i, entry in enumerate(entries):
-            rows[i, : self.cond_width] = entry.vectors.cond.reshape(-1).float()
-            text = entry.vectors.text
-            if text is not None and text.numel() == self.text_width:
-                rows[i, self.cond_width:] = text.reshape(-1).float()
-                has_text[i] = True
+        has_text = torch.tensor([e.vectors.text is not None and e.vectors.text.numel() == self.text_width
+                                 for e in entries])
+        blank = torch.zeros(self.text_width)
+        rows = torch.cat([torch.stack([e.vectors.cond.reshape(-1) for e in entries]).float(),
+                          torch.stack([e.vectors.text.reshape(-1) if text else blank
+                                       for e, text in zip(entries, has_text.tolist(), strict=True)]).float()], dim=1)
         if len(self.lists) == 1:
             targets = torch.zeros(len(entries), dtype=torch.long)
         else:
@@ -121,9 +141,24 @@ class _Group:
             slot = pending.pop()
             if len(self.lists[slot].ids) > self.list_size:
                 pending += [slot, self._split(slot)]
+        if len(self.lists) > 1 and self._basis_rows < _BASIS_FINAL and self.live_count >= 8 * self._basis_rows:
+            self._estimate_basis()
+
+    def _estimate_basis(self) -> None:
+        """Principal axes of (a sample of) the live rows: the compact coarse stage keeps most of each row's
+        energy in CODE_DIMS numbers, and a fp32 product over them costs a fraction of one over fp16 rows."""
+        alive = torch.cat([lst.rows[: len(lst.ids)][lst.dead[: len(lst.ids)] == 0] for lst in self.lists])
+        sample = alive[torch.randperm(len(alive), generator=torch.Generator().manual_seed(0))[:_BASIS_SAMPLE]].float()
+        _, vectors = torch.linalg.eigh(sample.T @ sample)
+        self.basis = vectors[:, -CODE_DIMS:].flip(1).contiguous()
+        self._basis_rows = self.live_count
+        for lst in self.lists:
+            lst.use_basis(self.basis)
 
     def centroids(self) -> torch.Tensor:
-        return self.sums / self.counts.clamp(min=1).unsqueeze(1)
+        if self._centroids is None:
+            self._centroids = self.sums / self.counts.clamp(min=1).unsqueeze(1)
+        return self._centroids
 
     def _place(self, slot: int, rows: torch.Tensor, has_text: torch.Tensor, ids: list[str], prompts: list[str]) -> None:
         positions = self.lists[slot].append(rows, has_text, ids, prompts)
@@ -131,6 +166,7 @@ class _Group:
             self.where[entry_id] = (slot, position)
         self.sums[slot] += rows.sum(dim=0)
         self.counts[slot] += len(ids)
+        self._centroids = None
 
     def _split(self, slot: int) -> int:
         """Replace an overfull list by two, cut by a few 2-means rounds over its live rows; returns the new slot.
@@ -152,11 +188,12 @@ class _Group:
             if side.all() or not side.any():  # identical rows: halve
                 side = torch.arange(len(alive)) % 2 == 1
         new_slot = len(self.lists)
-        self.lists[slot] = _List(self.width, max(16, self.list_size))
-        self.lists.append(_List(self.width, max(16, self.list_size)))
+        self.lists[slot] = _List(self.width, max(16, self.list_size), self.basis)
+        self.lists.append(_List(self.width, max(16, self.list_size), self.basis))
         self.sums = torch.cat([self.sums, self.sums.new_zeros(1, self.width)])
         self.counts = torch.cat([self.counts, self.counts.new_zeros(1)])
         self.sums[slot], self.counts[slot] = 0, 0
+        self._centroids = None
         for target, members in ((slot, alive[~side]), (new_slot, alive[side])):
             rows = members.tolist()
             self._place(target, old.rows[members].float(), old.has_text[members], [old.ids[i] for i in rows],
@@ -169,6 +206,7 @@ class _Group:
         target.dead[row] = float("-inf")
         self.sums[slot] -= target.rows[row].float()
         self.counts[slot] -= 1
+        self._centroids = None
 
     def probe(self, query: torch.Tensor, probe_rows: int) -> list[int]:
         """The lists a query scores: all when the group has at most `probe_rows` rows, else the lists with
@@ -275,7 +313,8 @@ class ShortlistIndex:
         query = query / (2 if text_used is not None else 1)
         slots = group.probe(query, self.probe_rows)
         query_half = query.half()
-        parts = [group.lists[slot].coarse_scores(query_half, text_used is not None) for slot in slots]
+        query_code = query @ group.basis if group.basis is not None else None
+        parts = [group.lists[slot].coarse_scores(query_half, query_code, text_used is not None) for slot in slots]
         coarse = torch.cat(parts)
         dead = int(torch.isneginf(coarse).sum())
         filtered["below min similarity"] = filtered.get("below min similarity", 0) + int(
@@ -283,17 +322,16 @@ class ShortlistIndex:
         filtered[_NOT_PROBED] = filtered.get(_NOT_PROBED, 0) + group.live_count - (len(coarse) - dead)
         picks = torch.topk(coarse, min(len(coarse), top_k * _RERANK_FACTOR)).indices
         picks = picks[coarse[picks] > float("-inf")]
-        ends = torch.tensor([len(part) for part in parts]).cumsum(0)
-        located = []
-        for pick in picks.tolist():
-            part = int(torch.searchsorted(ends, pick, right=True))
-            located.append((group.lists[slots[part]], pick - (int(ends[part - 1]) if part else 0)))
-        return self._rerank(group, located, cond, text_used, min_similarity)
+        starts = torch.tensor([0] + [len(part) for part in parts]).cumsum(0)
+        parts_of = torch.searchsorted(starts, picks, right=True) - 1
+        located = [(group.lists[slots[part]], pick - int(starts[part]))
+                   for part, pick in zip(parts_of.tolist(), picks.tolist(), strict=True)]
+        return self._rerank(group, located, cond, text_used, min_similarity, top_k)
 
     @staticmethod
     def _rerank(group: _Group, located: list[tuple[_List, int]], cond: torch.Tensor, text: torch.Tensor | None,
-                min_similarity: float) -> list[Candidate]:
-        """Exact fp32 (score, cond similarity, text similarity) of the coarse winners."""
+                min_similarity: float, top_k: int) -> list[Candidate]:
+        """The best `top_k` coarse winners by exact fp32 score (mean of cond and text cosines where both exist)."""
         if not located:
             return []
         vectors = torch.stack([rows.rows[row] for rows, row in located]).float()
@@ -304,12 +342,9 @@ class ShortlistIndex:
         if text is not None:
             text_sim = torch.where(has_text, vectors[:, group.cond_width:] @ text, text_sim)
             score = torch.where(has_text, (cond_sim + text_sim.nan_to_num()) / 2, cond_sim)
-        found = []
-        for position, (rows, row) in enumerate(located):
-            if float(score[position]) < min_similarity:
-                continue
-            similarity = float(text_sim[position])
-            found.append(Candidate(entry_id=rows.ids[row], prompt=rows.prompts[row], score=float(score[position]),
-                                   cond_similarity=float(cond_sim[position]),
-                                   text_similarity=None if similarity != similarity else similarity))
-        return found
+        order = torch.argsort(score, descending=True)[:top_k].tolist()
+        scores, conds, texts = score.tolist(), cond_sim.tolist(), text_sim.tolist()
+        return [Candidate(entry_id=located[i][0].ids[located[i][1]], prompt=located[i][0].prompts[located[i][1]],
+                          score=scores[i], cond_similarity=conds[i],
+                          text_similarity=None if texts[i] != texts[i] else texts[i])
+                for i in order if scores[i] >= min_similarity]

@@ -50,7 +50,7 @@ from carnator_core.store_backend import (
 )
 from carnator_core.store_diskcache import DiskcacheBackend
 from carnator_core.store_redis import RedisBackend, parse_redis_url
-from carnator_core.tensor_codec import CorruptBlobError, decode_tensors, encode_tensors
+from carnator_core.tensor_codec import CorruptBlobError, decode_metadata, decode_tensors, encode_tensors
 
 __all__ = ["EntryStats", "IndexVectors", "ReuseStore", "StoreError", "StoreFull", "StoreUnavailable", "UnsafeValueError",
            "open_store", "resolve_store_directory", "resolve_store_location"]
@@ -225,7 +225,9 @@ class ReuseStore:
         index_tensors = {"cond": vectors.cond.float().half()}
         if vectors.text is not None:
             index_tensors["text"] = vectors.text.float().half()
-        emb_blob = encode_tensors(index_tensors)
+        key = meta.hard_key  # the index record also names the entry, so an index is built from it alone
+        emb_blob = encode_tensors(index_tensors, {"entry_id": meta.entry_id, "model": key.model, "schedule": key.schedule,
+                                                  "grid": ",".join(str(v) for v in key.grid), "prompt": meta.prompt})
         meta.blob_bytes = {name: len(blob) for name, blob in blobs.items()}
         meta.blob_bytes["_index"] = len(emb_blob)
         entry_id = meta.entry_id
@@ -379,16 +381,34 @@ class ReuseStore:
         return self._parse_vectors(entry_id, self._value(f"emb/{entry_id}", entry_id))
 
     def index_entries(self, entry_ids: Sequence[str]) -> list[IndexEntry]:
-        """What the shortlist needs of several entries, fetched in batched round trips; unreadable ones left out."""
-        keys = [key for entry_id in entry_ids for key in (f"meta/{entry_id}", f"emb/{entry_id}")]
-        raws = self._quietly([None] * len(keys), self.backend.get_many, keys)
-        found = []
-        for position, entry_id in enumerate(entry_ids):
-            meta = self._parse_meta(entry_id, raws[2 * position])
-            vectors = self._parse_vectors(entry_id, raws[2 * position + 1]) if meta is not None else None
-            if meta is not None and vectors is not None:
-                found.append(IndexEntry(entry_id, meta.hard_key, meta.prompt, vectors))
-        return found
+        """What the shortlist needs of several entries, in batched round trips; unreadable ones left out.
+
+        Read from the compact index records alone (vectors plus key and prompt); entries written
+        before records named their entry fall back to their metadata. Lookup re-checks the
+        metadata of the few candidates it returns.
+        """
+        raws = self._quietly([None] * len(entry_ids), self.backend.get_many, [f"emb/{e}" for e in entry_ids])
+        found: dict[str, IndexEntry] = {}
+        older = []
+        for entry_id, raw in zip(entry_ids, raws, strict=True):
+            vectors = self._parse_vectors(entry_id, raw)
+            if vectors is None:
+                continue
+            try:
+                record = decode_metadata(raw)
+                hard_key = HardKey(model=record["model"], grid=tuple(int(v) for v in record["grid"].split(",")),
+                                   schedule=record["schedule"])
+                if record["entry_id"] != entry_id:
+                    raise ValueError("index record names another entry")
+            except (CorruptBlobError, KeyError, ValueError):
+                older.append((entry_id, vectors))
+                continue
+            found[entry_id] = IndexEntry(entry_id, hard_key, record.get("prompt", ""), vectors)
+        if older:
+            for (entry_id, vectors), meta in zip(older, self.get_metas([e for e, _ in older]), strict=True):
+                if meta is not None:
+                    found[entry_id] = IndexEntry(entry_id, meta.hard_key, meta.prompt, vectors)
+        return [found[entry_id] for entry_id in entry_ids if entry_id in found]
 
     def stats(self, entry_id: str) -> EntryStats | None:
         """Usage counters; None when the entry is absent, defaults when they are unreadable (logged once)."""

@@ -1,7 +1,8 @@
 """A fleet: two headless ComfyUI workers (separate base directories) sharing one Redis store.
 
-The second worker reuses what the first recorded; Redis killed while both keep running ->
-the run completes without reuse and says why; Redis back -> reuse resumes by itself.
+The second worker (configured like an API deployment) reuses what the first recorded; Redis
+killed while both keep running -> the run completes without reuse and says why; Redis back ->
+reuse resumes by itself. Bad store URLs are errors at the CarnatorStore node, never hangs.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from comfy_host import ComfyServer
+from comfy_host import ComfyServer, PromptFailed
+from redis_host import RedisServer
 from reuse_graphs import with_reuse
 from t2v_graphs import GRAPHS
 
 from carnator_core.store import ReuseStore
+from carnator_core.store_config import STORE_URL_ENV
 
 pytestmark = pytest.mark.server
 
@@ -46,27 +49,36 @@ def _entries(url: str, count: int, timeout: float = 60.0) -> list[str]:
 
 
 @pytest.fixture
-def two_workers(comfyui_path, new_base_dir) -> Iterator[tuple[ComfyServer, ComfyServer]]:
-    """Two servers on their own base directories, started side by side."""
-    workers = [ComfyServer(comfyui_path, new_base_dir()) for _ in range(2)]
+def fleet(comfyui_path, new_base_dir, redis_factory) -> Iterator[tuple[RedisServer, str, ComfyServer, ComfyServer]]:
+    """One Redis and two workers started side by side: A names the store in its workflows, B is an API
+    deployment configured with CARNATOR_STORE_URL whose workflows leave the store path empty."""
+    redis_server = redis_factory(persistent=True)  # every write durable: a killed server restarts with its data
+    url = redis_server.url + "?timeout_ms=300&retry_ms=200"
+    workers = [ComfyServer(comfyui_path, new_base_dir()),
+               ComfyServer(comfyui_path, new_base_dir(), env={STORE_URL_ENV: url})]
     try:
         for worker in workers:
             worker.wait_ready()
-        yield workers[0], workers[1]
+        yield redis_server, url, workers[0], workers[1]
     finally:
         for worker in workers:
             worker.stop()
 
 
-def test_two_workers_share_one_redis_store_and_survive_its_outage(two_workers, tiny_models, redis_factory):
-    redis_server = redis_factory(persistent=True)  # every write durable: a killed server restarts with its data
-    url = redis_server.url + "?timeout_ms=300&retry_ms=200"
-    worker_a, worker_b = two_workers
+def test_two_workers_share_one_redis_store_and_survive_its_outage(fleet, tiny_models):
+    redis_server, url, worker_a, worker_b = fleet
+    assert f"using the configured store {redis_server.url}" in worker_b.log()
+    for path, message in (("redis://127.0.0.1:port/0", "does not parse"),
+                          (f"redis://127.0.0.1:{worker_a.port}/0", "is not a Redis server"),  # ComfyUI's HTTP port
+                          ("redis://192.0.2.1:6379/0", "other than this machine and the configured store")):
+        with pytest.raises(PromptFailed, match=message) as error:  # a node error, never a hang
+            _run(worker_a, tiny_models, path)
+        assert "CarnatorStore" in str(error.value)
 
     first = _run(worker_a, tiny_models, url)
     assert first["hit"] is False and first["reason"] == "no candidate"
     (donor,) = _entries(url, 1)
-    second = _run(worker_b, tiny_models, url)
+    second = _run(worker_b, tiny_models, "")
     assert second["hit"] is True and second["donor_id"] == donor, second
     assert second["skipped_steps"] == RESUME_STEP
     blob_cache = worker_b.base_dir / "user" / "carnator" / "blob-cache"
@@ -74,16 +86,16 @@ def test_two_workers_share_one_redis_store_and_survive_its_outage(two_workers, t
     _entries(url, 2)  # worker B recorded its own run too
 
     redis_server.kill()
-    third = _run(worker_b, tiny_models, url)
+    third = _run(worker_b, tiny_models, "")
     assert third["hit"] is False and third["reason"] == "store unavailable: generated without reuse", third
     assert any(note.startswith("store unavailable") for note in third["notes"])
-    fourth = _run(worker_b, tiny_models, url)  # still down: generated again, and not logged again
+    fourth = _run(worker_b, tiny_models, "")  # still down: generated again, and not logged again
     assert fourth["hit"] is False
     assert worker_b.log().count(f"Carnator store {redis_server.url} unavailable") == 1
 
     redis_server.start()
     time.sleep(0.3)  # past the retry interval
-    fifth = _run(worker_b, tiny_models, url)
+    fifth = _run(worker_b, tiny_models, "")
     assert fifth["hit"] is True and fifth["skipped_steps"] == RESUME_STEP, fifth
     assert "reachable again" in worker_b.log()
     _entries(url, 3)  # the runs during the outage recorded nothing; this one did

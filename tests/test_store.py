@@ -137,6 +137,7 @@ def test_corrupt_and_foreign_keys_are_skipped_and_others_still_served(location, 
         store.put(meta, blobs, vectors)
     broken, torn, wrong_type, healthy = (entry[0].entry_id for entry in entries)
     store.backend.set(f"meta/{broken}", b"{not json")
+    store.backend.set(f"emb/{broken}", b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
     store.backend.set(f"blob/{torn}/checkpoints", b"\x00torn")
     plant(location, f"blob/{wrong_type}/checkpoints", {"a": "hash"} if is_redis_url(location) else 42)
     plant(location, f"stats/{healthy}", b"not a record")
@@ -151,7 +152,7 @@ def test_corrupt_and_foreign_keys_are_skipped_and_others_still_served(location, 
     assert store.get_tensors(healthy, "checkpoints") is not None
     assert store.stats(healthy).hits == 0  # unreadable counters read as fresh ones
     assert [entry.entry_id for entry in store.index_entries([broken, torn, wrong_type, healthy, "foreign"])] == [
-        torn, wrong_type, healthy]  # the index needs only metadata and vectors
+        torn, wrong_type, healthy]  # the index needs only the index records
     assert set(store.entry_ids()) == {broken, torn, wrong_type, healthy}
     assert store.delete(broken)  # a corrupt entry can still be removed whole
     assert store.get_blob(broken, "checkpoints") is None
