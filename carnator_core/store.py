@@ -12,9 +12,11 @@ Layout (string keys):
                              diskcache, the list `carnator/log` on Redis
     parts/<id>        JSON   names of the entry's blobs, so even a corrupt entry can be deleted whole
     meta/<id>         JSON   `EntryMeta`, the commit record of an entry
-    emb/<id>          bytes  safetensors: the entry's text/conditioning index vectors
+    emb/<id>          bytes  the index record: safetensors of the text/conditioning vectors, with the entry's
+                             id, hard key and prompt as metadata (a worker builds its index from these alone)
     blob/<id>/<name>  bytes  safetensors or PNG: checkpoints, masks, thumbnail
-    stats/<id>        record hits, seconds saved, last hit, pinned (JSON on diskcache, a hash on Redis)
+    stats/<id>        record hits, seconds saved, last hit, pinned, and the entry's bytes, sample seconds and
+                             creation time (eviction ranks from these alone); JSON on diskcache, a hash on Redis
 
 An entry is written by one atomic backend commit, so concurrent readers and a writer killed
 mid-write never expose half an entry. Values are only ever bytes and numbers: never pickle.
@@ -62,6 +64,7 @@ DEFAULT_SIZE_LIMIT = 20 * 2**30
 _EVICT_TARGET = 0.9  # evict down to this share of the limit so eviction does not run on every put
 _BYTES = "carnator/bytes"
 _SCHEMA = "carnator/schema"
+_RANKED_BY = {"bytes", "sample_seconds", "created_at"}
 _T = TypeVar("_T")
 
 
@@ -236,6 +239,8 @@ class ReuseStore:
         values |= {f"emb/{entry_id}": emb_blob, f"parts/{entry_id}": json.dumps(sorted(blobs)).encode(),
                    f"meta/{entry_id}": meta_json}
         stats = {name: float(value) for name, value in asdict(EntryStats()).items()}
+        stats |= {"bytes": float(meta.total_bytes + len(meta_json)), "sample_seconds": float(meta.sample_seconds),
+                  "created_at": float(meta.created_at)}  # what eviction ranks by, so it need not read metadata
         # the schema marker rides along, so a server that lost all its data is a valid store again at once
         commit = (f"meta/{entry_id}", values, {f"stats/{entry_id}": stats},
                   {_BYTES: meta.total_bytes + len(meta_json)}, entry_id.encode(), {_SCHEMA: _schema_marker()})
@@ -489,15 +494,24 @@ class ReuseStore:
         first). Pinned entries are never evicted; corrupt entries go first.
         """
         ids = list(self.entry_ids())
+        records = self._quietly([None] * len(ids), self.backend.get_records, [f"stats/{e}" for e in ids])
+        older = [e for e, record in zip(ids, records, strict=True) if record and not _RANKED_BY <= record.keys()]
+        metas = dict(zip(older, self.get_metas(older), strict=True))  # entries written before records held these
         ranked: list[tuple[float, float, str]] = []
-        for entry_id, meta, stats in zip(ids, self.get_metas(ids), self.stats_many(ids), strict=True):
-            if meta is None or stats is None:
+        for entry_id, record in zip(ids, records, strict=True):
+            meta = metas.get(entry_id)
+            if record is not None and meta is not None:
+                record = record | {"bytes": meta.total_bytes, "sample_seconds": meta.sample_seconds,
+                                   "created_at": meta.created_at}
+            try:
+                stats = EntryStats.from_record(record)
+                size, seconds, created = (record[name] for name in ("bytes", "sample_seconds", "created_at"))
+            except (KeyError, TypeError):  # gone meanwhile, unreadable, or without readable metadata
                 ranked.append((-1.0, 0.0, entry_id))
                 continue
             if stats.pinned:
                 continue
-            value = stats.hits * max(meta.sample_seconds, 1e-3) / max(meta.total_bytes, 1)
-            ranked.append((value, meta.created_at, entry_id))
+            ranked.append((stats.hits * max(seconds, 1e-3) / max(size, 1), created, entry_id))
         ranked.sort()
         evicted = []
         for _, _, entry_id in ranked:

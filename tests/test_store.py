@@ -206,7 +206,12 @@ def test_eviction_keeps_store_under_its_limit_and_spares_valuable_and_pinned(loc
     store.put(first_meta, blobs, vectors)
     second_meta, blobs, vectors = synthetic_entry("evict", 1, 20_000)
     store.put(second_meta, blobs, vectors)
-    store.record_hit(first_meta.entry_id, 3.0)
+    # the hit entry's counters as an older Carnator wrote them (without size and age): ranked from its metadata
+    old_format = {"hits": 1, "seconds_saved": 3.0, "last_hit_at": time.time(), "pinned": 0}
+    if is_redis_url(location):
+        plant(location, f"stats/{first_meta.entry_id}", old_format)
+    else:
+        store.backend.set(f"stats/{first_meta.entry_id}", json.dumps(old_format).encode())
     assert store.set_pinned(second_meta.entry_id, True)
     assert not store.set_pinned("0" * 32, True)
     for number in range(2, 40):
