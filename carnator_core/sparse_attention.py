@@ -61,6 +61,8 @@ class _LayerState:
     checked_step: int = -1
     density: float = 1.0
     source: str = "dense"
+    layout: BlockLayout | None = None  # kernel layout of the current blocks, rebuilt only when they change
+    layout_key: tuple = ()
 
 
 @dataclass
@@ -107,7 +109,12 @@ class SparseAttentionRun:
             # without a donor, "borrowed" runs dense; its own estimate is still recorded for later requests
             self.dense_calls += 1
             return None
-        layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)
+        state = self.layers[layer]
+        key = (state.own_step, state.checked_step, layer in self.borrowed, n, str(q.device))
+        if state.layout_key != key:  # masks change only at refreshes and re-checks, not at every call
+            state.layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)
+            state.layout_key = key
+        layout = state.layout
         self.sparse_calls += 1
         return block_sparse_attention(q, k, v, layout, backend=self.settings.backend)
 
