@@ -1,8 +1,8 @@
 """One entry point for block-sparse attention that picks the fastest correct path for the inputs.
 
 - CUDA: our Triton kernel (fp16/bf16/fp32, head dim 64/128, blocks of 64/128).
-- CPU: `kernels.cpu` (PyTorch's fused CPU flash attention over gathered and in-place key runs). On the
-  2-core test machine it ran 1.45-2x faster than compiled FlexAttention at densities 0.1-0.5
+- CPU: `kernels.cpu` (batched GEMMs over gathered key blocks). On the 2-core test machine it ran 1.4-1.8x
+  faster than compiled FlexAttention at 12.5 % density
   (`python -m carnator_core.bench attention --backend cpu|flex`), and it needs no compiler, so
   FlexAttention is kept as an explicit `backend="flex"` only (it falls back to the CPU path itself).
 - anything unsupported (cross-attention shapes, a layout for another token count, an integer dtype, a

@@ -64,8 +64,8 @@ def test_random_masks_match_reference(path: str, shape: tuple[int, ...]) -> None
 
 
 def banded_layout(n: int, heads: int, block_size: int, width: int) -> BlockLayout:
-    """Per head a band of `width` blocks at its own offset, plus a global column: long runs, columns and
-    diagonals (the CPU path's in-place cases) next to short gathered blocks."""
+    """Per head a band of `width` blocks at its own offset, plus global columns: rows of equal and of
+    varying counts, consecutive and scattered."""
     blocks = -(-n // block_size)
     i, j = torch.arange(blocks)[:, None], torch.arange(blocks)[None, :]
     mask = torch.stack([((j - i - h) >= -width // 2) & ((j - i - h) < width - width // 2) for h in range(heads)])
@@ -74,11 +74,12 @@ def banded_layout(n: int, heads: int, block_size: int, width: int) -> BlockLayou
     return BlockLayout.from_dense(mask[None], block_size, n)
 
 
-@pytest.mark.parametrize("min_run", [1, 3, kernels.cpu.MIN_RUN])
+@pytest.mark.parametrize("chunk_bytes", [1, 64 << 10, kernels.cpu.CHUNK_BYTES], ids=["one-row", "small", "default"])
 @pytest.mark.parametrize("n", [24 * 64, 24 * 64 - 37], ids=["even", "ragged"])
-def test_cpu_runs_read_in_place_match_reference(min_run: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Columns, diagonals and gathered leftovers, merged by log-sum-exp, equal one softmax over the row."""
-    monkeypatch.setattr(kernels.cpu, "MIN_RUN", min_run)
+def test_cpu_chunking_matches_reference(chunk_bytes: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands, global columns and random rows, split into calls of one, a few or many query blocks (both the
+    sliced and the index-copied output paths), equal one softmax over the row."""
+    monkeypatch.setattr(kernels.cpu, "CHUNK_BYTES", chunk_bytes)
     q, k, v = inputs(2, 3, n, 16, seed=7)
     for layout in (banded_layout(n, 3, 64, 10), random_layout(2, 3, n, 64, seed=7), BlockLayout.full(n, 64)):
         assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
