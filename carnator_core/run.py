@@ -27,8 +27,9 @@ from carnator_core.tensor_codec import encode_tensors
 
 log = logging.getLogger("carnator.run")
 
-# (x0 prediction, guidance direction or None) of the live request's model at (state, sigma)
-Evaluate = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor | None]]
+# The live request's model at several states sharing one sigma, in one call: per state its
+# (x0 prediction, guidance direction or None).
+Evaluate = Callable[[list[torch.Tensor], float], list[tuple[torch.Tensor, torch.Tensor | None]]]
 
 
 def text_similarity_depth(similarity: float) -> float:
@@ -76,8 +77,9 @@ class ReuseRun:
         return len(self.sigmas) - 1
 
     # ------------------------------------------------------------------ before sampling
-    def plan(self, match: Match | None = None) -> list[ProbeTarget]:
-        """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing.
+    def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
+        """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing:
+        enough for `max_probes` calls of `batch_limit` states each.
 
         Empty when latent reuse is off for this run.
         """
@@ -99,22 +101,39 @@ class ReuseRun:
         targets, self.skipped = plan_probes(self.store, self.match.candidates, facts,
                                             self.settings.max_resume_fraction,
                                             same_noise_only=self.settings.seed_policy == "same-noise",
-                                            max_probes=self.settings.max_probes)
+                                            max_probes=self.settings.max_probes * max(1, batch_limit))
         return targets
 
-    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate) -> Resume | None:
-        """Evaluate targets in order; the first whose signals pass is the resume point."""
+    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
+        """Evaluate targets in planner order; resume from the deepest checkpoint whose signals pass.
+
+        At most `max_probes` model calls; each takes the next unprobed target together with up to
+        `batch_limit - 1` later ones at the same sigma (other donors' checkpoints at the same step), so one
+        evaluation probes several candidates. After a call with a pass, the run stops and takes the first passing target of that
+        call: every target in it is at the same depth, and later calls would only be shallower or
+        lower-ranked at the same depth.
+        """
         self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
             return self._resume_by_text_similarity(targets)
-        for target in targets:
-            x0_new, guidance_new = evaluate(target.x, target.sigma)
+        pending = list(targets)
+        for _ in range(self.settings.max_probes):
+            if not pending:
+                break
+            call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]
+            pending = [t for t in pending if all(t is not c for c in call)]
+            results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1
-            signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
-            passed = self.settings.thresholds.passes(signals)
-            self.probes.append({"donor_id": target.meta.entry_id, "step": target.step, "passed": passed,
-                                **signals.as_dict()})
-            if passed:
+            passing: list[tuple[ProbeTarget, ProbeSignals, torch.Tensor]] = []
+            for target, (x0_new, guidance_new) in zip(call, results, strict=True):
+                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
+                passed = self.settings.thresholds.passes(signals)
+                self.probes.append({"donor_id": target.meta.entry_id, "step": target.step, "passed": passed,
+                                    "batched_with": len(call) - 1, **signals.as_dict()})
+                if passed:
+                    passing.append((target, signals, x0_new))
+            if passing:
+                target, signals, x0_new = passing[0]
                 self.resume = Resume(target=target, signals=signals, x0=x0_new)
                 return self.resume
         return None

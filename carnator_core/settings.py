@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from carnator_core.probe import ProbeThresholds
 
 MODES = ("safe", "balanced", "fast")
+MAX_AUTO_PROBE_BATCH = 4  # donor states per probe call when the host picks the number
 SEED_POLICIES = ("same-noise", "serving")
 VERIFICATIONS = ("model", "text-only")
 
@@ -28,7 +29,8 @@ class ReuseSettings:
     prompt: str = ""
     top_k: int = 4
     min_similarity: float = 0.5
-    max_probes: int = 3
+    max_probes: int = 3  # probe calls (model evaluations) per run
+    probe_batch: int = 0  # donor states per probe call; 0 = auto (the host decides from free memory)
     seed_policy: str = "same-noise"
     checkpoint_fractions: tuple[float, ...] = (0.2, 0.35, 0.5, 0.65, 0.8)
     thresholds: ProbeThresholds = field(default_factory=ProbeThresholds)
@@ -44,6 +46,8 @@ class ReuseSettings:
             raise ValueError(f"seed policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
         if self.verification not in VERIFICATIONS:
             raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}")
+        if self.probe_batch < 0:
+            raise ValueError(f"probe batch must be 0 (auto) or positive, got {self.probe_batch}")
         if any(not 0.0 < f < 1.0 for f in self.checkpoint_fractions):
             raise ValueError("checkpoint fractions must lie strictly between 0 and 1")
 

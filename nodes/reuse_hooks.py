@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+import comfy.model_management
 import comfy.model_patcher
 import comfy.patcher_extension
 import torch
@@ -23,7 +24,7 @@ import torch
 from carnator_core.embeddings import condition_vector
 from carnator_core.fingerprint import FingerprintError, noise_fingerprint
 from carnator_core.run import ReuseRun
-from carnator_core.settings import ReuseSettings
+from carnator_core.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
 from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.store import StoreError
 from carnator_core.thumbnail import preview_png
@@ -125,6 +126,27 @@ def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:
     return preview_png(frame, factors, getattr(latent_format, "latent_rgb_factors_bias", None))
 
 
+def probe_batch_limit(guider, noise: torch.Tensor, requested: int) -> int:
+    """Donor states per probe call: the user's number, else (auto) as many as fit in free GPU memory.
+
+    Same rule as ComfyUI's own cond batching (model.memory_required x 1.5 < free memory). On CPU auto
+    is 1: a batched call there costs as much as the separate calls, and those can stop at the first pass.
+    """
+    if requested > 0:
+        return requested
+    if noise.device.type == "cpu":
+        return 1
+    model = guider.model_patcher.model
+    free = comfy.model_management.get_free_memory(noise.device)
+    fits = 1
+    for n in range(2, MAX_AUTO_PROBE_BATCH + 1):
+        shape = [2 * n * noise.shape[0], *noise.shape[1:]]  # cond and uncond of n states
+        if model.memory_required(shape) * 1.5 >= free:
+            break
+        fits = n
+    return fits
+
+
 def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(noise, latent) that the sampler's own noise scaling turns into `state` at `sigma`.
 
@@ -155,27 +177,29 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
     """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording."""
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
-    targets = run.plan(match)
+    batch_limit = probe_batch_limit(guider, noise, state.settings.probe_batch)
+    targets = run.plan(match, batch_limit)
     state.attention = extra_args["model_options"]["transformer_options"].get(ATTENTION_RUN_KEY)
     if state.attention is not None:
         state.attention.reported_by_reuse = True
     state.checkpoint_sigmas = {sigma_values[s] for s in run.recorder.checkpoint_steps}
     batch = noise.shape[0]
 
-    def evaluate(x_cpu: torch.Tensor, sigma: float):
-        x = x_cpu.to(device=noise.device, dtype=noise.dtype)
+    def evaluate(states: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        x = torch.cat([s.to(device=noise.device, dtype=noise.dtype) for s in states])
         state.capture_guidance, state.last_guidance = True, None
         try:
-            x0 = guider(x, torch.full((batch,), sigma, device=noise.device, dtype=noise.dtype),
+            x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
                         model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
             state.capture_guidance = False
         guidance = state.last_guidance[1] if state.last_guidance is not None else None
-        return x0, guidance
+        return list(zip(x0.split(batch), guidance.split(batch) if guidance is not None else [None] * len(states),
+                        strict=True))
 
     start = 0
     if targets:
-        resume = run.probe(targets, evaluate)
+        resume = run.probe(targets, evaluate, batch_limit)
         if resume is not None:
             start = resume.target.step
             x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)

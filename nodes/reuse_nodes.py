@@ -33,7 +33,8 @@ def reuse_inputs() -> list[io.Input]:
         io.Float.Input("min_similarity", default=0.5, min=-1.0, max=1.0, step=0.01,
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
         io.Int.Input("max_probes", default=3, min=0, max=16,
-                     tooltip="Most donor states evaluated per run; each probe costs one model evaluation."),
+                     tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
+                             "states)."),
         io.Float.Input("structure_threshold", default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope."),
@@ -54,25 +55,33 @@ def reuse_inputs() -> list[io.Input]:
     ]
 
 
+def probe_batch_input() -> io.Input:
+    """Last input of every reuse node, so workflows saved before it existed keep their widget order."""
+    return io.Int.Input("probe_batch", default=0, min=0, max=16, optional=True,
+                        tooltip="Donor states probed in one model call (other donors' checkpoints at the same "
+                                "step). 0 = auto: as many as fit in free GPU memory, up to 4; 1 on CPU, where a "
+                                "batched call costs as much as the separate ones it replaces.")
+
+
 def settings_from_inputs(store=None, prompt: str = "", mode: str = "balanced", seed_policy: str = "same-noise",
                          top_k: int = 4, min_similarity: float = 0.5, max_probes: int = 3,
                          structure_threshold: float = ProbeThresholds.structure,
                          guidance_threshold: float = ProbeThresholds.guidance,
                          depth_slope: float = ProbeThresholds.structure_slope, guidance_boost: float = 0.0,
                          guidance_boost_steps: int = 0, record: bool = True,
-                         verification: str = "model") -> ReuseSettings:
+                         verification: str = "model", probe_batch: int = 0) -> ReuseSettings:
     thresholds = ProbeThresholds(structure=structure_threshold, structure_slope=depth_slope,
                                  guidance=guidance_threshold, guidance_slope=depth_slope)
     return ReuseSettings(mode=mode, store_directory=store.directory if store is not None else "",
                          prompt=prompt or "", top_k=top_k, min_similarity=min_similarity, max_probes=max_probes,
                          seed_policy=seed_policy, thresholds=thresholds, record=record,
                          guidance_boost=guidance_boost, guidance_boost_steps=guidance_boost_steps,
-                         verification=verification)
+                         verification=verification, probe_batch=probe_batch)
 
 
 def model_level_inputs() -> list[io.Input]:
     """Reuse options plus the attention patch, for nodes that see the model (not a bare SAMPLER)."""
-    return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs()
+    return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs() + [probe_batch_input()]
 
 
 def install_from_inputs(model, sparse_attention: str = "borrowed", enter_recall: float = 0.9,

@@ -24,7 +24,7 @@ from .reuse_hooks import (
     sample_with_run,
     thumbnail_png,
 )
-from .reuse_nodes import install_from_inputs, model_level_inputs, reuse_inputs, settings_from_inputs
+from .reuse_nodes import install_from_inputs, model_level_inputs, probe_batch_input, reuse_inputs, settings_from_inputs
 from .types import MatchType
 
 log = logging.getLogger("carnator")
@@ -121,7 +121,7 @@ class CarnatorReuseSampler(io.ComfyNode):
             inputs=[io.Sampler.Input("sampler", tooltip="The sampler to run under Carnator reuse."),
                     MatchType.Input("match", optional=True,
                                     tooltip="Candidates from Carnator Compatibility Lookup; without it the "
-                                            "sampler looks them up itself.")] + reuse_inputs(),
+                                            "sampler looks them up itself.")] + reuse_inputs() + [probe_batch_input()],
             outputs=[io.Sampler.Output(display_name="SAMPLER")],
         )
 

@@ -141,3 +141,23 @@ def test_text_only_baseline_says_why_it_declined(comfy, tiny_models, store_path)
                                            verification="text-only", min_similarity=-1.0))
     assert reports[0]["skipped_steps"] == 0 and reports[0]["candidates"]
     assert reports[0]["reason"] == "text similarity too low for the baseline's skip table"
+
+
+def test_probes_of_several_donors_share_one_model_call(comfy, tiny_models, store_path):
+    """probe_batch=2: both donors' step-5 states are evaluated in one call; the first in planner order that
+    passes is taken, as the sequential probe would, and the result matches it."""
+    for text in ("a red ball rolls left", "a red ball rolls right"):
+        _sample(comfy, with_reuse(_wan(tiny_models, seed=21, text=text), store_path, prompt=text))
+    accept_all = {"structure_threshold": -1.0, "guidance_threshold": -1.0, "depth_slope": 0.0, "record": False}
+    request = _wan(tiny_models, seed=21, text="a red ball rolls left")
+    batched, batched_reports = _sample(comfy, with_reuse(request, store_path, prompt="a red ball rolls left",
+                                                         probe_batch=2, **accept_all))
+    sequential, sequential_reports = _sample(comfy, with_reuse(request, store_path, prompt="a red ball rolls left",
+                                                               probe_batch=1, **accept_all))
+    report, baseline = batched_reports[0], sequential_reports[0]
+    assert [(p["step"], p["batched_with"]) for p in report["probes"]] == [(5, 1), (5, 1)], json.dumps(report)
+    assert [(p["step"], p["batched_with"]) for p in baseline["probes"]] == [(5, 0)], baseline["probes"]
+    assert report["donor_id"] == baseline["donor_id"] and report["skipped_steps"] == 5
+    assert report["model_calls"] == baseline["model_calls"] == STEPS - 5  # the probe call serves step 5
+    relative_error = float((batched - sequential).norm() / sequential.norm())
+    assert relative_error < 1e-4, relative_error
