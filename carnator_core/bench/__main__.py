@@ -14,6 +14,7 @@ BENCHMARKS = {
     "workload": "carnator_core.bench.workload",
     "probe": "carnator_core.bench.probe",
     "store": "carnator_core.bench.store",
+    "masks": "carnator_core.bench.masks",
 }
 
 
