@@ -80,6 +80,7 @@ class SparseAttentionRun:
     sparse_calls: int = 0
     dense_calls: int = 0
     reported_by_reuse: bool = False  # a reuse run includes this summary in its report
+    step_cache: tuple[Any, int] | None = None  # (host's sigma object, step): the host's per-evaluation cache
 
     def __post_init__(self) -> None:
         self.hysteresis = HeadHysteresis(self.settings.enter_recall, self.settings.exit_recall)
@@ -91,6 +92,11 @@ class SparseAttentionRun:
     def layer_is_dense(self, layer: int) -> bool:
         return layer < self.settings.dense_first_blocks or layer >= self.num_layers - self.settings.dense_last_blocks
 
+    def may_be_sparse(self, tokens: int, layer: int | None, step: int) -> bool:
+        """Whether a self-attention call over `tokens` at this layer and step can be sparse at all."""
+        return (layer is not None and tokens >= self.video_tokens and step >= self.first_sparse_step()
+                and not self.layer_is_dense(layer))
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int | None, step: int,
                key_valid: torch.Tensor | None = None) -> torch.Tensor | None:
         """Block-sparse attention for a video self-attention call, or None to run it dense.
@@ -98,8 +104,7 @@ class SparseAttentionRun:
         q, k, v: (B, H, N, D). `key_valid` (N,) bool drops masked-out keys (padded text tokens).
         """
         n = q.shape[2]
-        if (layer is None or k.shape[2] != n or n < self.video_tokens or step < self.first_sparse_step()
-                or self.layer_is_dense(layer)):
+        if k.shape[2] != n or not self.may_be_sparse(n, layer, step):
             self.dense_calls += 1
             return None
         if key_valid is not None and not bool(key_valid.all()):
