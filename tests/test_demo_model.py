@@ -90,6 +90,20 @@ def test_training_batch_follows_flow_parametrisation(tmp_path: Path) -> None:
     assert float(shifted_sigma(torch.tensor(0.5), 3.0)) == pytest.approx(0.75)
 
 
+def test_frame_jitter_unequal_noise_for_a_share_of_samples(tmp_path: Path) -> None:
+    """Jittered samples get per-frame noise levels around their timestep; the rest exactly the timestep; never
+    before frame_jitter_start."""
+    cfg = TrainConfig(paraphrases=0, batch=64, frame_jitter=0.5, frame_jitter_start=10)
+    bank = PromptBank(cfg, tmp_path / "prompts.safetensors")
+    late = make_batch(cfg, bank, 11)
+    jittered = (late.frame_sigma != late.sigma[:, None]).any(dim=1)
+    assert 10 < int(jittered.sum()) < 54  # about half of 64
+    assert ((late.frame_sigma - late.sigma[:, None]).abs() <= cfg.frame_jitter_width + 1e-6).all()
+    assert late.frame_sigma.min() >= 0.02 and late.frame_sigma.max() <= 1.0
+    early = make_batch(cfg, bank, 9)
+    assert torch.equal(early.frame_sigma, early.sigma[:, None].expand_as(early.frame_sigma))
+
+
 def _checkpoint(out: Path) -> tuple[WanT2V, torch.optim.Optimizer]:
     cfg = TrainConfig(dim=256, ffn_dim=96, num_layers=2)
     model = _random_model()

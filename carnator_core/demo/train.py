@@ -61,7 +61,7 @@ class TrainConfig:
     curriculum_end: int = 4000  # ... then the share of paraphrases ramps up to max_paraphrase_share
     max_paraphrase_share: float = 0.8
     frame_jitter: float = 0.5  # share of samples whose frames get unequal noise levels (see frame_sigmas)
-    frame_jitter_start: int = 0  # from this step on (the run shipped at step 1653 started it at 2000)
+    frame_jitter_start: int = 0  # from this step on (the shipped run started it at step 1967)
     frame_jitter_width: float = 0.5  # per-frame sigma offsets ~ U(-w, w)
     seed: int = 0
     bf16: bool = True
@@ -435,6 +435,29 @@ def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
     return report
 
 
+def learning_curve(out: Path, every: int = 500) -> str:
+    """Markdown tables of the run's learning curve: loss sensitivity to each attribute word (from the probe
+    records in metrics.jsonl, every `every` steps) and the oracle accuracies of every --eval (eval.jsonl)."""
+    lines = ["| step | loss | " + " | ".join(f"sens. {a}" for a in world.ATTRIBUTES) + " |",
+             "|" + "---|" * (len(world.ATTRIBUTES) + 2)]
+    seen: set[int] = set()
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        step = record["step"]
+        if "sens_motion" in record and step % every == 0 and step not in seen:
+            seen.add(step)
+            lines.append(f"| {step} | {record['probe_loss']:.4f} | "
+                         + " | ".join(f"{record[f'sens_{a}']:.4f}" for a in world.ATTRIBUTES) + " |")
+    lines += ["", "| step | prompts | cfg | adherence | " + " | ".join(world.ATTRIBUTES) + " |",
+              "|" + "---|" * (len(world.ATTRIBUTES) + 4)]
+    evals = out / "eval.jsonl"
+    for line in evals.read_text().splitlines() if evals.exists() else []:
+        record = json.loads(line)
+        lines.append(f"| {record['step']} | {record['n']} | {record['cfg']} | {record['adherence']:.3f} | "
+                     + " | ".join(f"{record[f'acc_{a}']:.2f}" for a in world.ATTRIBUTES) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint/log directory (outside the repo)")
@@ -447,6 +470,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the training step (see train())")
     parser.add_argument("--density", action="store_true", help="attention density at 90%% mass, per layer")
     parser.add_argument("--export", action="store_true", help=f"write fp16 weights to {WEIGHTS_PATH}")
+    parser.add_argument("--curve", action="store_true", help="print the learning curve (markdown) of --out")
     for f in fields(TrainConfig):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default) if f.type != "bool" else int,
                             default=None, help=argparse.SUPPRESS)
@@ -459,6 +483,9 @@ def main() -> None:
         return
     if args.export:
         print(export_weights(args.out))
+        return
+    if args.curve:
+        print(learning_curve(args.out))
         return
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
     ckpt = latest_checkpoint(args.out)
