@@ -14,7 +14,9 @@ is made in carnator_core.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import comfy.model_management
 import comfy.model_patcher
@@ -126,6 +128,31 @@ def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:
     return preview_png(frame, factors, getattr(latent_format, "latent_rgb_factors_bias", None))
 
 
+STEP_CACHE_KEY = "easycache"  # where ComfyUI's EasyCache and LazyCache keep their per-run state
+
+
+@contextlib.contextmanager
+def fresh_step_cache(model_options: dict, guider) -> Iterator[None]:
+    """Give a probe evaluation its own fresh copy of ComfyUI's EasyCache/LazyCache state.
+
+    Those caches follow the sampler's calls in order and may answer a call with an extrapolation. A probe is
+    out of order (a deep state, before step 0), must be a true model evaluation, and must leave the run's
+    cache as it found it: otherwise a rejected probe at a low sigma followed by step 0 at sigma 1 breaks
+    EasyCache's bookkeeping (it crashed on `relative_transformation_rate * None`). The copy is made with the
+    cache's own clone/prepare_timesteps, as its OUTER_SAMPLE wrapper does for every run.
+    """
+    options = model_options["transformer_options"]
+    holder = options.get(STEP_CACHE_KEY)
+    if holder is None or not hasattr(holder, "clone") or not hasattr(holder, "prepare_timesteps"):
+        yield
+        return
+    options[STEP_CACHE_KEY] = holder.clone().prepare_timesteps(guider.model_patcher.model.model_sampling)
+    try:
+        yield
+    finally:
+        options[STEP_CACHE_KEY] = holder
+
+
 def probe_batch_limit(guider, noise: torch.Tensor, requested: int) -> int:
     """Donor states per probe call: the user's number, else (auto) as many as fit in free GPU memory.
 
@@ -189,8 +216,9 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
         x = torch.cat([s.to(device=noise.device, dtype=noise.dtype) for s in states])
         state.capture_guidance, state.last_guidance = True, None
         try:
-            x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
-                        model_options=extra_args["model_options"], seed=extra_args.get("seed"))
+            with fresh_step_cache(extra_args["model_options"], guider):
+                x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
+                            model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
             state.capture_guidance = False
         guidance = state.last_guidance[1] if state.last_guidance is not None else None

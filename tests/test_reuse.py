@@ -161,3 +161,26 @@ def test_probes_of_several_donors_share_one_model_call(comfy, tiny_models, store
     assert report["model_calls"] == baseline["model_calls"] == STEPS - 5  # the probe call serves step 5
     relative_error = float((batched - sequential).norm() / sequential.norm())
     assert relative_error < 1e-4, relative_error
+
+
+def _with_easycache(graph: dict) -> dict:
+    """ComfyUI's EasyCache between whatever feeds the sampler's model and the sampler (its defaults)."""
+    graph = dict(graph)
+    graph["easycache"] = {"class_type": "EasyCache", "inputs": {
+        "model": graph[SAMPLER]["inputs"]["model"], "reuse_threshold": 0.2, "start_percent": 0.15,
+        "end_percent": 0.95, "verbose": False}}
+    graph[SAMPLER] = {**graph[SAMPLER], "inputs": {**graph[SAMPLER]["inputs"], "model": ["easycache", 0]}}
+    return graph
+
+
+def test_rejected_probes_leave_easycache_as_they_found_it(comfy, tiny_models, store_path):
+    """Probes run at deep states before step 0; EasyCache follows calls in order. A rejected probe must not
+    leave it state that breaks step 0 (it crashed), nor change what EasyCache does in the run."""
+    _sample(comfy, with_reuse(_wan(tiny_models, seed=31), store_path, prompt="a red ball"))
+    reject_all = {"structure_threshold": 1.0, "guidance_threshold": 1.0, "depth_slope": 0.0}
+    reused, reports = _sample(comfy, _with_easycache(with_reuse(_wan(tiny_models, seed=31), store_path,
+                                                                prompt="a red ball", sparse_attention="off",
+                                                                **reject_all)))
+    assert reports[0]["reason"] == "probe rejected" and len(reports[0]["probes"]) == 3, json.dumps(reports[0])
+    easycache_only, _ = _sample(comfy, _with_easycache(_wan(tiny_models, seed=31)))
+    assert torch.equal(reused, easycache_only)
