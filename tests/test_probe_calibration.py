@@ -4,7 +4,16 @@ import math
 
 import torch
 
-from carnator_core.bench.probe import RELATIONS, SIGNALS, auc, calibrate, summarise
+from carnator_core.bench.probe import (
+    RELATIONS,
+    SIGNALS,
+    Row,
+    auc,
+    calibrate,
+    precision_recall,
+    safe_threshold,
+    summarise,
+)
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 
 
@@ -20,6 +29,20 @@ def test_calibration_runs_and_summarises_every_signal():
     assert set(summary["auc_by_depth"]) == {"0.25", "0.50"}
     assert all(math.isfinite(value) for value in summary["unrelated_raw_agreement_by_depth"].values())
     assert all(-1.0 <= r.text_cosine <= 1.0 + 1e-4 and 0.0 <= r.adherence_plain <= 1.0 for r in rows)
+    assert set(summary["default_rule_by_depth"]) == set(summary["safe_structure_threshold_by_depth"]) == {"0.25", "0.50"}
+
+
+def _row(structure: float, kept: bool) -> Row:
+    return Row("reworded", 0.5, 0.9, structure, 0.9, 0.9, adherence_plain=1.0, adherence_resumed=1.0 if kept else 0.5)
+
+
+def test_precision_recall_and_safe_threshold():
+    assert precision_recall([True, True, False, False], [True, False, True, False]) == {
+        "accepted": 2, "good": 2, "precision": 0.5, "recall": 0.5}
+    assert precision_recall([False], [False])["precision"] is None
+    rows = [_row(0.95, True), _row(0.9, True), _row(0.85, False), _row(0.8, True)]
+    safe = safe_threshold(rows)
+    assert 0.85 < safe["threshold"] < 0.9 and safe["recall"] == 2 / 3  # above the one resume that lost quality
 
 
 def test_auc_definition():

@@ -12,8 +12,10 @@ motion changed, unrelated), at several depths k:
   plain run (resuming did not cost quality).
 
 Reports each signal's AUC for predicting the outcome (overall and per depth), the mean raw
-agreement of unrelated pairs per depth (the "everything converges late" trap), and the best
-per-depth thresholds on the chosen signal.
+agreement of unrelated pairs per depth (the "everything converges late" trap), how the default
+acceptance rule (`ProbeThresholds`) does on these outcomes (precision: share of accepted resumes that
+kept quality; recall: share of quality-keeping resumes it accepted), and per depth the lowest
+structure-agreement threshold that accepts no resume which lost quality, with its recall.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.train import shifted_sigma
 from carnator_core.demo.wan_model import WanT2V, config_from_state_dict
 from carnator_core.embeddings import text_embedder
-from carnator_core.probe import probe_signals
+from carnator_core.probe import ProbeSignals, ProbeThresholds, probe_signals
 
 RELATIONS = ("reworded", "background", "colour", "shape", "motion", "unrelated")
 SIGNALS = ("raw_agreement", "structure_agreement", "guidance_cosine", "text_cosine")
@@ -142,18 +144,46 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
     return rows
 
 
+def default_rule_passes(row: Row) -> bool:
+    return ProbeThresholds().passes(ProbeSignals(depth=row.depth, raw_agreement=row.raw_agreement,
+                                                 structure_agreement=row.structure_agreement,
+                                                 guidance_cosine=row.guidance_cosine))
+
+
+def precision_recall(accepted: list[bool], good: list[bool]) -> dict[str, float | int | None]:
+    """Of the accepted resumes, the share that kept quality; of those that would have, the share accepted."""
+    true_accepts = sum(a and g for a, g in zip(accepted, good, strict=True))
+    return {"accepted": sum(accepted), "good": sum(good),
+            "precision": true_accepts / sum(accepted) if any(accepted) else None,
+            "recall": true_accepts / sum(good) if any(good) else None}
+
+
+def safe_threshold(rows: list[Row]) -> dict[str, float | None]:
+    """Lowest structure-agreement threshold above every resume that lost quality, and its recall."""
+    bad = [r.structure_agreement for r in rows if not r.outcome]
+    threshold = max(bad) + 1e-6 if bad else min(r.structure_agreement for r in rows)
+    good = [r for r in rows if r.outcome]
+    recall = sum(r.structure_agreement >= threshold for r in good) / len(good) if good else None
+    return {"threshold": float(threshold), "recall": recall}
+
+
 def summarise(rows: list[Row]) -> dict:
     depths = sorted({row.depth for row in rows})
     summary = {"rows": len(rows), "outcome_rate": float(np.mean([row.outcome for row in rows])),
                "auc": {signal: auc([getattr(r, signal) for r in rows], [r.outcome for r in rows])
                        for signal in SIGNALS},
-               "auc_by_depth": {}, "unrelated_raw_agreement_by_depth": {}, "outcome_by_relation_and_depth": {}}
+               "auc_by_depth": {}, "unrelated_raw_agreement_by_depth": {}, "outcome_by_relation_and_depth": {},
+               "default_rule": precision_recall([default_rule_passes(r) for r in rows], [r.outcome for r in rows]),
+               "default_rule_by_depth": {}, "safe_structure_threshold_by_depth": {}}
     for depth in depths:
         at = [r for r in rows if r.depth == depth]
         summary["auc_by_depth"][f"{depth:.2f}"] = {
             signal: auc([getattr(r, signal) for r in at], [r.outcome for r in at]) for signal in SIGNALS}
         unrelated = [r.raw_agreement for r in at if r.relation == "unrelated"]
         summary["unrelated_raw_agreement_by_depth"][f"{depth:.2f}"] = float(np.mean(unrelated)) if unrelated else None
+        summary["default_rule_by_depth"][f"{depth:.2f}"] = precision_recall(
+            [default_rule_passes(r) for r in at], [r.outcome for r in at])
+        summary["safe_structure_threshold_by_depth"][f"{depth:.2f}"] = safe_threshold(at)
         summary["outcome_by_relation_and_depth"][f"{depth:.2f}"] = {
             relation: float(np.mean([r.outcome for r in at if r.relation == relation]))
             for relation in RELATIONS if any(r.relation == relation for r in at)}
@@ -204,6 +234,14 @@ def main(argv: list[str]) -> int:
         print(f"{depth}   " + "  ".join(f"{_fmt(aucs[s]):>19}" for s in SIGNALS))
     print("unrelated pairs' raw agreement by depth:",
           {d: _fmt(v) for d, v in summary["unrelated_raw_agreement_by_depth"].items()})
+    print("default acceptance rule (ProbeThresholds) against the outcomes:")
+    print("depth  accepted  good  precision  recall   safe structure threshold (recall)")
+    rule = summary["default_rule"]
+    print(f"all    {rule['accepted']:>8}  {rule['good']:>4}  {_fmt(rule['precision']):>9}  {_fmt(rule['recall']):>6}")
+    for depth, rule in summary["default_rule_by_depth"].items():
+        safe = summary["safe_structure_threshold_by_depth"][depth]
+        print(f"{depth}   {rule['accepted']:>8}  {rule['good']:>4}  {_fmt(rule['precision']):>9}  "
+              f"{_fmt(rule['recall']):>6}   {safe['threshold']:.3f} ({_fmt(safe['recall'])})")
     return 0
 
 
