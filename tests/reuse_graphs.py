@@ -8,7 +8,7 @@ from t2v_graphs import SAMPLER
 
 REUSE_DEFAULTS = {
     "mode": "balanced", "seed_policy": "same-noise", "top_k": 4, "min_similarity": 0.5, "max_probes": 3,
-    "structure_threshold": 0.8, "guidance_threshold": 0.8, "depth_slope": 0.15, "guidance_boost": 0.0,
+    "structure_threshold": 0.85, "guidance_threshold": 0.8, "depth_slope": 0.09, "guidance_boost": 0.0,
     "guidance_boost_steps": 0, "record": True,
 }
 ATTENTION_DEFAULTS = {"sparse_attention": "borrowed", "enter_recall": 0.9, "exit_recall": 0.75}
