@@ -70,6 +70,7 @@ class HostState:
         self.attention: SparseAttentionRun | None = None
         self.last_x0: torch.Tensor | None = None
         self.boost_sigmas: set[float] = set()
+        self.probe_step_cache: object | None = None  # EasyCache state of the last single-state probe call
 
 
 def _positive_cross_attn(guider) -> torch.Tensor | None:
@@ -132,23 +133,25 @@ STEP_CACHE_KEY = "easycache"  # where ComfyUI's EasyCache and LazyCache keep the
 
 
 @contextlib.contextmanager
-def fresh_step_cache(model_options: dict, guider) -> Iterator[None]:
-    """Give a probe evaluation its own fresh copy of ComfyUI's EasyCache/LazyCache state.
+def fresh_step_cache(model_options: dict, guider) -> Iterator[object | None]:
+    """Give a probe evaluation its own fresh copy of ComfyUI's EasyCache/LazyCache state; yields the copy.
 
     Those caches follow the sampler's calls in order and may answer a call with an extrapolation. A probe is
-    out of order (a deep state, before step 0), must be a true model evaluation, and must leave the run's
-    cache as it found it: otherwise a rejected probe at a low sigma followed by step 0 at sigma 1 breaks
-    EasyCache's bookkeeping (it crashed on `relative_transformation_rate * None`). The copy is made with the
-    cache's own clone/prepare_timesteps, as its OUTER_SAMPLE wrapper does for every run.
+    out of order (a deep state, before step 0), must be a true model evaluation, and a rejected one must leave
+    the run's cache as it found it: otherwise a rejected probe at a low sigma followed by step 0 at sigma 1
+    breaks EasyCache's bookkeeping (it crashed on `relative_transformation_rate * None`). The copy is made
+    with the cache's own clone/prepare_timesteps, as its OUTER_SAMPLE wrapper does for every run; the caller
+    adopts the accepted probe's copy, whose history is exactly the evaluation the resumed run starts from.
     """
     options = model_options["transformer_options"]
     holder = options.get(STEP_CACHE_KEY)
     if holder is None or not hasattr(holder, "clone") or not hasattr(holder, "prepare_timesteps"):
-        yield
+        yield None
         return
-    options[STEP_CACHE_KEY] = holder.clone().prepare_timesteps(guider.model_patcher.model.model_sampling)
+    copy = holder.clone().prepare_timesteps(guider.model_patcher.model.model_sampling)
+    options[STEP_CACHE_KEY] = copy
     try:
-        yield
+        yield copy
     finally:
         options[STEP_CACHE_KEY] = holder
 
@@ -216,7 +219,8 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
         x = torch.cat([s.to(device=noise.device, dtype=noise.dtype) for s in states])
         state.capture_guidance, state.last_guidance = True, None
         try:
-            with fresh_step_cache(extra_args["model_options"], guider):
+            with fresh_step_cache(extra_args["model_options"], guider) as cache:
+                state.probe_step_cache = cache if len(states) == 1 else None
                 x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
                             model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
@@ -229,6 +233,8 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
     if targets:
         resume = run.probe(targets, evaluate, batch_limit)
         if resume is not None:
+            if state.probe_step_cache is not None:  # the step cache continues from the accepted evaluation
+                extra_args["model_options"]["transformer_options"][STEP_CACHE_KEY] = state.probe_step_cache
             start = resume.target.step
             x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
             if resume.x0 is not None:

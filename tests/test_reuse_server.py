@@ -205,7 +205,10 @@ def test_alongside_easycache(comfy_server, tiny_models, easycache_first: bool) -
     assert 0 < report["skipped_steps"] <= RESUME_STEP
     assert [p["passed"] for p in report["probes"]][-1] is True
     assert torch.isfinite(second.latent()).all()
-    assert _relative_error(second.latent(), first.latent()) < 1e-2
+    # EasyCache's skips depend on the calls it has seen, so a resumed run cannot repeat the first run's skips
+    # exactly (its cache continues from the accepted probe's true evaluation). What must hold: resuming adds no
+    # error beyond EasyCache's own, measured against the plain sampler.
+    assert _relative_error(second.latent(), plain.latent()) <= _relative_error(first.latent(), plain.latent()) + 1e-3
 
 
 def test_second_server_process_reuses_what_the_first_recorded(comfy_server_factory, new_base_dir, tiny_models) -> None:
