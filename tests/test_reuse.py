@@ -10,6 +10,7 @@ import torch
 from reuse_graphs import with_reuse
 from t2v_graphs import SAMPLER, wan_t2v
 
+from carnator_core.demo.graphs import with_easycache
 from carnator_core.recorder import writer
 
 _stores = itertools.count()
@@ -163,24 +164,14 @@ def test_probes_of_several_donors_share_one_model_call(comfy, tiny_models, store
     assert relative_error < 1e-4, relative_error
 
 
-def _with_easycache(graph: dict) -> dict:
-    """ComfyUI's EasyCache between whatever feeds the sampler's model and the sampler (its defaults)."""
-    graph = dict(graph)
-    graph["easycache"] = {"class_type": "EasyCache", "inputs": {
-        "model": graph[SAMPLER]["inputs"]["model"], "reuse_threshold": 0.2, "start_percent": 0.15,
-        "end_percent": 0.95, "verbose": False}}
-    graph[SAMPLER] = {**graph[SAMPLER], "inputs": {**graph[SAMPLER]["inputs"], "model": ["easycache", 0]}}
-    return graph
-
-
 def test_rejected_probes_leave_easycache_as_they_found_it(comfy, tiny_models, store_path):
     """Probes run at deep states before step 0; EasyCache follows calls in order. A rejected probe must not
     leave it state that breaks step 0 (it crashed), nor change what EasyCache does in the run."""
     _sample(comfy, with_reuse(_wan(tiny_models, seed=31), store_path, prompt="a red ball"))
     reject_all = {"structure_threshold": 1.0, "guidance_threshold": 1.0, "depth_slope": 0.0}
-    reused, reports = _sample(comfy, _with_easycache(with_reuse(_wan(tiny_models, seed=31), store_path,
+    reused, reports = _sample(comfy, with_easycache(with_reuse(_wan(tiny_models, seed=31), store_path,
                                                                 prompt="a red ball", sparse_attention="off",
                                                                 **reject_all)))
     assert reports[0]["reason"] == "probe rejected" and len(reports[0]["probes"]) == 3, json.dumps(reports[0])
-    easycache_only, _ = _sample(comfy, _with_easycache(_wan(tiny_models, seed=31)))
+    easycache_only, _ = _sample(comfy, with_easycache(_wan(tiny_models, seed=31)))
     assert torch.equal(reused, easycache_only)

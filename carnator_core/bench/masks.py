@@ -29,35 +29,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
+from carnator_core.bench.probe import load_model
 from carnator_core.demo import world
-from carnator_core.demo.attention_density import self_attention_probs
+from carnator_core.demo.attention_density import block_mass, self_attention_probs
 from carnator_core.demo.text import token_embeddings
-from carnator_core.demo.train import WEIGHTS_PATH, sample
-from carnator_core.demo.wan_model import WanT2V, config_from_state_dict
+from carnator_core.demo.train import sample
+from carnator_core.demo.wan_model import WanT2V
 
 BLOCK = 16
 SIGMAS = (0.8, 0.4)
 DENSITIES = (0.25, 0.5)
 SOURCES = ("own", "paraphrase", "one-word edit", "arbitrary", "static prior", "random")
-
-
-def load_model(path: Path) -> WanT2V:
-    weights = {k: v.float() for k, v in load_file(path).items()}
-    model = WanT2V(config_from_state_dict(weights))
-    model.load_state_dict(weights)
-    return model.eval()
-
-
-def block_mass(probs: torch.Tensor) -> torch.Tensor:
-    """[B, H, L, L] attention -> [B, H, nq, nk] mass per (query block, key block), rows summing to 1."""
-    length = probs.shape[-1]
-    pad = (-length) % BLOCK
-    probs = torch.nn.functional.pad(probs, (0, pad, 0, pad))
-    n = probs.shape[-1] // BLOCK
-    mass = probs.unflatten(-1, (n, BLOCK)).sum(-1).unflatten(-2, (n, BLOCK)).sum(-2)
-    return mass / mass.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 def top_blocks(scores: torch.Tensor, density: float) -> torch.Tensor:
@@ -74,7 +57,7 @@ class Maps:
         context = token_embeddings(prompts)
         noise = torch.stack([torch.randn(16, *world.CLIP, generator=torch.Generator().manual_seed(s)) for s in seeds])
         x0 = sample(model, context, None, noise, steps)
-        self.mass = {sigma: [block_mass(p) for p in self_attention_probs(
+        self.mass = {sigma: [block_mass(p, BLOCK) for p in self_attention_probs(
             model, sigma * noise + (1 - sigma) * x0, torch.full((len(prompts),), sigma * 1000), context)]
             for sigma in SIGMAS}
 
@@ -130,7 +113,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench masks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=8, help="requests (canonical prompts)")
     parser.add_argument("--steps", type=int, default=20, help="sampling steps of each plain sample")
-    parser.add_argument("--weights", type=Path, default=WEIGHTS_PATH, help="demo model .safetensors")
+    parser.add_argument("--weights", type=Path, default=None,
+                        help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else the shipped file)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)

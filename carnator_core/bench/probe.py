@@ -31,9 +31,10 @@ from safetensors.torch import load_file
 
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
+from carnator_core.demo.server import DemoSetupError, demo_weights
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.train import shifted_sigma
-from carnator_core.demo.wan_model import WanT2V, config_from_state_dict
+from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
 from carnator_core.embeddings import text_embedder
 from carnator_core.probe import ProbeSignals, ProbeThresholds, probe_signals
 
@@ -190,19 +191,16 @@ def summarise(rows: list[Row]) -> dict:
     return summary
 
 
-def load_model(weights: Path) -> WanT2V:
-    if not weights.is_file():
-        raise SystemExit(f"no demo weights at {weights}: train and export them first "
-                         "(python -m carnator_core.demo.train, then its export)")
-    state = {k: v.float() for k, v in load_file(str(weights)).items()}
-    model = WanT2V(config_from_state_dict(state))
-    model.load_state_dict(state)
-    return model.eval()
+def load_model(weights: Path | None) -> WanT2V:
+    """The demo model a benchmark runs on: `weights`, else $CARNATOR_DEMO_WEIGHTS, else the shipped file."""
+    try:
+        path = demo_weights(weights)
+    except DemoSetupError as error:
+        raise SystemExit(str(error)) from error
+    return model_from_state_dict(load_file(str(path)))
 
 
 def main(argv: list[str]) -> int:
-    from carnator_core.demo.train import WEIGHTS_PATH
-
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=4, help="pairs per relation")
@@ -210,7 +208,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--depths", default="0.2,0.35,0.5,0.65,0.8", help="resume depths (fractions of steps)")
     parser.add_argument("--cfg", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--weights", type=Path, default=WEIGHTS_PATH)
+    parser.add_argument("--weights", type=Path, default=None,
+                        help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else the shipped file)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write rows.jsonl and summary.json here")
     parser.add_argument("--json", action="store_true")

@@ -35,15 +35,22 @@ def self_attention_probs(model: WanT2V, x: torch.Tensor, timestep: torch.Tensor,
     return maps
 
 
-def block_density(probs: torch.Tensor, block: int = 16, mass: float = 0.9) -> float:
-    """Mean share of key blocks needed to cover `mass` of each query block's attention ([B, H, L, L] probs)."""
+def block_mass(probs: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """[B, H, L, L] attention -> [B, H, nq, nk]: each query block's share of attention per key block (rows sum
+    to 1; a ragged last block counts its real rows only)."""
     length = probs.shape[-1]
     pad = (-length) % block
     probs = torch.nn.functional.pad(probs, (0, pad, 0, pad))
     n = probs.shape[-1] // block
-    per_block = probs.unflatten(-1, (n, block)).sum(-1).unflatten(-2, (n, block)).sum(-2)  # [B, H, nq, nk]
+    per_block = probs.unflatten(-1, (n, block)).sum(-1).unflatten(-2, (n, block)).sum(-2)
     rows = torch.tensor([min(block, length - i * block) for i in range(n)], dtype=probs.dtype)
-    share = per_block / rows.view(-1, 1)
+    return per_block / rows.view(-1, 1)
+
+
+def block_density(probs: torch.Tensor, block: int = 16, mass: float = 0.9) -> float:
+    """Mean share of key blocks needed to cover `mass` of each query block's attention ([B, H, L, L] probs)."""
+    share = block_mass(probs, block)
+    n = share.shape[-1]
     cumulative = share.sort(dim=-1, descending=True).values.cumsum(-1)
     needed = (cumulative < mass - 1e-6).sum(-1) + 1
     return float((needed.float() / n).mean())

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from carnator_core.demo import world
 from carnator_core.demo.text import TOKENS, token_embeddings
-from carnator_core.demo.wan_model import WanConfig, WanT2V, config_from_state_dict
+from carnator_core.demo.wan_model import WanConfig, WanT2V, model_from_state_dict
 
 DEFAULT_OUT = Path.home() / ".cache" / "carnator-demo-train"
 WEIGHTS_PATH = Path(__file__).resolve().parent / "weights" / "carnator_demo_wan21_t2v.safetensors"
@@ -243,10 +243,8 @@ def load_ema(out: Path) -> tuple[WanT2V, int]:
     ckpt = latest_checkpoint(out)
     if ckpt is None:
         raise FileNotFoundError(f"no checkpoint in {out}; train first: python -m carnator_core.demo.train")
-    weights = load_file(ckpt / "ema.safetensors")
-    model = WanT2V(config_from_state_dict(weights))
-    model.load_state_dict(weights)
-    return model.eval(), json.loads((ckpt / "state.json").read_text())["step"]
+    model = model_from_state_dict(load_file(ckpt / "ema.safetensors"))
+    return model, json.loads((ckpt / "state.json").read_text())["step"]
 
 
 def export_weights(out: Path = DEFAULT_OUT, path: Path = WEIGHTS_PATH) -> Path:

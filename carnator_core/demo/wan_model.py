@@ -199,6 +199,13 @@ class WanT2V(nn.Module):
         return u.reshape(b, LATENT_CHANNELS, *[g * p for g, p in zip(grid, PATCH, strict=True)])
 
 
+def model_from_state_dict(state: dict[str, torch.Tensor]) -> WanT2V:
+    """The fp32 model (eval mode) for weights saved by training or export (fp16)."""
+    model = WanT2V(config_from_state_dict(state))
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.eval()
+
+
 def config_from_state_dict(state: dict[str, torch.Tensor]) -> WanConfig:
     """Read sizes back from weights the same way ComfyUI's detector does."""
     layers = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
