@@ -91,7 +91,8 @@ class ProbeThresholds:
     Calibrated on measured outcomes (`python -m carnator_core.bench probe --pairs 3 --steps 20`, 90 probes on
     the shipped demo model): the lowest structure threshold that accepts no quality-losing resume rose from
     0.857 at depth 0.2 to 0.901 at depth 0.8; 0.85 + 0.09 x depth (with the same slope on guidance) accepted
-    24 of 63 good resumes and no bad one, where the first guess 0.80 + 0.15 x depth accepted 21 and 3 bad.
+    24 of the 63 resumes that kept quality and none that lost it, where the first guess 0.80 + 0.15 x depth
+    accepted 24 of which 3 lost quality.
     """
 
     structure: float = 0.85

@@ -107,11 +107,10 @@ class ReuseRun:
     def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
         """Evaluate targets in planner order; resume from the deepest checkpoint whose signals pass.
 
-        At most `max_probes` model calls; each takes the next unprobed target together with up to
-        `batch_limit - 1` later ones at the same sigma (other donors' checkpoints at the same step), so one
-        evaluation probes several candidates. After a call with a pass, the run stops and takes the first passing target of that
-        call: every target in it is at the same depth, and later calls would only be shallower or
-        lower-ranked at the same depth.
+        At most `max_probes` model calls. Each call takes the next unprobed target together with up to
+        `batch_limit - 1` later ones at the same step (other donors' checkpoints), so one evaluation probes
+        several candidates. A call with a pass ends probing and resumes from its first passing target: all
+        targets of a call share one depth, and later calls are only shallower or lower-ranked.
         """
         self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
@@ -121,20 +120,17 @@ class ReuseRun:
             if not pending:
                 break
             call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]
-            pending = [t for t in pending if all(t is not c for c in call)]
+            pending = [t for t in pending if not any(t is c for c in call)]
             results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1
-            passing: list[tuple[ProbeTarget, ProbeSignals, torch.Tensor]] = []
             for target, (x0_new, guidance_new) in zip(call, results, strict=True):
                 signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
                 passed = self.settings.thresholds.passes(signals)
                 self.probes.append({"donor_id": target.meta.entry_id, "step": target.step, "passed": passed,
                                     "batched_with": len(call) - 1, **signals.as_dict()})
-                if passed:
-                    passing.append((target, signals, x0_new))
-            if passing:
-                target, signals, x0_new = passing[0]
-                self.resume = Resume(target=target, signals=signals, x0=x0_new)
+                if passed and self.resume is None:
+                    self.resume = Resume(target=target, signals=signals, x0=x0_new)
+            if self.resume is not None:
                 return self.resume
         return None
 
