@@ -233,8 +233,11 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
     if targets:
         resume = run.probe(targets, evaluate, batch_limit)
         if resume is not None:
-            if state.probe_step_cache is not None:  # the step cache continues from the accepted evaluation
-                extra_args["model_options"]["transformer_options"][STEP_CACHE_KEY] = state.probe_step_cache
+            if state.probe_step_cache is not None:
+                # The step cache continues from the accepted evaluation; the guider's (per-run) options get it
+                # too, so the cache's own end-of-run summary and reset see the cache the run actually used.
+                for options in (extra_args["model_options"], guider.model_options):
+                    options["transformer_options"][STEP_CACHE_KEY] = state.probe_step_cache
             start = resume.target.step
             x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
             if resume.x0 is not None:

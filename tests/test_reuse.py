@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 
 import pytest
 import torch
+from comfy_host import captured_logs
 from reuse_graphs import with_reuse
 from t2v_graphs import SAMPLER, wan_t2v
 
@@ -175,3 +177,23 @@ def test_rejected_probes_leave_easycache_as_they_found_it(comfy, tiny_models, st
     assert reports[0]["reason"] == "probe rejected" and len(reports[0]["probes"]) == 3, json.dumps(reports[0])
     easycache_only, _ = _sample(comfy, with_easycache(_wan(tiny_models, seed=31)))
     assert torch.equal(reused, easycache_only)
+
+
+def test_easycache_continues_from_an_accepted_probe_and_reports_its_skips(comfy, tiny_models, store_path):
+    """After a resume, EasyCache runs on from the accepted probe's evaluation, and its own end-of-run summary
+    counts the steps it skipped in this run (it said 0 while a copy of its state did the skipping)."""
+    _sample(comfy, with_reuse(_wan(tiny_models, seed=33), store_path, prompt="a red ball"))
+    accept_all = {"structure_threshold": -1.0, "guidance_threshold": -1.0, "depth_slope": 0.0}
+    graph = with_easycache(with_reuse(_wan(tiny_models, seed=33), store_path, prompt="a red ball",
+                                      sparse_attention="off", **accept_all), reuse_threshold=1.0)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        with captured_logs(logging.INFO) as logs:
+            _, reports = _sample(comfy, graph)
+    finally:
+        root.setLevel(level)
+    assert reports[0]["skipped_steps"] == 5, json.dumps(reports[0])
+    summaries = [line for line in logs if line.startswith("EasyCache - skipped")]
+    assert len(summaries) == 1 and not summaries[0].startswith("EasyCache - skipped 0/"), summaries
