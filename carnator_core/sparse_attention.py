@@ -38,6 +38,9 @@ class SparseAttentionSettings:
     tau: float = 0.9
     min_density: float = 0.05
     max_density: float = 1.0
+    # A layer whose mask is fuller than this runs dense: block-sparse attention is no faster there (CPU path:
+    # 0.71 of the ideal 1/density, so ~break-even at 0.7; per-call overhead moves it lower on short sequences).
+    dense_above: float = 0.6
     dense_fraction: float = 0.25  # first share of steps stays dense
     dense_first_blocks: int = 1
     dense_last_blocks: int = 1
@@ -115,6 +118,10 @@ class SparseAttentionRun:
             self.dense_calls += 1
             return None
         state = self.layers[layer]
+        if state.density > self.settings.dense_above:
+            state.density, state.source = 1.0, f"dense ({state.source} mask fuller than {self.settings.dense_above:g})"
+            self.dense_calls += 1
+            return None
         key = (state.own_step, state.checked_step, layer in self.borrowed, n, str(q.device))
         if state.layout_key != key:  # masks change only at refreshes and re-checks, not at every call
             state.layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)

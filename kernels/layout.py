@@ -9,7 +9,8 @@ the neutral ground both sides import, because kernels must not depend on the eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,9 @@ class BlockLayout:
     kv_counts: torch.Tensor  # int32 (Bm, Hm, num_blocks)
     block_size: int
     n_tokens: int
+    # Per-kernel work plans derived from this layout (row order, groups), built on first use: a layout is
+    # reused for every step and call of a layer, so planning once keeps index bookkeeping off the hot path.
+    plans: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kv_indices.dim() != 4 or self.kv_counts.shape != self.kv_indices.shape[:3]:

@@ -70,6 +70,10 @@ class CarnatorSparseAttention(io.ComfyNode):
             ] + recall_inputs() + [
                 io.Combo.Input("backend", options=["auto", "triton", "flex", "cpu", "dense"], default="auto",
                                tooltip="Kernel: auto picks Triton on CUDA and the fastest CPU path elsewhere."),
+                io.Float.Input("dense_above", default=_DEFAULTS.dense_above, min=0.0, max=1.0, step=0.01,
+                               optional=True,
+                               tooltip="A layer whose mask keeps more than this share of key blocks runs dense: "
+                                       "block-sparse attention is not faster there. 1.0 runs every mask sparse."),
             ],
             outputs=[io.Model.Output(display_name="model")],
         )

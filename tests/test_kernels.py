@@ -216,3 +216,14 @@ def test_layout_rejects_inconsistent_shapes() -> None:
         BlockLayout(torch.zeros(1, 1, 4, 4, dtype=torch.int32), torch.zeros(1, 1, 4, dtype=torch.int32), 64, 100)
     with pytest.raises(ValueError):
         BlockLayout.from_dense(torch.ones(1, 1, 3, 4, dtype=torch.bool), 64, 200)
+
+
+def test_a_reused_layout_plans_each_input_shape_apart() -> None:
+    """Layouts are reused across steps and calls (and cond/uncond batches); their cached work plans must
+    follow the batch, head count and dtype of every call."""
+    layout = random_layout(1, 1, 300, 64)
+    for batch, heads, dtype in ((1, 2, torch.float32), (2, 3, torch.float32), (1, 2, torch.bfloat16), (1, 2, torch.float32)):
+        q, k, v = inputs(batch, heads, 300, 64, dtype, seed=batch + heads)
+        assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), dtype)
+    computed_in_bf16 = kernels.cpu._fast_bfloat16(torch.bfloat16)  # else bf16 runs in fp32, sharing its plan
+    assert len(layout.plans) == (3 if computed_in_bf16 else 2)
