@@ -63,10 +63,11 @@ def free_port(preferred: int | None = None) -> int:
 class ComfyClient:
     """Queue prompts, follow them, read their history."""
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, server_pid: int | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.client_id = uuid.uuid4().hex
+        self.server_pid = server_pid  # set when this process started the server (benchmarks read its CPU time)
 
     def _request(self, path: str, payload: dict | None = None) -> Any:
         data = json.dumps(payload).encode() if payload is not None else None
@@ -174,7 +175,7 @@ def headless_server(base_dir: Path, port: int | None = None, log_path: Path | No
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=comfy, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-    client = ComfyClient(f"http://127.0.0.1:{port}")
+    client = ComfyClient(f"http://127.0.0.1:{port}", server_pid=process.pid)
     try:
         deadline = time.monotonic() + 180
         while not client.alive():

@@ -23,7 +23,7 @@ from PIL import Image
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.streams import STREAMS, make_stream, read_prompts
-from carnator_core.bench.workload import CONFIGS, FIELDS, donor_prompt_for
+from carnator_core.bench.workload import CONFIGS, EXTRA_FIELDS, FIELDS, donor_prompt_for
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
 
@@ -112,12 +112,14 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
     assert [c["name"] for c in data["configs"]] == list(CONFIGS)
     for config in data["configs"]:
-        assert set(config) == {"name", *FIELDS}
+        assert set(config) == {"name", *FIELDS, *EXTRA_FIELDS}
         for field in FIELDS:
             value = config[field]
             assert isinstance(value, (int, float)) and math.isfinite(value), (config["name"], field, value)
+        assert config["cpu_speedup"] > 0, config  # the server's CPU time is readable on Linux
     by_name = {c["name"]: c for c in data["configs"]}
-    assert by_name["plain"]["speedup"] == 1.0 and by_name["plain"]["psnr"] == PSNR_IDENTICAL
+    assert by_name["plain"]["speedup"] == by_name["plain"]["cpu_speedup"] == 1.0
+    assert by_name["plain"]["psnr"] == PSNR_IDENTICAL
     assert by_name["plain"]["model_calls"] == 2 and by_name["plain"]["hit_rate"] == 0
     assert by_name["balanced"]["bytes_per_entry"] > 0 and by_name["plain"]["bytes_per_entry"] == 0
     assert by_name["any-donor-masks"]["hit_rate"] > 0  # the unrelated donor's masks were offered and taken

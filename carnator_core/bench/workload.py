@@ -61,6 +61,8 @@ from carnator_core.store import ReuseStore
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")
 FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
+# Beyond the issue's fields: plain's median server CPU time / this configuration's (None where unknown).
+EXTRA_FIELDS = ("cpu_speedup",)
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
 WARMUP_PROMPT = "a green square resting on a white background"
 WARMUP_STEPS = 2
@@ -134,6 +136,7 @@ class Sample:
     rgb: torch.Tensor
     report: dict | None
     quality: dict[str, Any] = field(default_factory=dict)
+    cpu_seconds: float | None = None  # the server's CPU time for the whole prompt and its background store write
 
 
 class Bench:
@@ -144,6 +147,19 @@ class Bench:
         self.object_info = client.object_info()
         self.log = base_dir / "comfyui.log"
         self.counter = 0
+
+    def server_cpu_seconds(self) -> float | None:
+        """The server process's user+system CPU time so far (Linux /proc), None when unknown.
+
+        On a shared machine wall times of identical runs spread by +-30 % (other tenants take the second
+        core); with one torch thread the CPU time is the work itself, so the CPU ratio is the steadier one.
+        """
+        pid = self.client.server_pid
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, TypeError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def run(self, graph: dict) -> tuple[PromptRun, str]:
         """Execute `graph`; returns the run and the server log lines it produced."""
@@ -201,12 +217,15 @@ def _mean(values: list[float | None]) -> float | None:
 def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -> list[dict[str, Any]]:
     """One row per configuration in the issue's JSON shape."""
     plain_time = _median([s.seconds for s in samples["plain"]])
+    plain_cpu = _median([s.cpu_seconds for s in samples["plain"] if s.cpu_seconds is not None])
     rows = []
     for name in CONFIGS:
         runs = samples[name]
+        cpu = _median([s.cpu_seconds for s in runs if s.cpu_seconds is not None])
         rows.append({
             "name": name,
             "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
+            "cpu_speedup": round(plain_cpu / cpu, 3) if cpu == cpu and cpu > 0 else None,
             "model_calls": round(sum(s.model_calls for s in runs) / len(runs), 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
@@ -256,9 +275,13 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
         order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
         for name in order:
+            cpu_before = bench.server_cpu_seconds()
             sample = bench.sample(name, config_graph(name, base, prompt, donor, seed_policy=seed_policy), steps)
             if name in RECORDING:
                 bench.wait_for_entries(_store_dir(name), i + 1)
+            cpu_after = bench.server_cpu_seconds()
+            if cpu_before is not None and cpu_after is not None:
+                sample.cpu_seconds = cpu_after - cpu_before
             samples[name].append(sample)
         times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in CONFIGS)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
@@ -303,11 +326,12 @@ def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
 def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     lines = [f"### Workload `{result['stream']}` ({len(result['prompts'])} prompts, {settings['steps']} steps, "
              f"seed {settings['seed']}, cfg {settings['cfg']})", "",
-             "| config | speedup | model calls | hit rate | attention density | PSNR (dB) | SSIM | adherence | "
-             "bytes/entry |", "|---|---|---|---|---|---|---|---|---|"]
+             "| config | speedup | CPU speedup | model calls | hit rate | attention density | PSNR (dB) | SSIM | "
+             "adherence | bytes/entry |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["configs"]:
         adherence = "n/a" if c["adherence"] is None else f"{c['adherence']:.3f}"
-        lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {c['model_calls']:.1f} | {c['hit_rate']:.2f} | "
+        cpu = "n/a" if c.get("cpu_speedup") is None else f"{c['cpu_speedup']:.2f}x"
+        lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {cpu} | {c['model_calls']:.1f} | {c['hit_rate']:.2f} | "
                      f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | {adherence} | "
                      f"{c['bytes_per_entry']:,} |")
     heavy = settings.get("attention_heavy")
@@ -339,7 +363,8 @@ def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], d
 
 def _details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sample]]) -> list[dict]:
     return [{"prompt": p, "seed": seed, "expected": world.parse_prompt(p), "configs": {
-        name: {"time_s": round(s.seconds, 3), "model_calls": s.model_calls, "hit": s.hit,
+        name: {"time_s": round(s.seconds, 3),
+               "cpu_s": None if s.cpu_seconds is None else round(s.cpu_seconds, 3), "model_calls": s.model_calls, "hit": s.hit,
                "skipped_steps": s.skipped_steps, "attention_density": round(s.density, 3),
                "psnr": round(s.quality["psnr"], 2), "ssim": round(s.quality["ssim"], 4),
                "adherence": s.quality["adherence"], "observed": s.quality["observed"],
