@@ -1,4 +1,4 @@
-"""Reuse planner: which donor checkpoints are worth a probe, deepest first.
+"""Reuse planner: which donor checkpoints are worth a probe, deepest first across donors.
 
 A probe costs one model evaluation, so the planner filters by everything that is certain
 without the model (schedule, latent shape, initial noise under the seed policy, mode
@@ -52,8 +52,14 @@ def _usable(tensor: torch.Tensor | None, shape: tuple[int, ...] | None) -> bool:
 
 def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
                 same_noise_only: bool, max_probes: int) -> tuple[list[ProbeTarget], dict[str, int]]:
-    """Probe targets in order (best candidate first, deepest checkpoint first) and skip reasons."""
-    targets: list[ProbeTarget] = []
+    """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
+    plus skip reasons.
+
+    Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
+    the wrong one (seen on the near-dup stream: three probes of a different-colour donor at 15, 10 and 6
+    steps, while the right donor, ranked second, passed at 15). Checkpoint blobs are read only for the donors
+    the plan keeps.
+    """
     skipped: dict[str, int] = {}
 
     def skip(reason: str, meta: EntryMeta | None = None) -> None:
@@ -62,9 +68,8 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
 
     max_step = int(max_fraction * facts.total_steps + 1e-9)
-    for candidate in candidates:
-        if len(targets) >= max_probes:
-            break
+    offers: list[tuple[int, int, Candidate, EntryMeta]] = []  # (step, rank, ...) of every usable checkpoint
+    for rank, candidate in enumerate(candidates):
         meta = store.get_meta(candidate.entry_id)
         if meta is None:
             skip("entry vanished or corrupt")
@@ -78,24 +83,32 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
         if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
             skip("other initial noise (seed)", meta)
             continue
-        steps = sorted((c["step"] for c in meta.checkpoints if 0 < int(c["step"]) <= max_step), reverse=True)
+        steps = [int(c["step"]) for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
         if not steps:
             skip("no checkpoint within the mode's depth", meta)
             continue
-        tensors = store.get_tensors(meta.entry_id, "checkpoints")
+        offers += [(step, rank, candidate, meta) for step in steps]
+    offers.sort(key=lambda offer: (-offer[0], offer[1]))
+
+    targets: list[ProbeTarget] = []
+    blobs: dict[str, dict[str, torch.Tensor] | None] = {}
+    for step, _, candidate, meta in offers:
+        if len(targets) >= max_probes:
+            break
+        if meta.entry_id not in blobs:
+            blobs[meta.entry_id] = store.get_tensors(meta.entry_id, "checkpoints")
+            if blobs[meta.entry_id] is None:
+                skip("checkpoint blob missing or corrupt", meta)
+        tensors = blobs[meta.entry_id]
         if tensors is None:
-            skip("checkpoint blob missing or corrupt", meta)
             continue
-        sigmas = {int(c["step"]): float(c["sigma"]) for c in meta.checkpoints}
-        for step in steps:
-            if len(targets) >= max_probes:
-                break
-            x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
-            if not (_usable(x, facts.latent_shape) and _usable(x0, facts.latent_shape)):
-                skip("checkpoint of another shape, or NaN", meta)
-                continue
-            if guidance is not None and not _usable(guidance, None):
-                guidance = None
-            targets.append(ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigmas[step],
-                                       x=x, x0=x0, guidance=guidance))
+        x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
+        if not (_usable(x, facts.latent_shape) and _usable(x0, facts.latent_shape)):
+            skip("checkpoint of another shape, or NaN", meta)
+            continue
+        if guidance is not None and not _usable(guidance, None):
+            guidance = None
+        sigma = next(float(c["sigma"]) for c in meta.checkpoints if int(c["step"]) == step)
+        targets.append(ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0,
+                                   guidance=guidance))
     return targets, skipped
