@@ -21,7 +21,7 @@ from carnator_core.planner import ProbeTarget, RequestFacts, plan_probes
 from carnator_core.probe import ProbeSignals, probe_signals
 from carnator_core.recorder import PendingEntry, RunRecorder, writer
 from carnator_core.settings import ReuseSettings
-from carnator_core.sparse_attention import SparseAttentionRun, masks_to_blob
+from carnator_core.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
 from carnator_core.store import ReuseStore
 from carnator_core.tensor_codec import encode_tensors
 
@@ -203,7 +203,7 @@ class ReuseRun:
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
         signals = self.resume.signals if self.resume is not None else None
         return {
-            "hit": best is not None or bool(self.attention.get("heads_reuse")),
+            "hit": best is not None or bool(self.attention.get("borrowed_sparse_calls")),
             "mode": self.settings.mode,
             "donor_id": best.meta.entry_id if best else None,
             "donor_prompt": best.meta.prompt if best else None,
@@ -233,6 +233,8 @@ class ReuseRun:
         notes = list(self.match.notes if self.match else [])
         if self.store_problem and not any("store unavailable" in note for note in notes):
             notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
+        if self.attention.get("heads_reuse") and not self.attention.get("borrowed_sparse_calls"):
+            notes.append(MASKS_TOO_FULL)
         return notes
 
     def _miss_reason(self) -> str:

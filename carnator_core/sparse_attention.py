@@ -27,6 +27,7 @@ from kernels import BlockLayout, block_sparse_attention
 log = logging.getLogger("carnator.attention")
 
 MASK_SOURCES = ("own", "borrowed", "borrowed+own")
+MASKS_TOO_FULL = "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"
 
 
 @dataclass
@@ -82,6 +83,7 @@ class SparseAttentionRun:
     hysteresis: HeadHysteresis | None = None
     sparse_calls: int = 0
     dense_calls: int = 0
+    borrowed_sparse_calls: int = 0  # sparse calls that used a donor's mask for at least one head: a masks hit
     reported_by_reuse: bool = False  # a reuse run includes this summary in its report
     step_cache: tuple[Any, int] | None = None  # (host's sigma object, step): the host's per-evaluation cache
 
@@ -128,6 +130,8 @@ class SparseAttentionRun:
             state.layout_key = key
         layout = state.layout
         self.sparse_calls += 1
+        if state.source in ("borrowed", "mixed"):
+            self.borrowed_sparse_calls += 1
         return block_sparse_attention(q, k, v, layout, backend=self.settings.backend)
 
     def _attend_valid_keys(self, q, k, v, heads, layer, step, key_valid) -> torch.Tensor | None:
@@ -198,6 +202,7 @@ class SparseAttentionRun:
             "density": sum(densities) / len(densities) if densities else None,
             "sparse_calls": self.sparse_calls,
             "dense_calls": self.dense_calls,
+            "borrowed_sparse_calls": self.borrowed_sparse_calls,
             "per_layer": {str(layer): {"density": s.density, "source": s.source} for layer, s in sorted(self.layers.items())},
             "head_history": self.hysteresis.history(),
             **counts,

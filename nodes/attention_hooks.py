@@ -20,7 +20,7 @@ import torch
 
 from carnator_core.fingerprint import token_grid
 from carnator_core.masks import BlockSparseMask
-from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings, masks_from_blob
+from carnator_core.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, SparseAttentionSettings, masks_from_blob
 from carnator_core.store import ReuseStore
 
 from .host import patch_size, per_run_options, store_from_path
@@ -99,11 +99,12 @@ def attention_outer_sample(executor, noise, latent_image, sampler, sigmas, denoi
 def attention_report(run: SparseAttentionRun, elapsed: float) -> dict:
     """The report of a run that used sparse attention without the reuse engine."""
     summary = run.summary()
-    return {"hit": bool(summary["heads_reuse"]), "mode": f"attention/{run.settings.source}", "donor_id": None,
+    reason = "" if summary["borrowed_sparse_calls"] else MASKS_TOO_FULL if summary["heads_reuse"] else "no donor masks adopted"
+    return {"hit": bool(summary["borrowed_sparse_calls"]), "mode": f"attention/{run.settings.source}", "donor_id": None,
             "donor_prompt": None, "text_similarity": None, "agreement": None, "skipped_steps": 0,
             "total_steps": run.total_steps, "attention_density": summary["density"],
             "heads_reuse": summary["heads_reuse"], "heads_own": summary["heads_own"], "time_s": elapsed,
-            "time_saved_s": 0.0, "reason": "" if summary["heads_reuse"] else "no donor masks adopted",
+            "time_saved_s": 0.0, "reason": reason,
             "attention": summary}
 
 
