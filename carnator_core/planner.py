@@ -55,7 +55,8 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
     plus skip reasons.
 
-    Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
+    Checkpoints recorded at a step EasyCache/LazyCache skipped are never offered: their x0 is the cache's
+    extrapolation, which no probe of the live model can confirm. Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one (seen on the near-dup stream: three probes of a different-colour donor at 15, 10 and 6
     steps, while the right donor, ranked second, passed at 15). Checkpoint blobs are read only for the donors
     the plan keeps.
@@ -83,9 +84,11 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
         if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
             skip("other initial noise (seed)", meta)
             continue
-        steps = [int(c["step"]) for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
+        within = [c for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
+        steps = [int(c["step"]) for c in within if c.get("evaluated", True)]
         if not steps:
-            skip("no checkpoint within the mode's depth", meta)
+            skip("no checkpoint within the mode's depth" if not within else
+                 "its checkpoints hold a step cache's extrapolation, not the model's", meta)
             continue
         offers += [(step, rank, candidate, meta) for step in steps]
     offers.sort(key=lambda offer: (-offer[0], offer[1]))

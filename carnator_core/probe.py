@@ -99,12 +99,22 @@ class ProbeThresholds:
     structure_slope: float = 0.09
     guidance: float = 0.80
     guidance_slope: float = 0.09
+    # In the same calibration no donor that missed the structure threshold by more than this at one depth
+    # passed at any other (18 prompt pairs x 5 depths): its agreement moves with depth about as the threshold
+    # does. (Checkpoints holding a step cache's extrapolation would break this; the planner never offers them.)
+    give_up_margin: float = 0.05
+
+    def needed_structure(self, depth: float) -> float:
+        return min(1.0, self.structure + self.structure_slope * depth)
 
     def passes(self, signals: ProbeSignals) -> bool:
-        needed_structure = min(1.0, self.structure + self.structure_slope * signals.depth)
-        if not signals.structure_agreement >= needed_structure:  # NaN fails
+        if not signals.structure_agreement >= self.needed_structure(signals.depth):  # NaN fails
             return False
         if signals.guidance_cosine is None:
             return True
         needed_guidance = min(1.0, self.guidance + self.guidance_slope * signals.depth)
         return signals.guidance_cosine >= needed_guidance
+
+    def donor_hopeless(self, signals: ProbeSignals) -> bool:
+        """Whether a failed probe says the donor's other checkpoints are not worth a model call either."""
+        return not signals.structure_agreement >= self.needed_structure(signals.depth) - self.give_up_margin

@@ -31,6 +31,7 @@ class Checkpoint:
     x: torch.Tensor
     x0: torch.Tensor
     guidance: torch.Tensor | None
+    evaluated: bool = True  # False: x0 is a step cache's extrapolation (EasyCache skipped the step), not the model's
 
 
 @dataclass
@@ -44,12 +45,13 @@ class RunRecorder:
         return step in self.checkpoint_steps and step not in self.checkpoints
 
     def capture(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
-                guidance: torch.Tensor | None) -> None:
+                guidance: torch.Tensor | None, evaluated: bool = True) -> None:
         """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing)."""
         self.checkpoints[step] = Checkpoint(
             step=step, sigma=float(sigma), x=x.detach().to("cpu", torch.float16, copy=True),
             x0=x0.detach().to("cpu", torch.float16, copy=True),
-            guidance=None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16))
+            guidance=None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16),
+            evaluated=evaluated)
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blob holding the tensors."""
@@ -61,7 +63,8 @@ class RunRecorder:
             tensors[f"x0_{step}"] = checkpoint.x0
             if checkpoint.guidance is not None:
                 tensors[f"g_{step}"] = checkpoint.guidance
-            listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None})
+            listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
+                            "evaluated": checkpoint.evaluated})
         return listing, ({"checkpoints": encode_tensors(tensors)} if tensors else {})
 
 

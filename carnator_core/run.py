@@ -110,12 +110,14 @@ class ReuseRun:
         At most `max_probes` model calls. Each call takes the next unprobed target together with up to
         `batch_limit - 1` later ones at the same step (other donors' checkpoints), so one evaluation probes
         several candidates. A call with a pass ends probing and resumes from its first passing target: all
-        targets of a call share one depth, and later calls are only shallower or lower-ranked.
+        targets of a call share one depth, and later calls are only shallower or lower-ranked. A donor that
+        misses the structure threshold by more than `give_up_margin` gets no further probe.
         """
         self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
             return self._resume_by_text_similarity(targets)
         pending = list(targets)
+        thresholds = self.settings.thresholds
         for _ in range(self.settings.max_probes):
             if not pending:
                 break
@@ -123,13 +125,19 @@ class ReuseRun:
             pending = [t for t in pending if not any(t is c for c in call)]
             results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1
+            hopeless: set[str] = set()
             for target, (x0_new, guidance_new) in zip(call, results, strict=True):
                 signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
-                passed = self.settings.thresholds.passes(signals)
+                passed = thresholds.passes(signals)
+                given_up = not passed and thresholds.donor_hopeless(signals)
                 self.probes.append({"donor_id": target.meta.entry_id, "step": target.step, "passed": passed,
-                                    "batched_with": len(call) - 1, **signals.as_dict()})
+                                    "donor_given_up": given_up, "batched_with": len(call) - 1,
+                                    **signals.as_dict()})
+                if given_up:
+                    hopeless.add(target.meta.entry_id)
                 if passed and self.resume is None:
                     self.resume = Resume(target=target, signals=signals, x0=x0_new)
+            pending = [t for t in pending if t.meta.entry_id not in hopeless]
             if self.resume is not None:
                 return self.resume
         return None
@@ -146,9 +154,9 @@ class ReuseRun:
 
     # ------------------------------------------------------------------ during sampling
     def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
-                     guidance: torch.Tensor | None) -> None:
+                     guidance: torch.Tensor | None, evaluated: bool = True) -> None:
         if self.recorder is not None and self.recorder.wants(step):
-            self.recorder.capture(step, sigma, x, x0, guidance)
+            self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
 
     def wants_step(self, step: int) -> bool:
         return self.recorder is not None and self.recorder.wants(step)

@@ -256,11 +256,19 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
             guidance = None
             if state.last_guidance is not None and abs(state.last_guidance[0] - sigma_values[absolute]) < 1e-6:
                 guidance = state.last_guidance[1]
-            run.observe_step(absolute, sigma_values[absolute], x, x0, guidance)
+            run.observe_step(absolute, sigma_values[absolute], x, x0, guidance,
+                             evaluated=not _step_cache_skipped(extra_args["model_options"]))
         if callback is not None:
             callback(step, x0, x, total_steps)
 
     return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
+
+
+def _step_cache_skipped(model_options: dict) -> bool:
+    """Whether EasyCache/LazyCache answered the step just taken from its cache instead of the model (its
+    holder's flag, reset at the start of every evaluation); False without a step cache."""
+    holder = model_options["transformer_options"].get(STEP_CACHE_KEY)
+    return bool(getattr(holder, "skip_current_step", False))
 
 
 def _borrow_masks(state: HostState, run: ReuseRun) -> None:

@@ -1,4 +1,4 @@
-"""The probe plan: which donor checkpoints get the limited probe budget, in which order."""
+"""The probe plan and probing: which donor checkpoints get the limited probe budget, in which order."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import torch
 
 from carnator_core.entry import EntryMeta, HardKey
 from carnator_core.planner import RequestFacts, plan_probes
+from carnator_core.run import ReuseRun
+from carnator_core.settings import ReuseSettings
 from carnator_core.shortlist import Candidate
 from carnator_core.store import IndexVectors, ReuseStore
 from carnator_core.tensor_codec import encode_tensors
@@ -14,11 +16,16 @@ SHAPE = (1, 16, 2, 8, 8)
 FACTS = RequestFacts(schedule="schedule", latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10)
 
 
-def _donor(store: ReuseStore, name: str, steps: list[int]) -> Candidate:
-    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("model", (2, 4, 4), "schedule"), prompt=name,
+KEY = HardKey("model", (2, 4, 4), "schedule")
+
+
+def _donor(store: ReuseStore, name: str, steps: list[int], tensors: dict | None = None,
+           extrapolated: tuple[int, ...] = ()) -> Candidate:
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name,
                      latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10,
-                     checkpoints=[{"step": s, "sigma": 1 - s / 10, "guidance": False} for s in steps])
-    tensors = {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in steps for kind in ("x", "x0")}
+                     checkpoints=[{"step": s, "sigma": 1 - s / 10, "guidance": False, "evaluated": s not in extrapolated}
+                                  for s in steps])
+    tensors = tensors or {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in steps for kind in ("x", "x0")}
     store.put(meta, {"checkpoints": encode_tensors(tensors)},
               IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
     return Candidate(entry_id=meta.entry_id, prompt=name, score=1.0, cond_similarity=1.0, text_similarity=None)
@@ -34,3 +41,41 @@ def test_every_donor_is_probed_at_depth_before_any_is_probed_shallower(tmp_path)
     assert [(t.candidate.prompt, t.step) for t in targets] == [("first", 5), ("resumed", 5), ("first", 3)]
     assert skipped == {}
     assert all(float(t.x.flatten()[0]) == t.step and t.sigma == 1 - t.step / 10 for t in targets)
+
+
+def test_checkpoints_holding_a_step_cache_extrapolation_are_never_offered(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    partly = _donor(store, "easycache donor", [3, 5], extrapolated=(5,))
+    only = _donor(store, "all skipped", [5], extrapolated=(5,))
+    targets, skipped = plan_probes(store, [partly, only], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step) for t in targets] == [("easycache donor", 3)]
+    assert skipped == {"its checkpoints hold a step cache's extrapolation, not the model's": 1}
+
+
+def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
+    """A clear miss at one depth is a miss at every depth (calibration), so the budget goes to the next donor:
+    the right donor, ranked second and offered only shallower, is reached with the second call."""
+    store = ReuseStore(str(tmp_path / "store"))
+    generator = torch.Generator().manual_seed(0)
+    states = {(name, step): (torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator))
+              for name, steps in (("wrong", (3, 5)), ("right", (3,))) for step in steps}
+
+    def blob(name: str) -> dict[str, torch.Tensor]:
+        return {f"{kind}_{step}": pair[i] for (owner, step), pair in states.items() if owner == name
+                for i, kind in enumerate(("x", "x0"))}
+
+    wrong, right = _donor(store, "wrong", [3, 5], blob("wrong")), _donor(store, "right", [3], blob("right"))
+    targets, _ = plan_probes(store, [wrong, right], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step) for t in targets] == [("wrong", 5), ("wrong", 3), ("right", 3)]
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        """The live model agrees with the right donor's prediction and not at all with the wrong one's."""
+        (owner, _), (_, x0) = next((key, pair) for key, pair in states.items() if torch.equal(pair[0], xs[0].float()))
+        return [(x0 if owner == "right" else -x0, None)]
+
+    run = ReuseRun(settings=ReuseSettings(max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
+                   noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
+                   cfg=1.0, seed=0)
+    resume = run.probe(targets, evaluate)
+    assert resume is not None and resume.target.candidate.prompt == "right" and run.model_calls == 2
+    assert [(p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [(5, False, True), (3, True, False)]
