@@ -55,11 +55,11 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
     plus skip reasons.
 
-    Checkpoints recorded at a step EasyCache/LazyCache skipped are never offered: their x0 is the cache's
-    extrapolation, which no probe of the live model can confirm. Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
+    Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one (seen on the near-dup stream: three probes of a different-colour donor at 15, 10 and 6
-    steps, while the right donor, ranked second, passed at 15). Checkpoint blobs are read only for the donors
-    the plan keeps.
+    steps, while the right donor, ranked second, passed at 15). Checkpoints recorded at a step EasyCache or
+    LazyCache skipped are never offered: their x0 is the cache's extrapolation, which no probe of the live
+    model can confirm. Checkpoint blobs are read only for the donors the plan keeps.
     """
     skipped: dict[str, int] = {}
 
@@ -69,7 +69,7 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
 
     max_step = int(max_fraction * facts.total_steps + 1e-9)
-    offers: list[tuple[int, int, Candidate, EntryMeta]] = []  # (step, rank, ...) of every usable checkpoint
+    offers: list[tuple[int, int, float, Candidate, EntryMeta]] = []  # (step, rank, sigma, ...) per checkpoint
     for rank, candidate in enumerate(candidates):
         meta = store.get_meta(candidate.entry_id)
         if meta is None:
@@ -85,17 +85,17 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             skip("other initial noise (seed)", meta)
             continue
         within = [c for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
-        steps = [int(c["step"]) for c in within if c.get("evaluated", True)]
-        if not steps:
+        evaluated = [c for c in within if c.get("evaluated", True)]
+        if not evaluated:
             skip("no checkpoint within the mode's depth" if not within else
                  "its checkpoints hold a step cache's extrapolation, not the model's", meta)
             continue
-        offers += [(step, rank, candidate, meta) for step in steps]
+        offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in evaluated]
     offers.sort(key=lambda offer: (-offer[0], offer[1]))
 
     targets: list[ProbeTarget] = []
     blobs: dict[str, dict[str, torch.Tensor] | None] = {}
-    for step, _, candidate, meta in offers:
+    for step, _, sigma, candidate, meta in offers:
         if len(targets) >= max_probes:
             break
         if meta.entry_id not in blobs:
@@ -111,7 +111,6 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             continue
         if guidance is not None and not _usable(guidance, None):
             guidance = None
-        sigma = next(float(c["sigma"]) for c in meta.checkpoints if int(c["step"]) == step)
         targets.append(ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0,
                                    guidance=guidance))
     return targets, skipped

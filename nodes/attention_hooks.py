@@ -99,7 +99,9 @@ def attention_outer_sample(executor, noise, latent_image, sampler, sigmas, denoi
 def attention_report(run: SparseAttentionRun, elapsed: float) -> dict:
     """The report of a run that used sparse attention without the reuse engine."""
     summary = run.summary()
-    reason = "" if summary["borrowed_sparse_calls"] else MASKS_TOO_FULL if summary["heads_reuse"] else "no donor masks adopted"
+    reason = ""
+    if not summary["borrowed_sparse_calls"]:
+        reason = MASKS_TOO_FULL if summary["heads_reuse"] else "no donor masks adopted"
     return {"hit": bool(summary["borrowed_sparse_calls"]), "mode": f"attention/{run.settings.source}", "donor_id": None,
             "donor_prompt": None, "text_similarity": None, "agreement": None, "skipped_steps": 0,
             "total_steps": run.total_steps, "attention_density": summary["density"],

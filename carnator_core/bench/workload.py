@@ -225,7 +225,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
         rows.append({
             "name": name,
             "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
-            "cpu_speedup": round(plain_cpu / cpu, 3) if cpu == cpu and cpu > 0 else None,
+            "cpu_speedup": round(plain_cpu / cpu, 3) if plain_cpu > 0 and cpu > 0 else None,  # NaN: unknown
             "model_calls": round(sum(s.model_calls for s in runs) / len(runs), 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
