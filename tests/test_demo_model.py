@@ -15,6 +15,7 @@ from carnator_core.demo.train import (
     _restore_optimizer,
     export_weights,
     latest_checkpoint,
+    learning_rate,
     load_ema,
     make_batch,
     save_checkpoint,
@@ -102,6 +103,18 @@ def test_frame_jitter_unequal_noise_for_a_share_of_samples(tmp_path: Path) -> No
     assert late.frame_sigma.min() >= 0.02 and late.frame_sigma.max() <= 1.0
     early = make_batch(cfg, bank, 9)
     assert torch.equal(early.frame_sigma, early.sigma[:, None].expand_as(early.frame_sigma))
+
+
+def test_learning_rate_warms_up_holds_then_cools_down_to_its_floor() -> None:
+    """Without a cooldown the rate stays constant after warmup (the resumable trunk); with one it falls linearly
+    from cooldown_start to cooldown_floor * lr and stays there."""
+    trunk = TrainConfig(lr=1e-3, warmup=100)
+    assert learning_rate(trunk, 0) == pytest.approx(1e-5)
+    assert learning_rate(trunk, 99) == learning_rate(trunk, 50_000) == pytest.approx(1e-3)
+    branch = TrainConfig(lr=1e-3, warmup=100, cooldown_start=1000, cooldown_steps=400, cooldown_floor=0.1)
+    assert learning_rate(branch, 999) == pytest.approx(1e-3)
+    assert learning_rate(branch, 1200) == pytest.approx(0.55e-3)
+    assert learning_rate(branch, 1400) == learning_rate(branch, 9000) == pytest.approx(1e-4)
 
 
 def _checkpoint(out: Path) -> tuple[WanT2V, torch.optim.Optimizer]:

@@ -2,6 +2,7 @@
 
     python -m carnator_core.demo.train [--out DIR] [--steps N] [--threads N]   # train / resume
     python -m carnator_core.demo.train --eval [--out DIR]                      # sample + oracle accuracy
+    python -m carnator_core.demo.train --out COPY --cooldown-start S          # a decaying-rate branch of a run
 
 Sizing (measured on the shared 2-core Xeon dev box, one thread, eager bf16 autocast): dim 256 (2 heads of
 128, the head size ComfyUI's detector assumes), FFN 768, 6 layers (7.2M parameters, 14 MB in fp16), 5 x 16 x 16
@@ -63,11 +64,27 @@ class TrainConfig:
     frame_jitter: float = 0.5  # share of samples whose frames get unequal noise levels (see frame_sigmas)
     frame_jitter_start: int = 0  # from this step on (the shipped run started it at step 1967)
     frame_jitter_width: float = 0.5  # per-frame sigma offsets ~ U(-w, w)
+    cooldown_start: int = -1  # from this step the learning rate falls linearly ... (-1: never)
+    cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train a copy of the run's
+    cooldown_floor: float = 0.05  # directory: the constant-rate run stays resumable, as in a WSD schedule)
     seed: int = 0
     bf16: bool = True
 
     def model_config(self) -> WanConfig:
         return WanConfig(dim=self.dim, ffn_dim=self.ffn_dim, num_layers=self.num_layers)
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup, then constant, then (if a cooldown was asked for) a linear decay to a floor.
+
+    Why a cooldown branch: at a constant rate the loss plateaus noisily; decaying it at the end of a run is
+    what turns the plateau into a lower loss, and doing it on a copy keeps the constant-rate run going.
+    """
+    rate = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+    if 0 <= cfg.cooldown_start <= step:
+        progress = min(1.0, (step - cfg.cooldown_start) / max(1, cfg.cooldown_steps))
+        rate *= 1 - (1 - cfg.cooldown_floor) * progress
+    return rate
 
 
 def shifted_sigma(u: torch.Tensor, shift: float) -> torch.Tensor:
@@ -337,7 +354,7 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
     t_window = time.time()
     while step < steps:
         for group in opt.param_groups:
-            group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+            group["lr"] = learning_rate(cfg, step)
         batch = make_batch(cfg, bank, step).to(device)
         loss = flow_loss(step_model, batch, cfg.bf16).mean()
         opt.zero_grad(set_to_none=True)
@@ -354,7 +371,7 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
             elapsed += dt
             record = {"step": step, "loss": float(np.mean(window)), "grad_norm": float(grad_norm),
                       "s_per_step": dt / len(window), "elapsed_s": round(elapsed),
-                      "paraphrase_share": paraphrase_share(cfg, step)}
+                      "paraphrase_share": paraphrase_share(cfg, step), "lr": learning_rate(cfg, step)}
             if step % probe_every == 0:
                 record.update(probe.measure(model, cfg.bf16))
             print(json.dumps(record), flush=True)
