@@ -13,6 +13,7 @@ from carnator_core.demo.train import (
     PromptBank,
     TrainConfig,
     _restore_optimizer,
+    branch_run,
     export_weights,
     latest_checkpoint,
     learning_rate,
@@ -142,6 +143,20 @@ def test_checkpoint_restores_optimizer_and_ema(tmp_path: Path) -> None:
     loaded, step = load_ema(tmp_path)
     assert step == 7 and all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
                                                                 ema.state_dict().values(), strict=True))
+
+
+def test_branch_copies_the_latest_checkpoint_and_leaves_the_source_run(tmp_path: Path) -> None:
+    source, branch = tmp_path / "run", tmp_path / "branch"
+    _checkpoint(source)
+    (source / "metrics.jsonl").write_text('{"step": 7}\n')
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (source / "ckpt").iterdir())
+    branch_run(source, branch)
+    assert load_ema(branch)[1] == 7 and (branch / "metrics.jsonl").read_text() == '{"step": 7}\n'
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (source / "ckpt").iterdir()) == before
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        branch_run(source, branch)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        branch_run(tmp_path / "empty", tmp_path / "other")
 
 
 def test_exported_fp16_weights_load_in_comfyui(comfy_sd, tmp_path: Path) -> None:

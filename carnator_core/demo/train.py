@@ -2,7 +2,7 @@
 
     python -m carnator_core.demo.train [--out DIR] [--steps N] [--threads N]   # train / resume
     python -m carnator_core.demo.train --eval [--out DIR]                      # sample + oracle accuracy
-    python -m carnator_core.demo.train --out COPY --cooldown-start S          # a decaying-rate branch of a run
+    python -m carnator_core.demo.train --branch-from RUN --out BRANCH --cooldown-start S   # a cooled-down branch
 
 Sizing (measured on the shared 2-core Xeon dev box, one thread, eager bf16 autocast): dim 256 (2 heads of
 128, the head size ComfyUI's detector assumes), FFN 768, 6 layers (7.2M parameters, 14 MB in fp16), 5 x 16 x 16
@@ -65,8 +65,8 @@ class TrainConfig:
     frame_jitter_start: int = 0  # from this step on (the shipped run started it at step 1967)
     frame_jitter_width: float = 0.5  # per-frame sigma offsets ~ U(-w, w)
     cooldown_start: int = -1  # from this step the learning rate falls linearly ... (-1: never)
-    cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train a copy of the run's
-    cooldown_floor: float = 0.05  # directory: the constant-rate run stays resumable, as in a WSD schedule)
+    cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train it on a --branch-from
+    cooldown_floor: float = 0.05  # copy: the constant-rate run stays resumable, as in a WSD schedule)
     seed: int = 0
     bf16: bool = True
 
@@ -253,6 +253,26 @@ def latest_checkpoint(out: Path) -> Path | None:
         if (out / name / "state.json").exists():
             return out / name
     return None
+
+
+BRANCH_FILES = ("metrics.jsonl", "eval.jsonl", "prompt_tokens.safetensors", "prompt_tokens.json")
+
+
+def branch_run(source: Path, out: Path) -> Path:
+    """Start `out` as a copy of `source`'s latest checkpoint and logs, so that a cooldown trains there while the
+    source run stays as it was. Refuses an `out` that already holds a run (resume it instead)."""
+    ckpt = latest_checkpoint(source)
+    if ckpt is None:
+        raise FileNotFoundError(f"no checkpoint in {source} to branch from")
+    if latest_checkpoint(out) is not None:
+        raise FileExistsError(f"{out} already holds a run; resume it without --branch-from")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in BRANCH_FILES:
+        if (source / name).exists():
+            shutil.copy2(source / name, out / name)
+    shutil.copytree(ckpt, out / "ckpt.tmp")
+    (out / "ckpt.tmp").rename(out / "ckpt")
+    return out / "ckpt"
 
 
 def load_ema(out: Path) -> tuple[WanT2V, int]:
@@ -478,6 +498,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint/log directory (outside the repo)")
     parser.add_argument("--steps", type=int, default=1_000_000, help="stop after this many steps in total")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--branch-from", type=Path, default=None,
+                        help="start --out as a copy of this run's latest checkpoint (e.g. for a cooldown)")
     parser.add_argument("--eval", action="store_true", help="sample from the latest checkpoint and score it")
     parser.add_argument("--eval-n", type=int, default=40)
     parser.add_argument("--eval-steps", type=int, default=30)
@@ -502,6 +524,8 @@ def main() -> None:
     if args.curve:
         print(learning_curve(args.out))
         return
+    if args.branch_from is not None:
+        branch_run(args.branch_from, args.out)
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
     ckpt = latest_checkpoint(args.out)
     base = TrainConfig(**json.loads((ckpt / "state.json").read_text())["train_config"]) if ckpt else TrainConfig()
