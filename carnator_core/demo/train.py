@@ -525,7 +525,10 @@ def main() -> None:
         print(learning_curve(args.out))
         return
     if args.branch_from is not None:
-        branch_run(args.branch_from, args.out)
+        try:
+            branch_run(args.branch_from, args.out)
+        except (FileNotFoundError, FileExistsError) as error:
+            parser.error(str(error))
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
     ckpt = latest_checkpoint(args.out)
     base = TrainConfig(**json.loads((ckpt / "state.json").read_text())["train_config"]) if ckpt else TrainConfig()
