@@ -8,6 +8,7 @@ depth) and hands the sampler a short, ordered list.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -46,14 +47,19 @@ class ProbeTarget:
         return self.step / max(1, self.meta.total_steps)
 
 
+Offer = tuple[int, int, float, Candidate, EntryMeta]  # (step, donor rank, sigma, ...): one donor checkpoint
+
+
 def _usable(tensor: torch.Tensor | None, shape: tuple[int, ...] | None) -> bool:
     return tensor is not None and (shape is None or tuple(tensor.shape) == shape) and bool(torch.isfinite(tensor).all())
 
 
 def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
-                same_noise_only: bool, max_probes: int) -> tuple[list[ProbeTarget], dict[str, int]]:
+                same_noise_only: bool, max_probes: int, fallback_fraction: float | None = None,
+                fallback_targets: int = 1) -> tuple[list[ProbeTarget], dict[str, int]]:
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
-    plus skip reasons.
+    plus skip reasons. With `fallback_fraction`, if none of them lies that shallow, up to `fallback_targets`
+    of the deepest checkpoints that do are appended, for the run's last probe call (`ReuseRun.probe`).
 
     Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one (seen on the near-dup stream: three probes of a different-colour donor at 15, 10 and 6
@@ -69,7 +75,7 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
 
     max_step = int(max_fraction * facts.total_steps + 1e-9)
-    offers: list[tuple[int, int, float, Candidate, EntryMeta]] = []  # (step, rank, sigma, ...) per checkpoint
+    offers: list[Offer] = []
     for rank, candidate in enumerate(candidates):
         meta = store.get_meta(candidate.entry_id)
         if meta is None:
@@ -93,24 +99,39 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
         offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in evaluated]
     offers.sort(key=lambda offer: (-offer[0], offer[1]))
 
-    targets: list[ProbeTarget] = []
     blobs: dict[str, dict[str, torch.Tensor] | None] = {}
-    for step, _, sigma, candidate, meta in offers:
-        if len(targets) >= max_probes:
-            break
+
+    def load(step: int, sigma: float, candidate: Candidate, meta: EntryMeta) -> ProbeTarget | None:
         if meta.entry_id not in blobs:
             blobs[meta.entry_id] = store.get_tensors(meta.entry_id, "checkpoints")
             if blobs[meta.entry_id] is None:
                 skip("checkpoint blob missing or corrupt", meta)
         tensors = blobs[meta.entry_id]
         if tensors is None:
-            continue
+            return None
         x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
         if not (_usable(x, facts.latent_shape) and _usable(x0, facts.latent_shape)):
             skip("checkpoint of another shape, or NaN", meta)
-            continue
+            return None
         if guidance is not None and not _usable(guidance, None):
             guidance = None
-        targets.append(ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0,
-                                   guidance=guidance))
+        return ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0, guidance=guidance)
+
+    def collect(pool: Iterator[Offer], limit: int) -> list[ProbeTarget]:
+        """Load targets from `pool` until `limit` are usable, consuming no offer beyond the last one taken."""
+        collected: list[ProbeTarget] = []
+        for step, _, sigma, candidate, meta in pool if limit > 0 else ():
+            target = load(step, sigma, candidate, meta)
+            if target is not None:
+                collected.append(target)
+            if len(collected) >= limit:
+                break
+        return collected
+
+    remaining = iter(offers)
+    targets = collect(remaining, max_probes)
+    if fallback_fraction is not None:
+        fallback_step = int(fallback_fraction * facts.total_steps + 1e-9)
+        if not any(t.step <= fallback_step for t in targets):
+            targets += collect((offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
     return targets, skipped

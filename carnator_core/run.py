@@ -101,7 +101,9 @@ class ReuseRun:
         targets, self.skipped = plan_probes(self.store, self.match.candidates, facts,
                                             self.settings.max_resume_fraction,
                                             same_noise_only=self.settings.seed_policy == "same-noise",
-                                            max_probes=self.settings.max_probes * max(1, batch_limit))
+                                            max_probes=self.settings.max_probes * max(1, batch_limit),
+                                            fallback_fraction=self.settings.fallback_resume_fraction,
+                                            fallback_targets=max(1, batch_limit))
         return targets
 
     def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
@@ -111,14 +113,20 @@ class ReuseRun:
         `batch_limit - 1` later ones at the same step (other donors' checkpoints), so one evaluation probes
         several candidates. A call with a pass ends probing and resumes from its first passing target: all
         targets of a call share one depth, and later calls are only shallower or lower-ranked. A donor that
-        misses the structure threshold by more than `give_up_margin` gets no further probe.
+        misses the structure threshold by more than `give_up_margin` gets no further probe. In fast mode the last
+        call goes to targets no deeper than balanced's limit when no earlier call was that shallow.
         """
         self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
             return self._resume_by_text_similarity(targets)
         pending = list(targets)
         thresholds = self.settings.thresholds
-        for _ in range(self.settings.max_probes):
+        fallback = self.settings.fallback_resume_fraction
+        fallback_step = None if fallback is None else int(fallback * self.total_steps + 1e-9)
+        for call_index in range(self.settings.max_probes):
+            if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
+                    p["step"] <= fallback_step for p in self.probes):
+                pending = [t for t in pending if t.step <= fallback_step] or pending
             if not pending:
                 break
             call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]

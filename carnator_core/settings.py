@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from carnator_core.probe import ProbeThresholds
 
 MODES = ("safe", "balanced", "fast")
+RESUME_LIMITS = {"safe": 0.0, "balanced": 0.5, "fast": 0.8}  # how deep into the schedule each mode may resume
 MAX_AUTO_PROBE_BATCH = 4  # donor states per probe call when the host picks the number
 SEED_POLICIES = ("same-noise", "serving")
 VERIFICATIONS = ("model", "text-only")
@@ -54,7 +55,17 @@ class ReuseSettings:
     @property
     def max_resume_fraction(self) -> float:
         """How deep into the schedule a resume may start."""
-        return {"safe": 0.0, "balanced": 0.5, "fast": 0.8}[self.mode]
+        return RESUME_LIMITS[self.mode]
+
+    @property
+    def fallback_resume_fraction(self) -> float | None:
+        """Where a run's last probe goes when none has been as shallow yet: balanced's limit, for fast.
+
+        Why: a one-word colour edit fails deep probes (appearance is settled there) yet often passes half-way.
+        Spending the whole budget deep, fast ran such requests in full where balanced resumed them.
+        """
+        balanced = RESUME_LIMITS["balanced"]
+        return balanced if self.max_resume_fraction > balanced else None
 
     def checkpoint_steps(self, total_steps: int) -> list[int]:
         """Steps at which a run records (x_k, x0_k, guidance_k) for later requests."""

@@ -25,7 +25,8 @@ def reuse_inputs() -> list[io.Input]:
                                 "Leave empty to match on the conditioning tensor alone."),
         io.Combo.Input("mode", options=list(MODES), default="balanced",
                        tooltip="safe: borrow attention masks only. balanced: also resume from a verified donor "
-                               "state up to half-way. fast: resume up to 80% of the way."),
+                               "state up to half-way. fast: resume up to 80% of the way (its last probe tries half-way "
+                               "if every deeper one failed)."),
         io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default="same-noise",
                        tooltip="same-noise: resume only from donors with identical initial noise (same seed), the "
                                "prompt-editing loop. serving: any compatible donor (throughput first)."),

@@ -79,3 +79,37 @@ def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
     resume = run.probe(targets, evaluate)
     assert resume is not None and resume.target.candidate.prompt == "right" and run.model_calls == 2
     assert [(p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [(5, False, True), (3, True, False)]
+
+
+def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
+    """Deep checkpoints of two donors fill fast's budget; the plan still ends at balanced's limit (step 5 of 10),
+    and after two failed deep calls the third goes there: a colour edit fails deep but can pass half-way."""
+    store = ReuseStore(str(tmp_path / "store"))
+    generator = torch.Generator().manual_seed(1)
+    steps = {"edited": (5, 6, 8), "resumed": (8,)}
+    states = {(name, step): (torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator))
+              for name, donor_steps in steps.items() for step in donor_steps}
+
+    def blob(name: str) -> dict[str, torch.Tensor]:
+        return {f"{kind}_{step}": pair[i] for (owner, step), pair in states.items() if owner == name
+                for i, kind in enumerate(("x", "x0"))}
+
+    edited, resumed = (_donor(store, name, list(donor_steps), blob(name)) for name, donor_steps in steps.items())
+    deep_only, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3)
+    deep = [("edited", 8), ("resumed", 8), ("edited", 6)]
+    assert [(t.candidate.prompt, t.step) for t in deep_only] == deep
+    targets, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3,
+                             fallback_fraction=0.5)
+    assert [(t.candidate.prompt, t.step) for t in targets] == deep + [("edited", 5)]
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        """Agrees with a donor half-way (step 5); deeper it misses the threshold, though by less than the give-up margin."""
+        (_, step), (_, x0) = next((key, pair) for key, pair in states.items() if torch.equal(pair[0], xs[0].float()))
+        return [(x0 if step <= 5 else 0.9 * x0 + 0.1 * torch.randn(SHAPE, generator=generator), None)]
+
+    run = ReuseRun(settings=ReuseSettings(mode="fast", max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
+                   noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
+                   cfg=1.0, seed=0)
+    resume = run.probe(targets, evaluate)
+    assert [(p["step"], p["passed"]) for p in run.probes] == [(8, False), (8, False), (5, True)]
+    assert resume is not None and resume.target.step == 5 and run.model_calls == 3

@@ -368,8 +368,16 @@ def _details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sampl
                "skipped_steps": s.skipped_steps, "attention_density": round(s.density, 3),
                "psnr": round(s.quality["psnr"], 2), "ssim": round(s.quality["ssim"], 4),
                "adherence": s.quality["adherence"], "observed": s.quality["observed"],
-               "donor_prompt": (s.report or {}).get("donor_prompt"), "reason": (s.report or {}).get("reason")}
+               "donor_prompt": (s.report or {}).get("donor_prompt"), "reason": (s.report or {}).get("reason"),
+               "probes": [_probe_summary(probe) for probe in (s.report or {}).get("probes", [])]}
         for name, runs in samples.items() for s in runs[i:i + 1]}} for i, (p, seed) in enumerate(zip(prompts, seeds, strict=True))]
+
+
+def _probe_summary(probe: dict) -> dict:
+    """What decided a probe, rounded for reading: its step, the verdict and the structure agreement it had."""
+    structure = probe.get("structure_agreement")
+    return {"step": probe["step"], "passed": probe["passed"], "donor_given_up": probe.get("donor_given_up"),
+            "structure_agreement": None if structure is None else round(structure, 3)}
 
 
 def _machine() -> str:
