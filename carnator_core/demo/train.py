@@ -26,6 +26,7 @@ import argparse
 import json
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -439,13 +440,16 @@ def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed
                     for i in range(0, n, 8)])
     per_attr = {a: 0.0 for a in world.ATTRIBUTES}
     adherence = []
+    mistakes: Counter[str] = Counter()  # "attribute: asked -> read back", to see which classes the model lacks
     for prompt, latent in zip(prompts, x0, strict=True):
         result = score(prompt, world.decode(latent))
         adherence.append(result.adherence)
         for a in world.ATTRIBUTES:
             per_attr[a] += result.matches[a] / n
+            if not result.matches[a]:
+                mistakes[f"{a}: {result.expected[a]} -> {result.observed[a]}"] += 1
     report = {"step": step, "n": n, "steps": steps, "cfg": cfg_scale, "adherence": float(np.mean(adherence)),
-              **{f"acc_{a}": round(v, 3) for a, v in per_attr.items()}}
+              **{f"acc_{a}": round(v, 3) for a, v in per_attr.items()}, "mistakes": dict(mistakes.most_common())}
     with (out / "eval.jsonl").open("a") as f:
         f.write(json.dumps(report) + "\n")
     return report
