@@ -8,6 +8,7 @@ from carnator_core.bench.probe import (
     RELATIONS,
     SIGNALS,
     Row,
+    accepted_but_lost,
     auc,
     calibrate,
     precision_recall,
@@ -30,6 +31,8 @@ def test_calibration_runs_and_summarises_every_signal():
     assert all(math.isfinite(value) for value in summary["unrelated_raw_agreement_by_depth"].values())
     assert all(-1.0 <= r.text_cosine <= 1.0 + 1e-4 and 0.0 <= r.adherence_plain <= 1.0 for r in rows)
     assert set(summary["default_rule_by_depth"]) == set(summary["safe_structure_threshold_by_depth"]) == {"0.25", "0.50"}
+    assert all(set(r.lost) <= {"shape", "colour", "motion", "background"} for r in rows)
+    assert all(not r.lost for r in rows if r.outcome)
 
 
 def _row(structure: float, kept: bool) -> Row:
@@ -50,3 +53,11 @@ def test_auc_definition():
     assert auc([0.1, 0.9], [True, False]) == 0.0
     assert auc([0.5, 0.5], [True, False]) == 0.5
     assert auc([0.5], [True]) is None
+
+
+def test_accepted_resumes_that_lost_quality_are_listed_by_relation_and_attribute():
+    """Only what the default rule accepted (structure 0.95 passes at depth 0.5, 0.5 does not) and lost counts."""
+    lost_motion = Row("reworded", 0.5, 0.9, 0.95, 0.95, 0.9, adherence_plain=1.0, adherence_resumed=0.75,
+                      lost=["motion"])
+    rejected = Row("colour", 0.5, 0.2, 0.5, 0.5, 0.9, adherence_plain=1.0, adherence_resumed=0.75, lost=["colour"])
+    assert accepted_but_lost([lost_motion, lost_motion, rejected, _row(0.95, True)]) == {"reworded: motion": 2}

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,7 @@ class Row:
     text_cosine: float
     adherence_plain: float
     adherence_resumed: float
+    lost: list[str] = field(default_factory=list)  # attributes plain drew as asked and the resumed run did not
 
     @property
     def outcome(self) -> bool:
@@ -130,18 +132,20 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
         noise = torch.randn(1, 16, *world.CLIP, generator=torch.Generator().manual_seed(seed + index))
         _, donor_states = sampler.run(noise, contexts[:1], uncond)
         plain, _ = sampler.run(noise, contexts[1:], uncond)
-        adherence_plain = score(new_prompt, world.decode(plain[0])).adherence
+        plain_result = score(new_prompt, world.decode(plain[0]))
         text_cosine = float(embedder.embed([donor_prompt, new_prompt]).prod(dim=0).sum())
         for k in depths:
             x_k, x0_donor, guidance_donor = donor_states[k]
             x0_new, guidance_new = sampler.predict(x_k, sampler.sigmas[k], contexts[1:], uncond)
             signals = probe_signals(k / steps, x_k, x0_new, x0_donor, guidance_new, guidance_donor)
             resumed, _ = sampler.run(x_k, contexts[1:], uncond, start=k)
+            resumed_result = score(new_prompt, world.decode(resumed[0]))
             rows.append(Row(relation=relation, depth=k / steps, raw_agreement=signals.raw_agreement,
                             structure_agreement=signals.structure_agreement,
                             guidance_cosine=signals.guidance_cosine, text_cosine=text_cosine,
-                            adherence_plain=adherence_plain,
-                            adherence_resumed=score(new_prompt, world.decode(resumed[0])).adherence))
+                            adherence_plain=plain_result.adherence, adherence_resumed=resumed_result.adherence,
+                            lost=[a for a in world.ATTRIBUTES
+                                  if plain_result.matches[a] and not resumed_result.matches[a]]))
     return rows
 
 
@@ -168,6 +172,12 @@ def safe_threshold(rows: list[Row]) -> dict[str, float | None]:
     return {"threshold": float(threshold), "recall": recall}
 
 
+def accepted_but_lost(rows: list[Row]) -> dict[str, int]:
+    """What the default rule let through that cost quality: "relation: lost attribute" -> count of resumes."""
+    lost = Counter(f"{r.relation}: {a}" for r in rows if default_rule_passes(r) and not r.outcome for a in r.lost)
+    return dict(lost.most_common())
+
+
 def summarise(rows: list[Row]) -> dict:
     depths = sorted({row.depth for row in rows})
     summary = {"rows": len(rows), "outcome_rate": float(np.mean([row.outcome for row in rows])),
@@ -175,7 +185,8 @@ def summarise(rows: list[Row]) -> dict:
                        for signal in SIGNALS},
                "auc_by_depth": {}, "unrelated_raw_agreement_by_depth": {}, "outcome_by_relation_and_depth": {},
                "default_rule": precision_recall([default_rule_passes(r) for r in rows], [r.outcome for r in rows]),
-               "default_rule_by_depth": {}, "safe_structure_threshold_by_depth": {}}
+               "default_rule_by_depth": {}, "safe_structure_threshold_by_depth": {},
+               "accepted_but_lost": accepted_but_lost(rows)}
     for depth in depths:
         at = [r for r in rows if r.depth == depth]
         summary["auc_by_depth"][f"{depth:.2f}"] = {
@@ -241,6 +252,7 @@ def main(argv: list[str]) -> int:
         safe = summary["safe_structure_threshold_by_depth"][depth]
         print(f"{depth}   {rule['accepted']:>8}  {rule['good']:>4}  {_fmt(rule['precision']):>9}  "
               f"{_fmt(rule['recall']):>6}   {safe['threshold']:.3f} ({_fmt(safe['recall'])})")
+    print("accepted resumes that lost an attribute (relation: attribute):", summary["accepted_but_lost"] or "none")
     return 0
 
 
