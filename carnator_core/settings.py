@@ -61,8 +61,8 @@ class ReuseSettings:
     def fallback_resume_fraction(self) -> float | None:
         """Where a run's last probe goes when none has been as shallow yet: balanced's limit, for fast.
 
-        Why: a one-word colour edit fails deep probes (appearance is settled there) yet often passes half-way.
-        Spending the whole budget deep, fast ran such requests in full where balanced resumed them.
+        Why: a one-word colour edit fails deep probes (appearance is settled there) yet may pass half-way.
+        Spending the whole budget deep, fast once ran such a request in full where balanced resumed it.
         """
         balanced = RESUME_LIMITS["balanced"]
         return balanced if self.max_resume_fraction > balanced else None
