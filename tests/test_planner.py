@@ -31,6 +31,33 @@ def _donor(store: ReuseStore, name: str, steps: list[int], tensors: dict | None 
     return Candidate(entry_id=meta.entry_id, prompt=name, score=1.0, cond_similarity=1.0, text_similarity=None)
 
 
+States = dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]  # (donor, step) -> (x, x0)
+
+
+def _random_states(steps: dict[str, tuple[int, ...]], seed: int) -> States:
+    generator = torch.Generator().manual_seed(seed)
+    return {(name, step): (torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator))
+            for name, donor_steps in steps.items() for step in donor_steps}
+
+
+def _blob(states: States, name: str) -> dict[str, torch.Tensor]:
+    return {f"{kind}_{step}": pair[i] for (owner, step), pair in states.items() if owner == name
+            for i, kind in enumerate(("x", "x0"))}
+
+
+def _probed(states: States, x: torch.Tensor) -> tuple[tuple[str, int], torch.Tensor]:
+    """Which donor checkpoint a probe call evaluates (by its state), and that donor's prediction there."""
+    key, (_, x0) = next((key, pair) for key, pair in states.items() if torch.equal(pair[0], x.float()))
+    return key, x0
+
+
+def _run(store: ReuseStore, mode: str = "balanced") -> ReuseRun:
+    """A 10-step run of `mode` with three probe calls, against `store`."""
+    return ReuseRun(settings=ReuseSettings(mode=mode, max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
+                    noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
+                    cfg=1.0, seed=0)
+
+
 def test_every_donor_is_probed_at_depth_before_any_is_probed_shallower(tmp_path):
     """With three probes and two donors, the second-ranked donor gets its deepest checkpoint probed
     (one donor's every depth would otherwise take the whole budget)."""
@@ -56,26 +83,17 @@ def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
     """A clear miss at one depth is a miss at every depth (calibration), so the budget goes to the next donor:
     the right donor, ranked second and offered only shallower, is reached with the second call."""
     store = ReuseStore(str(tmp_path / "store"))
-    generator = torch.Generator().manual_seed(0)
-    states = {(name, step): (torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator))
-              for name, steps in (("wrong", (3, 5)), ("right", (3,))) for step in steps}
-
-    def blob(name: str) -> dict[str, torch.Tensor]:
-        return {f"{kind}_{step}": pair[i] for (owner, step), pair in states.items() if owner == name
-                for i, kind in enumerate(("x", "x0"))}
-
-    wrong, right = _donor(store, "wrong", [3, 5], blob("wrong")), _donor(store, "right", [3], blob("right"))
+    states = _random_states({"wrong": (3, 5), "right": (3,)}, seed=0)
+    wrong, right = _donor(store, "wrong", [3, 5], _blob(states, "wrong")), _donor(store, "right", [3], _blob(states, "right"))
     targets, _ = plan_probes(store, [wrong, right], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
     assert [(t.candidate.prompt, t.step) for t in targets] == [("wrong", 5), ("wrong", 3), ("right", 3)]
 
     def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
         """The live model agrees with the right donor's prediction and not at all with the wrong one's."""
-        (owner, _), (_, x0) = next((key, pair) for key, pair in states.items() if torch.equal(pair[0], xs[0].float()))
+        (owner, _), x0 = _probed(states, xs[0])
         return [(x0 if owner == "right" else -x0, None)]
 
-    run = ReuseRun(settings=ReuseSettings(max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
-                   noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
-                   cfg=1.0, seed=0)
+    run = _run(store)
     resume = run.probe(targets, evaluate)
     assert resume is not None and resume.target.candidate.prompt == "right" and run.model_calls == 2
     assert [(p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [(5, False, True), (3, True, False)]
@@ -85,16 +103,10 @@ def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
     """Deep checkpoints of two donors fill fast's budget; the plan still ends at balanced's limit (step 5 of 10),
     and after two failed deep calls the third goes there: a colour edit fails deep but can pass half-way."""
     store = ReuseStore(str(tmp_path / "store"))
-    generator = torch.Generator().manual_seed(1)
     steps = {"edited": (5, 6, 8), "resumed": (8,)}
-    states = {(name, step): (torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator))
-              for name, donor_steps in steps.items() for step in donor_steps}
-
-    def blob(name: str) -> dict[str, torch.Tensor]:
-        return {f"{kind}_{step}": pair[i] for (owner, step), pair in states.items() if owner == name
-                for i, kind in enumerate(("x", "x0"))}
-
-    edited, resumed = (_donor(store, name, list(donor_steps), blob(name)) for name, donor_steps in steps.items())
+    states = _random_states(steps, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    edited, resumed = (_donor(store, name, list(donor_steps), _blob(states, name)) for name, donor_steps in steps.items())
     deep_only, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3)
     deep = [("edited", 8), ("resumed", 8), ("edited", 6)]
     assert [(t.candidate.prompt, t.step) for t in deep_only] == deep
@@ -104,12 +116,10 @@ def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
 
     def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
         """Agrees with a donor half-way (step 5); deeper it misses the threshold, though by less than the give-up margin."""
-        (_, step), (_, x0) = next((key, pair) for key, pair in states.items() if torch.equal(pair[0], xs[0].float()))
+        (_, step), x0 = _probed(states, xs[0])
         return [(x0 if step <= 5 else 0.9 * x0 + 0.1 * torch.randn(SHAPE, generator=generator), None)]
 
-    run = ReuseRun(settings=ReuseSettings(mode="fast", max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
-                   noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
-                   cfg=1.0, seed=0)
+    run = _run(store, mode="fast")
     resume = run.probe(targets, evaluate)
     assert [(p["step"], p["passed"]) for p in run.probes] == [(8, False), (8, False), (5, True)]
     assert resume is not None and resume.target.step == 5 and run.model_calls == 3
