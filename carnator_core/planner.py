@@ -50,6 +50,11 @@ class ProbeTarget:
 Offer = tuple[int, int, float, Candidate, EntryMeta]  # (step, donor rank, sigma, ...): one donor checkpoint
 
 
+def last_step_within(fraction: float, total_steps: int) -> int:
+    """The deepest step a resume limited to `fraction` of the schedule may start at (rounding-safe)."""
+    return int(fraction * total_steps + 1e-9)
+
+
 def _usable(tensor: torch.Tensor | None, shape: tuple[int, ...] | None) -> bool:
     return tensor is not None and (shape is None or tuple(tensor.shape) == shape) and bool(torch.isfinite(tensor).all())
 
@@ -74,7 +79,7 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
         if meta is not None:
             log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
 
-    max_step = int(max_fraction * facts.total_steps + 1e-9)
+    max_step = last_step_within(max_fraction, facts.total_steps)
     offers: list[Offer] = []
     for rank, candidate in enumerate(candidates):
         meta = store.get_meta(candidate.entry_id)
@@ -120,7 +125,9 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     def collect(pool: Iterator[Offer], limit: int) -> list[ProbeTarget]:
         """Load targets from `pool` until `limit` are usable, consuming no offer beyond the last one taken."""
         collected: list[ProbeTarget] = []
-        for step, _, sigma, candidate, meta in pool if limit > 0 else ():
+        if limit <= 0:
+            return collected
+        for step, _, sigma, candidate, meta in pool:
             target = load(step, sigma, candidate, meta)
             if target is not None:
                 collected.append(target)
@@ -131,7 +138,7 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     remaining = iter(offers)
     targets = collect(remaining, max_probes)
     if fallback_fraction is not None:
-        fallback_step = int(fallback_fraction * facts.total_steps + 1e-9)
+        fallback_step = last_step_within(fallback_fraction, facts.total_steps)
         if not any(t.step <= fallback_step for t in targets):
             targets += collect((offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
     return targets, skipped

@@ -17,7 +17,7 @@ import torch
 
 from carnator_core.entry import EntryMeta, HardKey
 from carnator_core.lookup import LookupRequest, Match, embed_prompt, find_compatible
-from carnator_core.planner import ProbeTarget, RequestFacts, plan_probes
+from carnator_core.planner import ProbeTarget, RequestFacts, last_step_within, plan_probes
 from carnator_core.probe import ProbeSignals, probe_signals
 from carnator_core.recorder import PendingEntry, RunRecorder, writer
 from carnator_core.settings import ReuseSettings
@@ -122,7 +122,7 @@ class ReuseRun:
         pending = list(targets)
         thresholds = self.settings.thresholds
         fallback = self.settings.fallback_resume_fraction
-        fallback_step = None if fallback is None else int(fallback * self.total_steps + 1e-9)
+        fallback_step = None if fallback is None else last_step_within(fallback, self.total_steps)
         for call_index in range(self.settings.max_probes):
             if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
                     p["step"] <= fallback_step for p in self.probes):
