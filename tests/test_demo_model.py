@@ -106,6 +106,22 @@ def test_frame_jitter_unequal_noise_for_a_share_of_samples(tmp_path: Path) -> No
     assert torch.equal(early.frame_sigma, early.sigma[:, None].expand_as(early.frame_sigma))
 
 
+def test_motion_twins_share_noise_and_differ_only_in_direction(tmp_path: Path) -> None:
+    """With motion_twins=1 every odd slot replays the previous clip backwards under the same noise, noise levels
+    and conditioning slot kind; with the default 0 no slot is a twin."""
+    cfg = TrainConfig(paraphrases=0, batch=8, motion_twins=1.0, drop_empty=0.0, drop_zero=0.0)
+    bank = PromptBank(cfg, tmp_path / "prompts.safetensors")
+    batch = make_batch(cfg, bank, 3)
+    for b in range(1, cfg.batch, 2):
+        assert torch.equal(batch.noise[b], batch.noise[b - 1]) and batch.sigma[b] == batch.sigma[b - 1]
+        assert torch.equal(batch.frame_sigma[b], batch.frame_sigma[b - 1])
+        assert torch.allclose(batch.x0[b], batch.x0[b - 1].flip(1), atol=1e-4)
+    moving = [b for b in range(1, cfg.batch, 2) if not torch.allclose(batch.x0[b], batch.x0[b - 1], atol=1e-4)]
+    assert moving and all(not torch.equal(batch.context[b], batch.context[b - 1]) for b in moving)
+    plain = make_batch(TrainConfig(paraphrases=0, batch=8), bank, 3)
+    assert not any(torch.equal(plain.noise[b], plain.noise[b - 1]) for b in range(1, 8, 2))
+
+
 def test_learning_rate_warms_up_holds_then_cools_down_to_its_floor() -> None:
     """Without a cooldown the rate stays constant after warmup (the resumable trunk); with one it falls linearly
     from cooldown_start to cooldown_floor * lr and stays there."""

@@ -68,6 +68,7 @@ class TrainConfig:
     cooldown_start: int = -1  # from this step the learning rate falls linearly ... (-1: never)
     cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train it on a --branch-from
     cooldown_floor: float = 0.05  # copy: the constant-rate run stays resumable, as in a WSD schedule)
+    motion_twins: float = 0.0  # share of odd batch slots that replay the previous sample backwards (see make_batch)
     seed: int = 0
     bf16: bool = True
 
@@ -155,14 +156,27 @@ def loss_weight(alpha: torch.Tensor, fg_weight: float) -> torch.Tensor:
 
 
 def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
-    """The batch of `step`: a pure function of (seed, step), which makes resuming exact."""
+    """The batch of `step`: a pure function of (seed, step), which makes resuming exact.
+
+    Motion twins: with `motion_twins` > 0 some odd slots hold the previous slot's clip played backwards (the
+    opposite motion word) under the very same noise and noise levels. Why: the model learned a motion word's
+    axis but not its sign (it draws "moving left" and "moving right" alike from one seed); a twin pair has
+    identical noisy inputs early on, so only the motion word can tell the two targets apart.
+    """
     rng = np.random.default_rng([cfg.seed, step])
     share = paraphrase_share(cfg, step)
-    clips, weights, rows = [], [], []
+    scenes: list[world.Scene] = []
+    clips, weights, rows, twins = [], [], [], []
     zero = torch.zeros(cfg.batch, dtype=torch.bool)
     for b in range(cfg.batch):
-        set_index = int(rng.integers(len(bank.sets)))
-        scene = world.sample_scene(rng, **bank.sets[set_index])
+        if cfg.motion_twins > 0 and b % 2 == 1 and rng.random() < cfg.motion_twins:
+            scene = world.reverse(scenes[b - 1])
+            set_index = bank.index_of(scene.attributes())
+            twins.append(b)
+        else:
+            set_index = int(rng.integers(len(bank.sets)))
+            scene = world.sample_scene(rng, **bank.sets[set_index])
+        scenes.append(scene)
         rgb, alpha = world.render(scene)
         clips.append(world.encode(rgb))
         weights.append(loss_weight(alpha, cfg.fg_weight))
@@ -182,6 +196,8 @@ def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
     noise = torch.randn(x0.shape, generator=gen)
     sigma = shifted_sigma(torch.rand(cfg.batch, generator=gen), cfg.shift)
     frame_sigma = frame_sigmas(cfg, step, sigma, x0.shape[2], gen)
+    for b in twins:
+        noise[b], sigma[b], frame_sigma[b] = noise[b - 1], sigma[b - 1], frame_sigma[b - 1]
     return Batch(x0, torch.stack(weights)[:, None], context, noise, sigma, frame_sigma)
 
 

@@ -121,6 +121,19 @@ def centres(scene: Scene, frames: int) -> list[tuple[float, float]]:
     return [(scene.x + dx * scene.speed * f, scene.y + dy * scene.speed * f) for f in range(frames)]
 
 
+OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up", "still": "still"}
+
+
+def reverse(scene: Scene, frames: int = CLIP[0]) -> Scene:
+    """The same clip played backwards: starts where `scene` ends and moves the opposite way.
+
+    Its start is distributed exactly as sample_scene's for the opposite motion, so pairing a scene with its
+    reverse changes no marginal statistics of the training data, only which samples come together.
+    """
+    x, y = centres(scene, frames)[-1]
+    return Scene(scene.shape, scene.colour, OPPOSITE[scene.motion], scene.background, x, y, scene.extent, scene.speed)
+
+
 def sample_scene(rng: np.random.Generator, clip: tuple[int, int, int] = CLIP, **fixed: str) -> Scene:
     """Random scene with the object fully inside every frame; attributes in `fixed` are kept as given."""
     attrs = {
