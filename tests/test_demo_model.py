@@ -1,5 +1,6 @@
 """The standalone demo DiT must be exactly the model ComfyUI loads from its weights (detection + forward)."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -8,14 +9,17 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from carnator_core.demo import world
 from carnator_core.demo.text import TOKENS
 from carnator_core.demo.train import (
     PromptBank,
+    Sensitivity,
     TrainConfig,
     _restore_optimizer,
     branch_run,
     export_weights,
     latest_checkpoint,
+    learning_curve,
     learning_rate,
     load_ema,
     make_batch,
@@ -120,6 +124,26 @@ def test_motion_twins_share_noise_and_differ_only_in_direction(tmp_path: Path) -
     assert moving and all(not torch.equal(batch.context[b], batch.context[b - 1]) for b in moving)
     plain = make_batch(TrainConfig(paraphrases=0, batch=8), bank, 3)
     assert not any(torch.equal(plain.noise[b], plain.noise[b - 1]) for b in range(1, 8, 2))
+
+
+def test_sensitivity_probe_measures_the_text_path_and_motion_sign(tmp_path: Path) -> None:
+    """A model that cannot read its prompt scores exactly 0 on every word swap, the motion sign included; one
+    that reads it does not; the learning curve shows the sign column where a record has it."""
+    cfg = TrainConfig(paraphrases=0)
+    probe = Sensitivity(cfg, PromptBank(cfg, tmp_path / "prompts.safetensors"), size=8)
+    reading = probe.measure(_random_model(), bf16=False)
+    assert reading["sens_motion_sign"] != 0 and reading["sens_background"] != 0
+    blind = _random_model()
+    with torch.no_grad():
+        blind.text_embedding[2].weight.zero_()
+    blind_result = probe.measure(blind, bf16=False)
+    assert all(blind_result[k] == 0 for k in blind_result if k.startswith("sens_"))
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 500, "probe_loss": 0.1, **{f"sens_{a}": 0.01 for a in world.ATTRIBUTES}}) + "\n"
+        + json.dumps({"step": 1000, "probe_loss": 0.1, **{f"sens_{k}": 0.02 for k in (*world.ATTRIBUTES, "motion_sign")}})
+        + "\n")
+    curve = learning_curve(tmp_path).splitlines()
+    assert curve[2].endswith("| 0.0100 | – |") and curve[3].endswith("| 0.0200 | 0.0200 |")
 
 
 def test_learning_rate_warms_up_holds_then_cools_down_to_its_floor() -> None:

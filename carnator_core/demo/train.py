@@ -317,7 +317,9 @@ def export_weights(out: Path = DEFAULT_OUT, path: Path = WEIGHTS_PATH) -> Path:
 class Sensitivity:
     """Fixed probe set: loss with the true canonical prompt vs. with one attribute word swapped (same noise).
 
-    If swapping e.g. the motion word leaves the loss unchanged, the model is not using that word.
+    If swapping e.g. the motion word leaves the loss unchanged, the model is not using that word. The motion
+    swap mostly lands on another axis or "still"; `sens_motion_sign` swaps moving samples to the opposite
+    direction only, because a model can know a word's axis and still ignore its sign.
     """
 
     SIGMAS = (0.4, 0.6, 0.8, 0.95)
@@ -339,16 +341,22 @@ class Sensitivity:
         self.swapped = {attr: bank.tokens[[bank.row(bank.index_of(world.swap(a, attr, rng)), 0) for a in sets]]
                         for attr in world.ATTRIBUTES}
         self.empty = bank.tokens[[0] * size]
+        self.opposite = bank.tokens[[bank.row(bank.index_of({**a, "motion": world.OPPOSITE[a["motion"]]}), 0)
+                                     for a in sets]]
+        self.moving = torch.tensor([a["motion"] != "still" for a in sets])
 
     @torch.no_grad()
     def measure(self, model: WanT2V, bf16: bool) -> dict[str, float]:
         device = next(model.parameters()).device
         batch = self.batch.to(device)
-        base = flow_loss(model, batch, bf16).mean().item()
+        per_sample = flow_loss(model, batch, bf16)
+        base = per_sample.mean().item()
         result = {"probe_loss": base,
                   "uncond_gain": flow_loss(model, batch, bf16, self.empty.to(device)).mean().item() - base}
         for attr, ctx in self.swapped.items():
             result[f"sens_{attr}"] = flow_loss(model, batch, bf16, ctx.to(device)).mean().item() - base
+        sign = flow_loss(model, batch, bf16, self.opposite.to(device)) - per_sample
+        result["sens_motion_sign"] = sign[self.moving.to(device)].mean().item()
         return result
 
 
@@ -490,11 +498,20 @@ def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
     return report
 
 
+def sensitivity(out: Path, threads: int) -> dict:
+    """The training probe (Sensitivity) on the latest EMA weights, for a checkpoint whose log predates a probe."""
+    torch.set_num_threads(threads)
+    model, step = load_ema(out)
+    state = json.loads((latest_checkpoint(out) / "state.json").read_text())
+    cfg = TrainConfig(**state["train_config"])
+    return {"step": step, **Sensitivity(cfg, PromptBank(cfg, out / "prompt_tokens.safetensors")).measure(model, cfg.bf16)}
+
+
 def learning_curve(out: Path, every: int = 500) -> str:
     """Markdown tables of the run's learning curve: loss sensitivity to each attribute word (from the probe
     records in metrics.jsonl, every `every` steps) and the oracle accuracies of every --eval (eval.jsonl)."""
-    lines = ["| step | loss | " + " | ".join(f"sens. {a}" for a in world.ATTRIBUTES) + " |",
-             "|" + "---|" * (len(world.ATTRIBUTES) + 2)]
+    lines = ["| step | loss | " + " | ".join(f"sens. {a}" for a in world.ATTRIBUTES) + " | sens. motion sign |",
+             "|" + "---|" * (len(world.ATTRIBUTES) + 3)]
     seen: set[int] = set()
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -502,7 +519,8 @@ def learning_curve(out: Path, every: int = 500) -> str:
         if "sens_motion" in record and step % every == 0 and step not in seen:
             seen.add(step)
             lines.append(f"| {step} | {record['probe_loss']:.4f} | "
-                         + " | ".join(f"{record[f'sens_{a}']:.4f}" for a in world.ATTRIBUTES) + " |")
+                         + " | ".join(f"{record[f'sens_{a}']:.4f}" for a in world.ATTRIBUTES)
+                         + (f" | {record['sens_motion_sign']:.4f} |" if "sens_motion_sign" in record else " | – |"))
     lines += ["", "| step | prompts | cfg | adherence | " + " | ".join(world.ATTRIBUTES) + " |",
               "|" + "---|" * (len(world.ATTRIBUTES) + 4)]
     evals = out / "eval.jsonl"
@@ -526,6 +544,8 @@ def main() -> None:
     parser.add_argument("--cfg", type=float, default=1.0, help="CFG scale for --eval")
     parser.add_argument("--compile", action="store_true", help="torch.compile the training step (see train())")
     parser.add_argument("--density", action="store_true", help="attention density at 90%% mass, per layer")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="loss sensitivity to each attribute word (and to the motion word's sign) of --out's weights")
     parser.add_argument("--export", action="store_true", help=f"write fp16 weights to {WEIGHTS_PATH}")
     parser.add_argument("--curve", action="store_true", help="print the learning curve (markdown) of --out")
     for f in fields(TrainConfig):
@@ -537,6 +557,9 @@ def main() -> None:
         return
     if args.density:
         print(json.dumps(density(args.out, 8, args.threads)))
+        return
+    if args.sensitivity:
+        print(json.dumps(sensitivity(args.out, args.threads)))
         return
     if args.export:
         print(export_weights(args.out))
