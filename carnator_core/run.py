@@ -138,7 +138,8 @@ class ReuseRun:
                 signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
                 passed = thresholds.passes(signals)
                 given_up = not passed and thresholds.donor_hopeless(signals)
-                self.probes.append({"donor_id": target.meta.entry_id, "step": target.step, "passed": passed,
+                self.probes.append({"donor_id": target.meta.entry_id, "donor_prompt": target.meta.prompt,
+                                    "step": target.step, "passed": passed,
                                     "donor_given_up": given_up, "batched_with": len(call) - 1,
                                     **signals.as_dict()})
                 if given_up:

@@ -96,7 +96,8 @@ def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
     run = _run(store)
     resume = run.probe(targets, evaluate)
     assert resume is not None and resume.target.candidate.prompt == "right" and run.model_calls == 2
-    assert [(p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [(5, False, True), (3, True, False)]
+    assert [(p["donor_prompt"], p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [
+        ("wrong", 5, False, True), ("right", 3, True, False)]
 
 
 def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):

@@ -125,6 +125,9 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert by_name["any-donor-masks"]["hit_rate"] > 0  # the unrelated donor's masks were offered and taken
     saved = json.loads((out / "workload_near-dup.json").read_text())
     assert saved["configs"] == data["configs"] and len(saved["per_prompt"]) == 3
+    probes = [(i, probe) for i, details in enumerate(saved["per_prompt"])
+              for config in details["configs"].values() for probe in config["probes"]]
+    assert all(probe["donor_prompt"] in data["prompts"][:i] for i, probe in probes), probes  # donors came earlier
     assert (out / "workload_near-dup.md").read_text().count("\n| ") == len(CONFIGS) + 1
     with Image.open(out / "workload_near-dup.png") as image:
         assert image.size[0] > 0 and len(set(np.asarray(image.convert("L")).flatten().tolist())) > 2

@@ -374,9 +374,10 @@ def _details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sampl
 
 
 def _probe_summary(probe: dict) -> dict:
-    """What decided a probe, rounded for reading: its step, the verdict and the structure agreement it had."""
+    """What decided a probe, rounded for reading: its donor, step, the verdict and the structure agreement it had."""
     structure = probe.get("structure_agreement")
-    return {"step": probe["step"], "passed": probe["passed"], "donor_given_up": probe.get("donor_given_up"),
+    return {"donor_prompt": probe.get("donor_prompt"), "step": probe["step"], "passed": probe["passed"],
+            "donor_given_up": probe.get("donor_given_up"),
             "structure_agreement": None if structure is None else round(structure, 3)}
 
 
