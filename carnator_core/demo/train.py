@@ -2,6 +2,7 @@
 
     python -m carnator_core.demo.train [--out DIR] [--steps N] [--threads N]   # train / resume
     python -m carnator_core.demo.train --eval [--out DIR]                      # sample + oracle accuracy
+    python -m carnator_core.demo.train --sensitivity [--out DIR]               # loss change per swapped word
     python -m carnator_core.demo.train --branch-from RUN --out BRANCH --cooldown-start S   # a cooled-down branch
 
 Sizing (measured on the shared 2-core Xeon dev box, one thread, eager bf16 autocast): dim 256 (2 heads of
@@ -160,8 +161,9 @@ def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
 
     Motion twins: with `motion_twins` > 0 some odd slots hold the previous slot's clip played backwards (the
     opposite motion word) under the very same noise and noise levels. Why: the model learned a motion word's
-    axis but not its sign (it draws "moving left" and "moving right" alike from one seed); a twin pair has
-    identical noisy inputs early on, so only the motion word can tell the two targets apart.
+    axis but not its sign (it draws "moving left" and "moving right" alike from one seed). A twin pair's noisy
+    inputs are nearly identical at high noise, so the pair's gradient points at the motion word; the expected
+    loss is unchanged, since a reversed clip is an ordinary sample of the opposite motion.
     """
     rng = np.random.default_rng([cfg.seed, step])
     share = paraphrase_share(cfg, step)
@@ -499,7 +501,8 @@ def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
 
 
 def sensitivity(out: Path, threads: int) -> dict:
-    """The training probe (Sensitivity) on the latest EMA weights, for a checkpoint whose log predates a probe."""
+    """The training probe (Sensitivity) on the latest EMA weights: for comparing checkpoints, including ones
+    whose training log predates a probe such as the motion sign."""
     torch.set_num_threads(threads)
     model, step = load_ema(out)
     state = json.loads((latest_checkpoint(out) / "state.json").read_text())
