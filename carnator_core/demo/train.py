@@ -294,6 +294,11 @@ def branch_run(source: Path, out: Path) -> Path:
     return out / "ckpt"
 
 
+def saved_config(ckpt: Path) -> TrainConfig:
+    """The TrainConfig a checkpoint was trained with (fields added since then take their defaults)."""
+    return TrainConfig(**json.loads((ckpt / "state.json").read_text())["train_config"])
+
+
 def load_ema(out: Path) -> tuple[WanT2V, int]:
     """The EMA model of the latest checkpoint (what gets evaluated and exported) and its step."""
     ckpt = latest_checkpoint(out)
@@ -505,8 +510,7 @@ def sensitivity(out: Path, threads: int) -> dict:
     whose training log predates a probe such as the motion sign."""
     torch.set_num_threads(threads)
     model, step = load_ema(out)
-    state = json.loads((latest_checkpoint(out) / "state.json").read_text())
-    cfg = TrainConfig(**state["train_config"])
+    cfg = saved_config(latest_checkpoint(out))
     return {"step": step, **Sensitivity(cfg, PromptBank(cfg, out / "prompt_tokens.safetensors")).measure(model, cfg.bf16)}
 
 
@@ -577,7 +581,7 @@ def main() -> None:
             parser.error(str(error))
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
     ckpt = latest_checkpoint(args.out)
-    base = TrainConfig(**json.loads((ckpt / "state.json").read_text())["train_config"]) if ckpt else TrainConfig()
+    base = saved_config(ckpt) if ckpt else TrainConfig()
     train(args.out, args.steps, args.threads, TrainConfig(**{**asdict(base), **overrides}),
           compile_model=args.compile)
 
