@@ -25,6 +25,7 @@ from carnator_core.demo.train import (
     make_batch,
     save_checkpoint,
     shifted_sigma,
+    text_separation,
 )
 from carnator_core.demo.wan_model import WanConfig, WanT2V, config_from_state_dict
 
@@ -124,20 +125,45 @@ def test_motion_twins_share_noise_and_differ_only_in_direction(tmp_path: Path) -
     assert moving and all(not torch.equal(batch.context[b], batch.context[b - 1]) for b in moving)
     plain = make_batch(TrainConfig(paraphrases=0, batch=8), bank, 3)
     assert not any(torch.equal(plain.noise[b], plain.noise[b - 1]) for b in range(1, 8, 2))
+    assert torch.equal(batch.seen, batch.x0)  # blending is off by default
+
+
+def test_blended_twins_share_one_input_and_keep_their_own_targets(tmp_path: Path) -> None:
+    """At or above twin_blend_sigma both twins are noised from the pair's mean clip (so only the prompt can
+    tell their targets apart); below it, and for unpaired slots, the input is the sample's own clip."""
+    cfg = TrainConfig(paraphrases=0, batch=16, motion_twins=1.0, twin_blend_sigma=0.6)
+    bank = PromptBank(cfg, tmp_path / "prompts.safetensors")
+    batch = make_batch(cfg, bank, 3)
+    blended = [b for b in range(1, cfg.batch, 2) if batch.sigma[b] >= 0.6]
+    assert blended and len(blended) < cfg.batch // 2
+    for b in range(1, cfg.batch, 2):
+        if b in blended:
+            mean = (batch.x0[b] + batch.x0[b - 1]) / 2
+            assert torch.equal(batch.seen[b], mean) and torch.equal(batch.seen[b - 1], mean)
+        else:
+            assert torch.equal(batch.seen[b], batch.x0[b]) and torch.equal(batch.seen[b - 1], batch.x0[b - 1])
+    unblended = make_batch(TrainConfig(paraphrases=0, batch=16, motion_twins=1.0), bank, 3)
+    assert torch.equal(unblended.x0, batch.x0) and torch.equal(unblended.seen, unblended.x0)
 
 
 def test_sensitivity_probe_measures_the_text_path_and_motion_sign(tmp_path: Path) -> None:
-    """A model that cannot read its prompt scores exactly 0 on every word swap, the motion sign included; one
-    that reads it does not; the learning curve shows the sign column where a record has it."""
+    """A model that cannot read its prompt scores exactly 0 on every word swap, the motion sign included (also
+    on blended inputs), and its text embedding separates no motion words; one that reads it does not; the
+    learning curve shows the sign column where a record has it."""
     cfg = TrainConfig(paraphrases=0)
-    probe = Sensitivity(cfg, PromptBank(cfg, tmp_path / "prompts.safetensors"), size=8)
+    bank = PromptBank(cfg, tmp_path / "prompts.safetensors")
+    probe = Sensitivity(cfg, bank, size=8)
     reading = probe.measure(_random_model(), bf16=False)
-    assert reading["sens_motion_sign"] != 0 and reading["sens_background"] != 0
+    assert reading["sens_motion_sign"] != 0 and reading["sens_motion_sign_blended"] != 0
+    assert reading["sens_background"] != 0
     blind = _random_model()
     with torch.no_grad():
         blind.text_embedding[2].weight.zero_()
     blind_result = probe.measure(blind, bf16=False)
     assert all(blind_result[k] == 0 for k in blind_result if k.startswith("sens_"))
+    separated, collapsed = text_separation(_random_model(), bank), text_separation(blind, bank)
+    assert separated["minilm"] == collapsed["minilm"] and all(v > 0 for v in separated["minilm"].values())
+    assert all(v > 0 for v in separated["embedded"].values()) and set(collapsed["embedded"].values()) == {0.0}
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 500, "probe_loss": 0.1, **{f"sens_{a}": 0.01 for a in world.ATTRIBUTES}}) + "\n"
         + json.dumps({"step": 1000, "probe_loss": 0.1, **{f"sens_{k}": 0.02 for k in (*world.ATTRIBUTES, "motion_sign")}})

@@ -28,7 +28,7 @@ import json
 import shutil
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +70,7 @@ class TrainConfig:
     cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train it on a --branch-from
     cooldown_floor: float = 0.05  # copy: the constant-rate run stays resumable, as in a WSD schedule)
     motion_twins: float = 0.0  # share of odd batch slots that replay the previous sample backwards (see make_batch)
+    twin_blend_sigma: float = 2.0  # twin pairs at or above this noise level both see the pair's mean clip (2: never)
     seed: int = 0
     bf16: bool = True
 
@@ -144,6 +145,7 @@ class Batch:
     noise: torch.Tensor
     sigma: torch.Tensor  # [B] the timestep the model is given
     frame_sigma: torch.Tensor  # [B, F] the noise actually in each frame
+    seen: torch.Tensor  # [B, 16, F, H, W] the clean clip the noisy input is made of: x0, except blended twins
 
     def to(self, device: torch.device) -> Batch:
         return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -164,6 +166,12 @@ def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
     axis but not its sign (it draws "moving left" and "moving right" alike from one seed). A twin pair's noisy
     inputs are nearly identical at high noise, so the pair's gradient points at the motion word; the expected
     loss is unchanged, since a reversed clip is an ordinary sample of the opposite motion.
+
+    Twin blending: at noise levels >= `twin_blend_sigma` both twins are noised from the pair's mean clip, while
+    each keeps its own target. Why: plain twins barely moved the sign sensitivity (the inputs differ by
+    (1 - sigma) * clip, so the sign is worth a second-order sliver of loss). With one shared input the two targets
+    differ by a whole clip and only the motion word can tell them apart, which is the choice a sampler's first
+    steps make: pick the faint trajectory in the noise that the prompt's direction names.
     """
     rng = np.random.default_rng([cfg.seed, step])
     share = paraphrase_share(cfg, step)
@@ -198,9 +206,12 @@ def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
     noise = torch.randn(x0.shape, generator=gen)
     sigma = shifted_sigma(torch.rand(cfg.batch, generator=gen), cfg.shift)
     frame_sigma = frame_sigmas(cfg, step, sigma, x0.shape[2], gen)
+    seen = x0.clone()
     for b in twins:
         noise[b], sigma[b], frame_sigma[b] = noise[b - 1], sigma[b - 1], frame_sigma[b - 1]
-    return Batch(x0, torch.stack(weights)[:, None], context, noise, sigma, frame_sigma)
+        if sigma[b] >= cfg.twin_blend_sigma:
+            seen[b] = seen[b - 1] = (x0[b] + x0[b - 1]) / 2
+    return Batch(x0, torch.stack(weights)[:, None], context, noise, sigma, frame_sigma, seen)
 
 
 def frame_sigmas(cfg: TrainConfig, step: int, sigma: torch.Tensor, frames: int, gen: torch.Generator) -> torch.Tensor:
@@ -219,7 +230,7 @@ def frame_sigmas(cfg: TrainConfig, step: int, sigma: torch.Tensor, frames: int, 
 def flow_loss(model: WanT2V, batch: Batch, bf16: bool, context: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sample weighted MSE between the predicted and true velocity (noise - x0)."""
     s = batch.frame_sigma[:, None, :, None, None]
-    xt = s * batch.noise + (1 - s) * batch.x0
+    xt = s * batch.noise + (1 - s) * batch.seen
     with torch.autocast(batch.x0.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(xt, batch.sigma * 1000, batch.context if context is None else context)
     err = (out.float() - (batch.noise - batch.x0)).pow(2).mean(dim=1, keepdim=True)
@@ -326,7 +337,9 @@ class Sensitivity:
 
     If swapping e.g. the motion word leaves the loss unchanged, the model is not using that word. The motion
     swap mostly lands on another axis or "still"; `sens_motion_sign` swaps moving samples to the opposite
-    direction only, because a model can know a word's axis and still ignore its sign.
+    direction only, because a model can know a word's axis and still ignore its sign. `sens_motion_sign_blended`
+    does the same on inputs noised from the clip and its reverse superposed (as twin blending trains): there
+    only the word can say which of the two trajectories to draw, so a model that reads the sign at all shows it.
     """
 
     SIGMAS = (0.4, 0.6, 0.8, 0.95)
@@ -344,13 +357,14 @@ class Sensitivity:
         sigma = torch.tensor([self.SIGMAS[i % len(self.SIGMAS)] for i in range(size)])
         rows = [bank.row(bank.index_of(a), 0) for a in sets]
         self.batch = Batch(x0, torch.stack(weights)[:, None], bank.tokens[rows], torch.randn(x0.shape, generator=gen),
-                           sigma, sigma[:, None].expand(size, x0.shape[2]).contiguous())
+                           sigma, sigma[:, None].expand(size, x0.shape[2]).contiguous(), x0)
         self.swapped = {attr: bank.tokens[[bank.row(bank.index_of(world.swap(a, attr, rng)), 0) for a in sets]]
                         for attr in world.ATTRIBUTES}
         self.empty = bank.tokens[[0] * size]
         self.opposite = bank.tokens[[bank.row(bank.index_of({**a, "motion": world.OPPOSITE[a["motion"]]}), 0)
                                      for a in sets]]
         self.moving = torch.tensor([a["motion"] != "still" for a in sets])
+        self.blended = replace(self.batch, seen=(x0 + x0.flip(2)) / 2)  # each clip with its reverse
 
     @torch.no_grad()
     def measure(self, model: WanT2V, bf16: bool) -> dict[str, float]:
@@ -364,6 +378,9 @@ class Sensitivity:
             result[f"sens_{attr}"] = flow_loss(model, batch, bf16, ctx.to(device)).mean().item() - base
         sign = flow_loss(model, batch, bf16, self.opposite.to(device)) - per_sample
         result["sens_motion_sign"] = sign[self.moving.to(device)].mean().item()
+        blended = self.blended.to(device)
+        sign = flow_loss(model, blended, bf16, self.opposite.to(device)) - flow_loss(model, blended, bf16)
+        result["sens_motion_sign_blended"] = sign[self.moving.to(device)].mean().item()
         return result
 
 
@@ -507,11 +524,28 @@ def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
 
 def sensitivity(out: Path, threads: int) -> dict:
     """The training probe (Sensitivity) on the latest EMA weights: for comparing checkpoints, including ones
-    whose training log predates a probe such as the motion sign."""
+    whose training log predates a probe such as the motion sign; plus the text path's motion-word separation."""
     torch.set_num_threads(threads)
     model, step = load_ema(out)
     cfg = saved_config(latest_checkpoint(out))
-    return {"step": step, **Sensitivity(cfg, PromptBank(cfg, out / "prompt_tokens.safetensors")).measure(model, cfg.bf16)}
+    bank = PromptBank(cfg, out / "prompt_tokens.safetensors")
+    return {"step": step, **Sensitivity(cfg, bank).measure(model, cfg.bf16),
+            "text_separation": text_separation(model, bank)}
+
+
+MOTION_PAIRS = (("left", "right"), ("up", "down"), ("left", "up"))
+
+
+@torch.no_grad()
+def text_separation(model: WanT2V, bank: PromptBank) -> dict[str, dict[str, float]]:
+    """How far apart one canonical prompt's conditioning lies with two motion words (|a - b| / |a|), as MiniLM
+    tokens and after the model's text embedding. Why: says whether a word's sign is lost on the way into the
+    blocks (the embedding shrinks it) or inside them (it arrives, but nothing turns it into motion)."""
+    base = next(a for a in bank.sets if a["motion"] == "left")
+    tokens = {m: bank.tokens[bank.row(bank.index_of({**base, "motion": m}), 0)] for m in world.MOTIONS}
+    embedded = {m: model.embed_text(t[None])[0] for m, t in tokens.items()}
+    return {stage: {f"{a}/{b}": round(((v[a] - v[b]).norm() / v[a].norm()).item(), 4) for a, b in MOTION_PAIRS}
+            for stage, v in (("minilm", tokens), ("embedded", embedded))}
 
 
 def learning_curve(out: Path, every: int = 500) -> str:

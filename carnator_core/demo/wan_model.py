@@ -177,14 +177,14 @@ class WanT2V(nn.Module):
         tokens = self.patch_embedding(x.float()).to(x.dtype).flatten(2).transpose(1, 2)
         e = self.time_embedding(sinusoidal_embedding(FREQ_DIM, timestep.flatten()).to(x.dtype))
         e0 = self.time_projection(e).unflatten(1, (6, self.cfg.dim))
-        context = self._embed_text(context)
+        context = self.embed_text(context)
         rope = rope_freqs(grid, HEAD_DIM, x.device)
         for block in self.blocks:
             tokens = block(tokens, e0, rope, context)
         out = self.head(tokens, e)
         return self.unpatchify(out, grid)
 
-    def _embed_text(self, context: torch.Tensor) -> torch.Tensor:
+    def embed_text(self, context: torch.Tensor) -> torch.Tensor:
         """Narrower context counts as zero-padded to 4096 (MiniLM's 384 features), without multiplying the zeros."""
         first, act, second = self.text_embedding
         width = context.shape[-1]
