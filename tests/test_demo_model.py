@@ -25,6 +25,7 @@ from carnator_core.demo.train import (
     make_batch,
     save_checkpoint,
     shifted_sigma,
+    start_frame_test,
     text_separation,
 )
 from carnator_core.demo.wan_model import WanConfig, WanT2V, config_from_state_dict
@@ -164,6 +165,11 @@ def test_sensitivity_probe_measures_the_text_path_and_motion_sign(tmp_path: Path
     separated, collapsed = text_separation(_random_model(), bank), text_separation(blind, bank)
     assert separated["minilm"] == collapsed["minilm"] and all(v > 0 for v in separated["minilm"].values())
     assert all(v > 0 for v in separated["embedded"].values()) and set(collapsed["embedded"].values()) == {0.0}
+    blind_start = start_frame_test(blind, bank, size=4)
+    assert blind_start["true_own"] == blind_start["true_opposite"]  # a blind model cannot care about the word
+    assert blind_start["reversed_own"] == blind_start["reversed_opposite"]
+    reading_start = start_frame_test(_random_model(), bank, size=4)
+    assert reading_start["true_own"] != reading_start["true_opposite"]
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 500, "probe_loss": 0.1, **{f"sens_{a}": 0.01 for a in world.ATTRIBUTES}}) + "\n"
         + json.dumps({"step": 1000, "probe_loss": 0.1, **{f"sens_{k}": 0.02 for k in (*world.ATTRIBUTES, "motion_sign")}})
