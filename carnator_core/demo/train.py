@@ -2,7 +2,7 @@
 
     python -m carnator_core.demo.train [--out DIR] [--steps N] [--threads N]   # train / resume
     python -m carnator_core.demo.train --eval [--out DIR]                      # sample + oracle accuracy
-    python -m carnator_core.demo.train --sensitivity [--out DIR]               # loss change per swapped word
+    python -m carnator_core.demo.train --sensitivity [--out DIR]               # which words the model reads
     python -m carnator_core.demo.train --branch-from RUN --out BRANCH --cooldown-start S   # a cooled-down branch
 
 Sizing (measured on the shared 2-core Xeon dev box, one thread, eager bf16 autocast): dim 256 (2 heads of
@@ -619,7 +619,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the training step (see train())")
     parser.add_argument("--density", action="store_true", help="attention density at 90%% mass, per layer")
     parser.add_argument("--sensitivity", action="store_true",
-                        help="loss sensitivity to each attribute word (and to the motion word's sign) of --out's weights")
+                        help="loss sensitivity to each attribute word and the motion word's sign, the text path's "
+                             "motion-word separation and the start-frame test, on --out's weights")
     parser.add_argument("--export", action="store_true", help=f"write fp16 weights to {WEIGHTS_PATH}")
     parser.add_argument("--curve", action="store_true", help="print the learning curve (markdown) of --out")
     for f in fields(TrainConfig):
