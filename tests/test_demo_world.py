@@ -94,6 +94,16 @@ def test_oracle_scores_ground_truth_one_and_wrong_prompts_low() -> None:
         assert oracle.score(world.canonical_prompt(wrong), rgb).adherence == 0.0
 
 
+def test_oracle_reads_an_object_that_leaves_the_frame() -> None:
+    """Motion from the visible frames' velocity and shape from the frames that show the object whole."""
+    for shape in world.SHAPES:
+        for motion, x, y in (("left", 4.0, 8.0), ("right", 12.0, 8.0), ("up", 8.0, 4.0), ("down", 8.0, 12.0)):
+            scene = world.Scene(shape, "blue", motion, "white", x, y, extent=3.2, speed=2.2)
+            rgb, alpha = world.render(scene)
+            assert float(alpha[-1].sum()) < 1.0  # gone by the last frame
+            assert oracle.observe(rgb) == scene.attributes() | {"background": "white"}
+
+
 def test_oracle_reports_an_empty_clip_as_missing_object() -> None:
     rgb = torch.full((3, *world.CLIP), 0.5)
     observed = oracle.observe(rgb)

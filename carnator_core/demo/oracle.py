@@ -2,12 +2,14 @@
 
 Why render-and-compare: the world is fully known, so instead of a learned classifier the oracle estimates the
 object's coverage from the two recovered colours, then asks which of the world's own shapes, rendered at the
-measured centroid and area, explains that coverage best. Motion is the centroid's travel over the clip. A
+measured centroid and area, explains that coverage best (on frames that show the object whole). Motion is the
+centroid's mean velocity between visible frames, so an object that leaves the frame is still read right. A
 prompt whose attributes the world does not know cannot be scored and is reported as such, never as wrong.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ SHAPE_AREA = {"circle": math.pi, "square": 1.7**2, "triangle": 0.5 * 2 * 1.8}  #
 TRIANGLE_CENTROID_DY = 0.3  # centroid below the bounding-box centre, in extents
 MIN_CONTRAST = 0.25  # RGB distance from the background that counts as object
 MIN_AREA = 2.0  # latent pixels; below this there is no object
+MAX_BORDER_COVERAGE = 0.5  # object pixels on the frame's edge below which the object is seen whole
 STILL_FRACTION = 0.4  # travel below this share of the world's minimum travel counts as still
 
 
@@ -53,6 +56,11 @@ def _shape_error(shape: str, alpha: torch.Tensor, cx: float, cy: float, area: fl
     return float((alpha - template).abs().sum())
 
 
+def _border(frame: torch.Tensor) -> torch.Tensor:
+    """The outermost ring of pixels of one frame [H, W]."""
+    return torch.cat([frame[0], frame[-1], frame[1:-1, 0], frame[1:-1, -1]])
+
+
 def observe(rgb: torch.Tensor) -> dict[str, str]:
     """Attributes seen in a clip [3, F, H, W] with values in [0, 1]; 'none' where no object is visible."""
     rgb = rgb.float().clamp(0, 1)
@@ -71,20 +79,26 @@ def observe(rgb: torch.Tensor) -> dict[str, str]:
     frames, height, width = alpha.shape
     ys = torch.arange(height, dtype=torch.float32).view(-1, 1) + 0.5
     xs = torch.arange(width, dtype=torch.float32).view(1, -1) + 0.5
-    errors = dict.fromkeys(world.SHAPES, 0.0)
-    centroids = []
-    for a in alpha:
+    centroids: dict[int, tuple[float, float]] = {}
+    for index, a in enumerate(alpha):
         area = float(a.sum())
-        if area < MIN_AREA:
-            continue
-        cx, cy = float((a * xs).sum()) / area, float((a * ys).sum()) / area
-        centroids.append((cx, cy))
-        for shape in world.SHAPES:
-            errors[shape] += _shape_error(shape, a, cx, cy, area)
-    if len(centroids) < 2:
+        if area >= MIN_AREA:
+            centroids[index] = (float((a * xs).sum()) / area, float((a * ys).sum()) / area)
+    visible = sorted(centroids)
+    if len(visible) < 2:
         return missing
-    dx = centroids[-1][0] - centroids[0][0]
-    dy = centroids[-1][1] - centroids[0][1]
+    # Shape is judged on frames that show the whole object; the border clips it in the others (objects may
+    # leave the frame), so those count only when no frame shows it whole.
+    whole = [i for i in centroids if float(_border(alpha[i]).sum()) < MAX_BORDER_COVERAGE]
+    judged = whole or [max(centroids, key=lambda i: float(alpha[i].sum()))]
+    errors = {shape: sum(_shape_error(shape, alpha[i], *centroids[i], float(alpha[i].sum())) for i in judged)
+              for shape in world.SHAPES}
+    # Mean velocity between successive visible frames, not first-to-last travel: an object may leave the frame,
+    # and a partly visible object's centroid lags its centre, but never points the other way.
+    velocities = [((centroids[j][0] - centroids[i][0]) / (j - i), (centroids[j][1] - centroids[i][1]) / (j - i))
+                  for i, j in itertools.pairwise(visible)]
+    dx = sum(v[0] for v in velocities) / len(velocities) * (frames - 1)
+    dy = sum(v[1] for v in velocities) / len(velocities) * (frames - 1)
     if max(abs(dx), abs(dy)) < STILL_FRACTION * world.MIN_SPEED * (frames - 1):
         motion = "still"
     elif abs(dx) >= abs(dy):
