@@ -539,10 +539,10 @@ def start_frame_test(model: WanT2V, bank: PromptBank, size: int = 24) -> dict[st
 
     Losses of four (clip, prompt) pairs, each clip a moving scene: `true_own` (the scene, its prompt),
     `true_opposite` (the scene, the opposite direction's prompt), `reversed_opposite` (the same start going the
-    other way, which leaves the frame, with the prompt that asks for it) and `reversed_own`. Why: in this world
-    an object moving at >= 2 latent pixels per frame across 5 frames must start at the far edge to stay inside,
-    so the start position alone gives the direction; if the true clip scores low under either prompt and the
-    other way scores high under either, the model follows the start, not the word.
+    other way, with the prompt that asks for it) and `reversed_own`. Why: when the world kept objects inside every
+    frame, an object moving >= 2 latent pixels per frame across 5 frames had to start at the far edge, so the
+    start alone gave the direction, and models trained there followed it (true clip low and other way high under
+    either prompt). A model that reads the word scores each clip lower under its own prompt.
     """
     rng = np.random.default_rng(5)
     moving = [a for a in bank.sets if a["motion"] != "still"]

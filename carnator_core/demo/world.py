@@ -127,15 +127,21 @@ OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up", "still
 def reverse(scene: Scene, frames: int = CLIP[0]) -> Scene:
     """The same clip played backwards: starts where `scene` ends and moves the opposite way.
 
-    Its start is distributed exactly as sample_scene's for the opposite motion, so pairing a scene with its
-    reverse changes no marginal statistics of the training data, only which samples come together.
+    Used for motion twins (`TrainConfig.motion_twins`, off by default). A reversed clip may start partly or
+    wholly outside the frame and enter it, which sample_scene never draws, so twins change what the data shows.
     """
     x, y = centres(scene, frames)[-1]
     return Scene(scene.shape, scene.colour, OPPOSITE[scene.motion], scene.background, x, y, scene.extent, scene.speed)
 
 
 def sample_scene(rng: np.random.Generator, clip: tuple[int, int, int] = CLIP, **fixed: str) -> Scene:
-    """Random scene with the object fully inside every frame; attributes in `fixed` are kept as given."""
+    """Random scene whose object is whole in the first frame; attributes in `fixed` are kept as given.
+
+    Why the object may leave the frame: it travels about half the frame's width, so keeping it inside every
+    frame ties its start to its direction (a left-mover must start near the right edge). A model trained on that
+    learns "the start gives the direction" and ignores the motion word's sign. Here the start is drawn the same
+    way for every motion, so only the prompt tells which way the object goes.
+    """
     attrs = {
         "shape": fixed.get("shape") or SHAPES[rng.integers(len(SHAPES))],
         "colour": fixed.get("colour") or list(COLOURS)[rng.integers(len(COLOURS))],
@@ -145,15 +151,8 @@ def sample_scene(rng: np.random.Generator, clip: tuple[int, int, int] = CLIP, **
     frames, height, width = clip
     extent = float(rng.uniform(*EXTENT))
     speed = 0.0 if attrs["motion"] == "still" else float(rng.uniform(MIN_SPEED, MAX_SPEED))
-    travel = speed * (frames - 1)
-    dx, dy = _direction(attrs["motion"])
-
-    def start(size: int, d: float) -> float:
-        lo, hi = extent, size - extent - travel * abs(d)
-        pos = float(rng.uniform(lo, max(lo, hi)))
-        return pos + travel if d < 0 else pos
-
-    return Scene(x=start(width, dx), y=start(height, dy), extent=extent, speed=speed, **attrs)
+    x, y = (float(rng.uniform(extent, size - extent)) for size in (width, height))
+    return Scene(x=x, y=y, extent=extent, speed=speed, **attrs)
 
 
 def shape_alpha(shape: str, cx: float, cy: float, extent: float, height: int, width: int,
