@@ -38,16 +38,6 @@ def test_objects_start_whole_anywhere_and_move_at_least_one_patch_per_frame() ->
     assert min(starts["left"]) < 5 and max(starts["right"]) > 11
 
 
-def test_reversed_scene_is_the_clip_played_backwards() -> None:
-    """A motion twin is a valid scene of the opposite motion that renders the same frames in reverse order."""
-    for scene in _scenes(1, 40):
-        twin = world.reverse(scene)
-        assert twin.motion == world.OPPOSITE[scene.motion] and world.reverse(twin).motion == scene.motion
-        rgb, alpha = world.render(scene)
-        twin_rgb, twin_alpha = world.render(twin)
-        assert torch.allclose(twin_rgb, rgb.flip(1), atol=1e-4) and torch.allclose(twin_alpha, alpha.flip(0), atol=1e-4)
-
-
 def test_latent_map_round_trips_through_comfy_latent_space() -> None:
     rgb, _ = world.render(_scenes(1, 1)[0])
     latent = world.encode(rgb)

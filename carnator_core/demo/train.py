@@ -69,8 +69,6 @@ class TrainConfig:
     cooldown_start: int = -1  # from this step the learning rate falls linearly ... (-1: never)
     cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train it on a --branch-from
     cooldown_floor: float = 0.05  # copy: the constant-rate run stays resumable, as in a WSD schedule)
-    motion_twins: float = 0.0  # share of odd batch slots that replay the previous sample backwards (see make_batch)
-    twin_blend_sigma: float = 2.0  # twin pairs at or above this noise level both see the pair's mean clip (2: never)
     seed: int = 0
     bf16: bool = True
 
@@ -145,7 +143,6 @@ class Batch:
     noise: torch.Tensor
     sigma: torch.Tensor  # [B] the timestep the model is given
     frame_sigma: torch.Tensor  # [B, F] the noise actually in each frame
-    seen: torch.Tensor  # [B, 16, F, H, W] the clean clip the noisy input is made of: x0, except blended twins
 
     def to(self, device: torch.device) -> Batch:
         return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -159,35 +156,14 @@ def loss_weight(alpha: torch.Tensor, fg_weight: float) -> torch.Tensor:
 
 
 def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
-    """The batch of `step`: a pure function of (seed, step), which makes resuming exact.
-
-    Motion twins: with `motion_twins` > 0 some odd slots hold the previous slot's clip played backwards (the
-    opposite motion word) under the very same noise and noise levels. Why: the model learned a motion word's
-    axis but not its sign (it draws "moving left" and "moving right" alike from one seed). A twin pair's noisy
-    inputs are nearly identical at high noise, so the pair's gradient points at the motion word; the expected
-    loss is unchanged, since a reversed clip is an ordinary sample of the opposite motion.
-
-    Twin blending: at noise levels >= `twin_blend_sigma` both twins are noised from the pair's mean clip, while
-    each keeps its own target. Why: plain twins barely moved the sign sensitivity (the inputs differ by
-    (1 - sigma) * clip, so the sign is worth a second-order sliver of loss). With one shared input the two targets
-    differ by a whole clip and only the motion word can tell them apart, which is the choice a sampler's first
-    steps make: pick the faint trajectory in the noise that the prompt's direction names.
-    """
+    """The batch of `step`: a pure function of (seed, step), which makes resuming exact."""
     rng = np.random.default_rng([cfg.seed, step])
     share = paraphrase_share(cfg, step)
-    scenes: list[world.Scene] = []
-    clips, weights, rows, twins = [], [], [], []
+    clips, weights, rows = [], [], []
     zero = torch.zeros(cfg.batch, dtype=torch.bool)
     for b in range(cfg.batch):
-        if cfg.motion_twins > 0 and b % 2 == 1 and rng.random() < cfg.motion_twins:
-            scene = world.reverse(scenes[b - 1])
-            set_index = bank.index_of(scene.attributes())
-            twins.append(b)
-        else:
-            set_index = int(rng.integers(len(bank.sets)))
-            scene = world.sample_scene(rng, **bank.sets[set_index])
-        scenes.append(scene)
-        rgb, alpha = world.render(scene)
+        set_index = int(rng.integers(len(bank.sets)))
+        rgb, alpha = world.render(world.sample_scene(rng, **bank.sets[set_index]))
         clips.append(world.encode(rgb))
         weights.append(loss_weight(alpha, cfg.fg_weight))
         r = rng.random()
@@ -206,12 +182,7 @@ def make_batch(cfg: TrainConfig, bank: PromptBank, step: int) -> Batch:
     noise = torch.randn(x0.shape, generator=gen)
     sigma = shifted_sigma(torch.rand(cfg.batch, generator=gen), cfg.shift)
     frame_sigma = frame_sigmas(cfg, step, sigma, x0.shape[2], gen)
-    seen = x0.clone()
-    for b in twins:
-        noise[b], sigma[b], frame_sigma[b] = noise[b - 1], sigma[b - 1], frame_sigma[b - 1]
-        if sigma[b] >= cfg.twin_blend_sigma:
-            seen[b] = seen[b - 1] = (x0[b] + x0[b - 1]) / 2
-    return Batch(x0, torch.stack(weights)[:, None], context, noise, sigma, frame_sigma, seen)
+    return Batch(x0, torch.stack(weights)[:, None], context, noise, sigma, frame_sigma)
 
 
 def frame_sigmas(cfg: TrainConfig, step: int, sigma: torch.Tensor, frames: int, gen: torch.Generator) -> torch.Tensor:
@@ -230,7 +201,7 @@ def frame_sigmas(cfg: TrainConfig, step: int, sigma: torch.Tensor, frames: int, 
 def flow_loss(model: WanT2V, batch: Batch, bf16: bool, context: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sample weighted MSE between the predicted and true velocity (noise - x0)."""
     s = batch.frame_sigma[:, None, :, None, None]
-    xt = s * batch.noise + (1 - s) * batch.seen
+    xt = s * batch.noise + (1 - s) * batch.x0
     with torch.autocast(batch.x0.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(xt, batch.sigma * 1000, batch.context if context is None else context)
     err = (out.float() - (batch.noise - batch.x0)).pow(2).mean(dim=1, keepdim=True)
@@ -305,9 +276,14 @@ def branch_run(source: Path, out: Path) -> Path:
     return out / "ckpt"
 
 
+RETIRED_FIELDS = ("motion_twins", "twin_blend_sigma")  # options removed with the world change (git history)
+
+
 def saved_config(ckpt: Path) -> TrainConfig:
-    """The TrainConfig a checkpoint was trained with (fields added since then take their defaults)."""
-    return TrainConfig(**json.loads((ckpt / "state.json").read_text())["train_config"])
+    """The TrainConfig a checkpoint was trained with (fields added since then take their defaults; retired ones,
+    which the checkpoints of the shipped weights' history still record, are dropped)."""
+    saved = json.loads((ckpt / "state.json").read_text())["train_config"]
+    return TrainConfig(**{k: v for k, v in saved.items() if k not in RETIRED_FIELDS})
 
 
 def load_ema(out: Path) -> tuple[WanT2V, int]:
@@ -337,9 +313,7 @@ class Sensitivity:
 
     If swapping e.g. the motion word leaves the loss unchanged, the model is not using that word. The motion
     swap mostly lands on another axis or "still"; `sens_motion_sign` swaps moving samples to the opposite
-    direction only, because a model can know a word's axis and still ignore its sign. `sens_motion_sign_blended`
-    does the same on inputs noised from the clip and its reverse superposed (as twin blending trains): there
-    only the word can say which of the two trajectories to draw, so a model that reads the sign at all shows it.
+    direction only, because a model can know a word's axis and still ignore its sign.
     """
 
     SIGMAS = (0.4, 0.6, 0.8, 0.95)
@@ -357,14 +331,13 @@ class Sensitivity:
         sigma = torch.tensor([self.SIGMAS[i % len(self.SIGMAS)] for i in range(size)])
         rows = [bank.row(bank.index_of(a), 0) for a in sets]
         self.batch = Batch(x0, torch.stack(weights)[:, None], bank.tokens[rows], torch.randn(x0.shape, generator=gen),
-                           sigma, sigma[:, None].expand(size, x0.shape[2]).contiguous(), x0)
+                           sigma, sigma[:, None].expand(size, x0.shape[2]).contiguous())
         self.swapped = {attr: bank.tokens[[bank.row(bank.index_of(world.swap(a, attr, rng)), 0) for a in sets]]
                         for attr in world.ATTRIBUTES}
         self.empty = bank.tokens[[0] * size]
         self.opposite = bank.tokens[[bank.row(bank.index_of({**a, "motion": world.OPPOSITE[a["motion"]]}), 0)
                                      for a in sets]]
         self.moving = torch.tensor([a["motion"] != "still" for a in sets])
-        self.blended = replace(self.batch, seen=(x0 + x0.flip(2)) / 2)  # each clip with its reverse
 
     @torch.no_grad()
     def measure(self, model: WanT2V, bf16: bool) -> dict[str, float]:
@@ -378,9 +351,6 @@ class Sensitivity:
             result[f"sens_{attr}"] = flow_loss(model, batch, bf16, ctx.to(device)).mean().item() - base
         sign = flow_loss(model, batch, bf16, self.opposite.to(device)) - per_sample
         result["sens_motion_sign"] = sign[self.moving.to(device)].mean().item()
-        blended = self.blended.to(device)
-        sign = flow_loss(model, blended, bf16, self.opposite.to(device)) - flow_loss(model, blended, bf16)
-        result["sens_motion_sign_blended"] = sign[self.moving.to(device)].mean().item()
         return result
 
 
@@ -559,7 +529,7 @@ def start_frame_test(model: WanT2V, bank: PromptBank, size: int = 24) -> dict[st
     ones = torch.ones(size)
 
     def loss(clips: torch.Tensor, context: torch.Tensor) -> float:
-        batch = Batch(clips, torch.ones_like(clips[:, :1]), context, noise, ones, frame_sigma, clips)
+        batch = Batch(clips, torch.ones_like(clips[:, :1]), context, noise, ones, frame_sigma)
         return round(flow_loss(model, batch, bf16=False).mean().item(), 4)
 
     return {"true_own": loss(true_clips, own), "true_opposite": loss(true_clips, opposite),

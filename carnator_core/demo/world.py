@@ -124,16 +124,6 @@ def centres(scene: Scene, frames: int) -> list[tuple[float, float]]:
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up", "still": "still"}
 
 
-def reverse(scene: Scene, frames: int = CLIP[0]) -> Scene:
-    """The same clip played backwards: starts where `scene` ends and moves the opposite way.
-
-    Used for motion twins (`TrainConfig.motion_twins`, off by default). A reversed clip may start partly or
-    wholly outside the frame and enter it, which sample_scene never draws, so twins change what the data shows.
-    """
-    x, y = centres(scene, frames)[-1]
-    return Scene(scene.shape, scene.colour, OPPOSITE[scene.motion], scene.background, x, y, scene.extent, scene.speed)
-
-
 def sample_scene(rng: np.random.Generator, clip: tuple[int, int, int] = CLIP, **fixed: str) -> Scene:
     """Random scene whose object is whole in the first frame; attributes in `fixed` are kept as given.
 
