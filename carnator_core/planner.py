@@ -41,6 +41,11 @@ class ProbeTarget:
     x: torch.Tensor
     x0: torch.Tensor
     guidance: torch.Tensor | None
+    # The same donor's shallowest checkpoint, when shallower than this one. Early in the schedule the prompt
+    # still decides layout and motion; later the model mostly follows the state it is given, so a deeper probe
+    # can agree with a donor whose trajectory the new prompt would not have taken (measured: a motion word's
+    # opposite at half-way, structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here.
+    anchor: ProbeTarget | None = None
 
     @property
     def depth(self) -> float:
@@ -103,6 +108,9 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             continue
         offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in evaluated]
     offers.sort(key=lambda offer: (-offer[0], offer[1]))
+    shallowest: dict[str, Offer] = {}
+    for offer in offers:  # deepest first, so the last one seen per donor is its shallowest
+        shallowest[offer[4].entry_id] = offer
 
     blobs: dict[str, dict[str, torch.Tensor] | None] = {}
 
@@ -114,9 +122,19 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
         tensors = blobs[meta.entry_id]
         if tensors is None:
             return None
+        target = checkpoint_target(tensors, step, sigma, candidate, meta)
+        if target is None:
+            skip("checkpoint of another shape, or NaN", meta)
+            return None
+        anchor_step, _, anchor_sigma, _, _ = shallowest[meta.entry_id]
+        if anchor_step < step:
+            target.anchor = checkpoint_target(tensors, anchor_step, anchor_sigma, candidate, meta)
+        return target
+
+    def checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float, candidate: Candidate,
+                          meta: EntryMeta) -> ProbeTarget | None:
         x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
         if not (_usable(x, facts.latent_shape) and _usable(x0, facts.latent_shape)):
-            skip("checkpoint of another shape, or NaN", meta)
             return None
         if guidance is not None and not _usable(guidance, None):
             guidance = None

@@ -114,7 +114,8 @@ class ReuseRun:
         several candidates. A call with a pass ends probing and resumes from its first passing target: all
         targets of a call share one depth, and later calls are only shallower or lower-ranked. A donor that
         misses the structure threshold by more than `give_up_margin` gets no further probe. In fast mode the last
-        call goes to targets no deeper than balanced's limit when no earlier call was that shallow.
+        call goes to targets no deeper than balanced's limit when no earlier call was that shallow. A pass deeper than
+        the donor's shallowest checkpoint is confirmed there with one more call (`ProbeTarget.anchor`).
         """
         self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
@@ -138,10 +139,10 @@ class ReuseRun:
                 signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
                 passed = thresholds.passes(signals)
                 given_up = not passed and thresholds.donor_hopeless(signals)
-                self.probes.append({"donor_id": target.meta.entry_id, "donor_prompt": target.meta.prompt,
-                                    "step": target.step, "passed": passed,
-                                    "donor_given_up": given_up, "batched_with": len(call) - 1,
-                                    **signals.as_dict()})
+                self._record_probe(target, signals, passed, given_up, batched_with=len(call) - 1)
+                if passed and self.resume is None and target.anchor is not None:
+                    passed = self._confirm(target.anchor, evaluate)  # a failed confirmation rules out the donor
+                    given_up = not passed
                 if given_up:
                     hopeless.add(target.meta.entry_id)
                 if passed and self.resume is None:
@@ -150,6 +151,22 @@ class ReuseRun:
             if self.resume is not None:
                 return self.resume
         return None
+
+    def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
+        """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and
+        motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
+        [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
+        self.model_calls += 1
+        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
+        confirmed = self.settings.thresholds.passes(signals)
+        self._record_probe(anchor, signals, confirmed, not confirmed, batched_with=0, confirms=True)
+        return confirmed
+
+    def _record_probe(self, target: ProbeTarget, signals: ProbeSignals, passed: bool, given_up: bool,
+                      batched_with: int, confirms: bool = False) -> None:
+        self.probes.append({"donor_id": target.meta.entry_id, "donor_prompt": target.meta.prompt,
+                            "step": target.step, "passed": passed, "donor_given_up": given_up,
+                            "batched_with": batched_with, "confirms_deeper": confirms, **signals.as_dict()})
 
     def _resume_by_text_similarity(self, targets: list[ProbeTarget]) -> Resume | None:
         """Baseline (NIRVANA/Chorus style): skip depth from prompt similarity alone, no model check."""

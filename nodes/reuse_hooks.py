@@ -70,7 +70,9 @@ class HostState:
         self.attention: SparseAttentionRun | None = None
         self.last_x0: torch.Tensor | None = None
         self.boost_sigmas: set[float] = set()
-        self.probe_step_cache: object | None = None  # EasyCache state of the last single-state probe call
+        # EasyCache state of the last single-state probe call at each sigma: a resume adopts the one of the call
+        # it resumes from, not of a later confirmation call at the donor's shallowest checkpoint.
+        self.probe_step_caches: dict[float, object | None] = {}
 
 
 def _positive_cross_attn(guider) -> torch.Tensor | None:
@@ -220,7 +222,7 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
         state.capture_guidance, state.last_guidance = True, None
         try:
             with fresh_step_cache(extra_args["model_options"], guider) as cache:
-                state.probe_step_cache = cache if len(states) == 1 else None
+                state.probe_step_caches[sigma] = cache if len(states) == 1 else None
                 x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
                             model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
@@ -233,11 +235,12 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
     if targets:
         resume = run.probe(targets, evaluate, batch_limit)
         if resume is not None:
-            if state.probe_step_cache is not None:
+            step_cache = state.probe_step_caches.get(resume.target.sigma)
+            if step_cache is not None:
                 # The step cache continues from the accepted evaluation; the guider's (per-run) options get it
                 # too, so the cache's own end-of-run summary and reset see the cache the run actually used.
                 for options in (extra_args["model_options"], guider.model_options):
-                    options["transformer_options"][STEP_CACHE_KEY] = state.probe_step_cache
+                    options["transformer_options"][STEP_CACHE_KEY] = step_cache
             start = resume.target.step
             x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
             if resume.x0 is not None:

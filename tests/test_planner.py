@@ -124,3 +124,29 @@ def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
     resume = run.probe(targets, evaluate)
     assert [(p["step"], p["passed"]) for p in run.probes] == [(8, False), (8, False), (5, True)]
     assert resume is not None and resume.target.step == 5 and run.model_calls == 3
+
+
+def test_a_deep_pass_counts_only_if_the_donor_agrees_at_its_shallowest_checkpoint(tmp_path):
+    """The live model agrees with both donors half-way (step 5), where it follows the state it is given, but only
+    with one at step 2, where the prompt still picks the trajectory: the other is ruled out after one more call,
+    the confirmed one resumes from step 5, and every plan target carries its donor's shallowest checkpoint."""
+    store = ReuseStore(str(tmp_path / "store"))
+    steps = {"opposite way": (2, 5), "same way": (2, 5)}
+    states = _random_states(steps, seed=3)
+    opposite, same = (_donor(store, name, list(s), _blob(states, name)) for name, s in steps.items())
+    targets, _ = plan_probes(store, [opposite, same], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step, t.anchor and t.anchor.step) for t in targets] == [
+        ("opposite way", 5, 2), ("same way", 5, 2), ("opposite way", 2, None)]
+    assert torch.equal(targets[0].anchor.x, states[("opposite way", 2)][0])
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        (owner, step), x0 = _probed(states, xs[0])
+        return [(-x0 if owner == "opposite way" and step == 2 else x0, None)]
+
+    run = _run(store)
+    resume = run.probe(targets, evaluate)
+    assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
+        ("opposite way", 5, True, False), ("opposite way", 2, False, True),
+        ("same way", 5, True, False), ("same way", 2, True, True)]
+    assert resume is not None and resume.target.candidate.prompt == "same way" and resume.target.step == 5
+    assert run.model_calls == 4  # two probe calls, each confirmed once

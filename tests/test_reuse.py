@@ -53,7 +53,9 @@ def test_same_prompt_and_seed_resumes_at_deepest_checkpoint(comfy, tiny_models, 
     assert report["skipped_steps"] == 5  # balanced: deepest checkpoint at <= half of 10 steps
     assert report["structure_agreement"] == pytest.approx(1.0, abs=1e-3)  # fp16 checkpoints
     assert first_reports[0]["model_calls"] == STEPS
-    assert report["model_calls"] == STEPS - 5 + 0  # the accepted probe is step 5's evaluation, not an extra call
+    # The accepted probe is step 5's evaluation; one more call confirms it at the donor's shallowest checkpoint.
+    assert [(p["step"], p["passed"], p["confirms_deeper"]) for p in report["probes"]] == [(5, True, False), (2, True, True)]
+    assert report["model_calls"] == STEPS - 5 + 1
     # checkpoints are stored as fp16: the resumed result matches to that precision
     relative_error = float((second - first).norm() / first.norm())
     assert relative_error < 2e-3, relative_error
@@ -158,10 +160,10 @@ def test_probes_of_several_donors_share_one_model_call(comfy, tiny_models, store
     sequential, sequential_reports = _sample(comfy, with_reuse(request, store_path, prompt="a red ball rolls left",
                                                                probe_batch=1, **accept_all))
     report, baseline = batched_reports[0], sequential_reports[0]
-    assert [(p["step"], p["batched_with"]) for p in report["probes"]] == [(5, 1), (5, 1)], json.dumps(report)
-    assert [(p["step"], p["batched_with"]) for p in baseline["probes"]] == [(5, 0)], baseline["probes"]
+    assert [(p["step"], p["batched_with"]) for p in report["probes"]] == [(5, 1), (2, 0), (5, 1)], json.dumps(report)
+    assert [(p["step"], p["batched_with"]) for p in baseline["probes"]] == [(5, 0), (2, 0)], baseline["probes"]
     assert report["donor_id"] == baseline["donor_id"] and report["skipped_steps"] == 5
-    assert report["model_calls"] == baseline["model_calls"] == STEPS - 5  # the probe call serves step 5
+    assert report["model_calls"] == baseline["model_calls"] == STEPS - 5 + 1  # probe call serves step 5, + confirmation
     relative_error = float((batched - sequential).norm() / sequential.norm())
     assert relative_error < 1e-4, relative_error
 
