@@ -41,10 +41,11 @@ class ProbeTarget:
     x: torch.Tensor
     x0: torch.Tensor
     guidance: torch.Tensor | None
-    # The same donor's shallowest checkpoint, when shallower than this one. Early in the schedule the prompt
-    # still decides layout and motion; later the model mostly follows the state it is given, so a deeper probe
-    # can agree with a donor whose trajectory the new prompt would not have taken (measured: a motion word's
-    # opposite at half-way, structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here.
+    # The donor's shallowest checkpoint, when shallower than this one (for a donor that itself resumed, its own
+    # donor's: see anchor_for in plan_probes). Early in the schedule the prompt still decides layout and motion;
+    # later the model mostly follows the state it is given, so a deeper probe can agree with a donor whose
+    # trajectory the new prompt would not have taken (measured: a motion word's opposite at half-way,
+    # structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here.
     anchor: ProbeTarget | None = None
 
     @property
@@ -53,6 +54,7 @@ class ProbeTarget:
 
 
 Offer = tuple[int, int, float, Candidate, EntryMeta]  # (step, donor rank, sigma, ...): one donor checkpoint
+MAX_LINEAGE = 4  # donors of donors searched for a shallow checkpoint to confirm a deep probe (ProbeTarget.anchor)
 
 
 def last_step_within(fraction: float, total_steps: int) -> int:
@@ -108,28 +110,43 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             continue
         offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in evaluated]
     offers.sort(key=lambda offer: (-offer[0], offer[1]))
-    shallowest: dict[str, Offer] = {}
-    for offer in offers:  # deepest first, so the last one seen per donor is its shallowest
-        shallowest[offer[4].entry_id] = offer
 
     blobs: dict[str, dict[str, torch.Tensor] | None] = {}
 
-    def load(step: int, sigma: float, candidate: Candidate, meta: EntryMeta) -> ProbeTarget | None:
+    def checkpoints_of(meta: EntryMeta) -> dict[str, torch.Tensor] | None:
         if meta.entry_id not in blobs:
             blobs[meta.entry_id] = store.get_tensors(meta.entry_id, "checkpoints")
             if blobs[meta.entry_id] is None:
                 skip("checkpoint blob missing or corrupt", meta)
-        tensors = blobs[meta.entry_id]
+        return blobs[meta.entry_id]
+
+    def load(step: int, sigma: float, candidate: Candidate, meta: EntryMeta) -> ProbeTarget | None:
+        tensors = checkpoints_of(meta)
         if tensors is None:
             return None
         target = checkpoint_target(tensors, step, sigma, candidate, meta)
         if target is None:
             skip("checkpoint of another shape, or NaN", meta)
             return None
-        anchor_step, _, anchor_sigma, _, _ = shallowest[meta.entry_id]
-        if anchor_step < step:
-            target.anchor = checkpoint_target(tensors, anchor_step, anchor_sigma, candidate, meta)
+        target.anchor = anchor_for(meta, step, candidate)
         return target
+
+    def anchor_for(meta: EntryMeta, step: int, candidate: Candidate) -> ProbeTarget | None:
+        """The donor's shallowest evaluated checkpoint before `step`. A donor that itself resumed recorded nothing
+        before its resume step: its trajectory up to there is its own donor's, so look there (up the lineage)."""
+        before = step
+        for _ in range(MAX_LINEAGE):
+            early = [c for c in meta.checkpoints if 0 < int(c["step"]) < before and c.get("evaluated", True)]
+            if early:
+                first = min(early, key=lambda c: int(c["step"]))
+                tensors = checkpoints_of(meta)
+                return None if tensors is None else checkpoint_target(
+                    tensors, int(first["step"]), float(first["sigma"]), candidate, meta)
+            parent = store.get_meta(meta.lineage["donor_id"]) if meta.lineage.get("donor_id") else None
+            if parent is None or parent.hard_key != meta.hard_key or parent.total_steps != meta.total_steps:
+                return None
+            meta, before = parent, min(before, int(meta.lineage.get("depth", before)))
+        return None
 
     def checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float, candidate: Candidate,
                           meta: EntryMeta) -> ProbeTarget | None:

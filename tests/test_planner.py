@@ -20,8 +20,8 @@ KEY = HardKey("model", (2, 4, 4), "schedule")
 
 
 def _donor(store: ReuseStore, name: str, steps: list[int], tensors: dict | None = None,
-           extrapolated: tuple[int, ...] = ()) -> Candidate:
-    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name,
+           extrapolated: tuple[int, ...] = (), lineage: dict | None = None) -> Candidate:
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name, lineage=lineage or {},
                      latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10,
                      checkpoints=[{"step": s, "sigma": 1 - s / 10, "guidance": False, "evaluated": s not in extrapolated}
                                   for s in steps])
@@ -150,3 +150,17 @@ def test_a_deep_pass_counts_only_if_the_donor_agrees_at_its_shallowest_checkpoin
         ("same way", 5, True, False), ("same way", 2, True, True)]
     assert resume is not None and resume.target.candidate.prompt == "same way" and resume.target.step == 5
     assert run.model_calls == 4  # two probe calls, each confirmed once
+
+
+def test_a_donor_that_resumed_is_confirmed_on_its_own_donors_early_checkpoint(tmp_path):
+    """A donor that resumed at step 5 recorded nothing earlier; its trajectory up to step 5 is its own donor's,
+    so a deep pass on it is confirmed at that donor's shallowest checkpoint, up the lineage."""
+    store = ReuseStore(str(tmp_path / "store"))
+    root = _donor(store, "root", [2, 5])
+    resumed = _donor(store, "resumed", [5], lineage={"donor_id": root.entry_id, "depth": 5})
+    targets, _ = plan_probes(store, [resumed], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+    anchor = targets[0].anchor
+    assert anchor is not None and anchor.step == 2 and anchor.meta.entry_id == root.entry_id
+    orphan = _donor(store, "orphan", [5])
+    targets, _ = plan_probes(store, [orphan], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+    assert targets[0].anchor is None  # no lineage: nothing shallower to confirm on
