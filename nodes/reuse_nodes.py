@@ -35,7 +35,8 @@ def reuse_inputs() -> list[io.Input]:
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
         io.Int.Input("max_probes", default=3, min=0, max=16,
                      tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
-                             "states)."),
+                             "states). A pass is confirmed at the donor's shallowest checkpoint with one more "
+                             "call, not counted here."),
         io.Float.Input("structure_threshold", default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope."),
