@@ -31,6 +31,18 @@ class RequestFacts:
 
 
 @dataclass
+class StartPrediction:
+    """What a donor's model predicted at its first state (step 0), and that state's fingerprint: a request that
+    starts from the same state compares its own first evaluation with it (ReuseRun._screen)."""
+
+    meta: EntryMeta  # the entry that recorded it: the donor or, for a donor that itself resumed, up its lineage
+    sigma: float
+    state: str
+    x0: torch.Tensor
+    guidance: torch.Tensor | None
+
+
+@dataclass
 class ProbeTarget:
     """One donor checkpoint to probe: the state to evaluate at and what the donor predicted there."""
 
@@ -42,11 +54,12 @@ class ProbeTarget:
     x0: torch.Tensor
     guidance: torch.Tensor | None
     # The donor's shallowest checkpoint, when shallower than this one (for a donor that itself resumed, its own
-    # donor's: see anchor_for in plan_probes). Early in the schedule the prompt still decides layout and motion;
-    # later the model mostly follows the state it is given, so a deeper probe can agree with a donor whose
-    # trajectory the new prompt would not have taken (measured: a motion word's opposite at half-way,
-    # structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here.
+    # donor's: see anchor_for in plan_probes). Early in the schedule the
+    # prompt still decides layout and motion; later the model mostly follows the state it is given, so a deeper probe
+    # can agree with a donor whose trajectory the new prompt would not have taken (measured: a motion word's
+    # opposite at half-way, structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here.
     anchor: ProbeTarget | None = None
+    start: StartPrediction | None = None  # the donor's step 0, for ReuseRun._screen
 
     @property
     def depth(self) -> float:
@@ -129,23 +142,43 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
             skip("checkpoint of another shape, or NaN", meta)
             return None
         target.anchor = anchor_for(meta, step, candidate)
+        target.start = start_for(meta)
         return target
 
-    def anchor_for(meta: EntryMeta, step: int, candidate: Candidate) -> ProbeTarget | None:
-        """The donor's shallowest evaluated checkpoint before `step`. A donor that itself resumed recorded nothing
-        before its resume step: its trajectory up to there is its own donor's, so look there (up the lineage)."""
-        before = step
+    def lineage(meta: EntryMeta, step: int) -> Iterator[tuple[EntryMeta, int]]:
+        """(entry, step) pairs whose trajectory before that step is the donor's before `step`: the donor, and for a
+        donor that itself resumed (it recorded nothing before its resume step) its own donor, up the lineage."""
         for _ in range(MAX_LINEAGE):
-            early = [c for c in meta.checkpoints if 0 < int(c["step"]) < before and c.get("evaluated", True)]
-            if early:
-                first = min(early, key=lambda c: int(c["step"]))
-                tensors = checkpoints_of(meta)
-                return None if tensors is None else checkpoint_target(
-                    tensors, int(first["step"]), float(first["sigma"]), candidate, meta)
+            yield meta, step
             parent = store.get_meta(meta.lineage["donor_id"]) if meta.lineage.get("donor_id") else None
             if parent is None or parent.hard_key != meta.hard_key or parent.total_steps != meta.total_steps:
+                return
+            meta, step = parent, min(step, int(meta.lineage.get("depth", step)))
+
+    def anchor_for(meta: EntryMeta, step: int, candidate: Candidate) -> ProbeTarget | None:
+        """The donor's shallowest evaluated checkpoint before `step` (not step 0, which holds no state)."""
+        for owner, before in lineage(meta, step):
+            early = [c for c in owner.checkpoints if 0 < int(c["step"]) < before and c.get("evaluated", True)]
+            if early:
+                first = min(early, key=lambda c: int(c["step"]))
+                tensors = checkpoints_of(owner)
+                return None if tensors is None else checkpoint_target(
+                    tensors, int(first["step"]), float(first["sigma"]), candidate, owner)
+        return None
+
+    def start_for(meta: EntryMeta) -> StartPrediction | None:
+        """The donor's step-0 prediction and the fingerprint of the state it was made at (up the lineage)."""
+        for owner, _ in lineage(meta, meta.total_steps):
+            record = next((c for c in owner.checkpoints if int(c["step"]) == 0 and c.get("start")), None)
+            if record is None:
+                continue
+            tensors = checkpoints_of(owner)
+            x0 = None if tensors is None else tensors.get("x0_0")
+            if not _usable(x0, facts.latent_shape):
                 return None
-            meta, before = parent, min(before, int(meta.lineage.get("depth", before)))
+            guidance = tensors.get("g_0")
+            return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
+                                   guidance=guidance if _usable(guidance, None) else None)
         return None
 
     def checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float, candidate: Candidate,

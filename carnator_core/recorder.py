@@ -18,6 +18,7 @@ import torch
 
 from carnator_core.embeddings import EmbeddingError, text_embedder
 from carnator_core.entry import EntryMeta
+from carnator_core.fingerprint import noise_fingerprint
 from carnator_core.probe import downsample_guidance
 from carnator_core.store import IndexVectors, ReuseStore, StoreUnavailable
 from carnator_core.tensor_codec import encode_tensors
@@ -28,10 +29,11 @@ log = logging.getLogger("carnator.recorder")
 class Checkpoint:
     step: int
     sigma: float
-    x: torch.Tensor
+    x: torch.Tensor | None  # None at step 0: the state is the initial noise, identified by `start` instead
     x0: torch.Tensor
     guidance: torch.Tensor | None
     evaluated: bool = True  # False: x0 is a step cache's extrapolation (EasyCache skipped the step), not the model's
+    start: str | None = None  # step 0: fingerprint of the state, matched against a later request's first state
 
 
 @dataclass
@@ -46,12 +48,16 @@ class RunRecorder:
 
     def capture(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                 guidance: torch.Tensor | None, evaluated: bool = True) -> None:
-        """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing)."""
+        """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing).
+
+        Step 0 is never resumed from, only compared at (`ReuseRun._screen`), by requests that start from the same
+        state: its prediction is kept and the state only as a fingerprint, which saves a latent's worth of bytes.
+        """
         self.checkpoints[step] = Checkpoint(
-            step=step, sigma=float(sigma), x=x.detach().to("cpu", torch.float16, copy=True),
+            step=step, sigma=float(sigma), x=None if step == 0 else x.detach().to("cpu", torch.float16, copy=True),
             x0=x0.detach().to("cpu", torch.float16, copy=True),
             guidance=None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16),
-            evaluated=evaluated)
+            evaluated=evaluated, start=noise_fingerprint(x) if step == 0 else None)
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blob holding the tensors."""
@@ -59,12 +65,13 @@ class RunRecorder:
         listing = []
         for step in sorted(self.checkpoints):
             checkpoint = self.checkpoints[step]
-            tensors[f"x_{step}"] = checkpoint.x
+            if checkpoint.x is not None:
+                tensors[f"x_{step}"] = checkpoint.x
             tensors[f"x0_{step}"] = checkpoint.x0
             if checkpoint.guidance is not None:
                 tensors[f"g_{step}"] = checkpoint.guidance
             listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
-                            "evaluated": checkpoint.evaluated})
+                            "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
         return listing, ({"checkpoints": encode_tensors(tensors)} if tensors else {})
 
 

@@ -68,9 +68,12 @@ class ReuseSettings:
         return balanced if self.max_resume_fraction > balanced else None
 
     def checkpoint_steps(self, total_steps: int) -> list[int]:
-        """Steps at which a run records (x_k, x0_k, guidance_k) for later requests."""
+        """Steps at which a run records (x_k, x0_k, guidance_k) for later requests.
+
+        Step 0 always: it is what later requests confirm a donor on (`ReuseRun._screen`), never a resume point.
+        """
         steps = {round(f * total_steps) for f in self.checkpoint_fractions}
-        return sorted(s for s in steps if 0 < s < total_steps)
+        return [0] + sorted(s for s in steps if 0 < s < total_steps)
 
     def replace(self, **changes) -> ReuseSettings:
         return dataclasses.replace(self, **changes)

@@ -7,8 +7,9 @@ is made in carnator_core.
 
 - OUTER_SAMPLE    builds the run (fingerprints, lookup), records and reports afterwards
 - SAMPLER_SAMPLE  probes donors with the loaded model, resumes from the accepted state
-- PREDICT_NOISE   serves the accepted probe as the first evaluation after the resume,
-                  counts model calls, applies the optional guidance boost
+- PREDICT_NOISE   serves the accepted probe as the first evaluation after the resume (or, without
+                  one, the probing's step-0 evaluation as step 0), counts model calls, applies the
+                  optional guidance boost
 - CALC_COND_BATCH keeps cond - uncond where a probe or a checkpoint needs it
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import comfy.model_management
 import comfy.model_patcher
@@ -56,6 +58,26 @@ def install(model, settings: ReuseSettings, attention: SparseAttentionSettings |
     return model
 
 
+@dataclass
+class CachedEvaluation:
+    """A model evaluation made while probing that the sampler's next call at `x`, `sigma` gets instead of the model.
+
+    `exact`: served only for the identical state (step 0 without a resume: the output must be bit-identical to the
+    plain sampler's); a resume's state comes back through the sampler's noise scaling, equal only to rounding.
+    """
+
+    x: torch.Tensor
+    sigma: float
+    x0: torch.Tensor
+    guidance: torch.Tensor | None
+    exact: bool
+
+    def serves(self, x: torch.Tensor, sigma: float) -> bool:
+        if abs(self.sigma - sigma) >= 1e-6 or self.x.shape != x.shape:
+            return False
+        return torch.equal(self.x, x) if self.exact else torch.allclose(self.x, x, rtol=1e-4, atol=1e-5)
+
+
 class HostState:
     """Host-side companions of a ReuseRun: tensors on the device and counters."""
 
@@ -63,16 +85,19 @@ class HostState:
         self.run = run
         self.settings = settings
         self.model_calls = 0
-        self.cached_eval: tuple[torch.Tensor, float, torch.Tensor] | None = None
+        self.cached_eval: CachedEvaluation | None = None
         self.capture_guidance = False
         self.last_guidance: tuple[float, torch.Tensor] | None = None
         self.checkpoint_sigmas: set[float] = set()
         self.attention: SparseAttentionRun | None = None
         self.last_x0: torch.Tensor | None = None
         self.boost_sigmas: set[float] = set()
-        # EasyCache state of the last single-state probe call at each sigma: a resume adopts the one of the call
-        # it resumes from, not of a later confirmation call at the donor's shallowest checkpoint.
-        self.probe_step_caches: dict[float, object | None] = {}
+        # EasyCache state of every single-state probe call, by the state it evaluated: the run adopts the one of the
+        # call it continues from (the resumed probe, or the step-0 screen), not of any other call at that sigma.
+        self.probe_step_caches: list[tuple[torch.Tensor, object | None]] = []
+
+    def step_cache_of(self, evaluated: torch.Tensor) -> object | None:
+        return next((cache for x, cache in self.probe_step_caches if x is evaluated), None)
 
 
 def _positive_cross_attn(guider) -> torch.Tensor | None:
@@ -200,11 +225,11 @@ def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise
     state: HostState | None = extra_args["model_options"]["transformer_options"].get(RUN_KEY)
     if state is None or state.run is None:
         return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
-    return sample_with_run(executor, state, guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
-                           disable_pbar)
+    return sample_with_run(executor, executor.class_obj, state, guider, sigmas, extra_args, callback, noise,
+                           latent_image, denoise_mask, disable_pbar)
 
 
-def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callback, noise, latent_image,
+def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_args, callback, noise, latent_image,
                     denoise_mask, disable_pbar, match=None):
     """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording."""
     run = state.run
@@ -222,7 +247,8 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
         state.capture_guidance, state.last_guidance = True, None
         try:
             with fresh_step_cache(extra_args["model_options"], guider) as cache:
-                state.probe_step_caches[sigma] = cache if len(states) == 1 else None
+                if len(states) == 1:
+                    state.probe_step_caches.append((states[0], cache))
                 x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
                             model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
@@ -233,22 +259,22 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
 
     start = 0
     if targets:
-        resume = run.probe(targets, evaluate, batch_limit)
+        first_state = _first_state(guider, sampler, sigmas, noise, latent_image)
+        resume = run.probe(targets, evaluate, batch_limit, first_state)
         if resume is not None:
-            step_cache = state.probe_step_caches.get(resume.target.sigma)
-            if step_cache is not None:
-                # The step cache continues from the accepted evaluation; the guider's (per-run) options get it
-                # too, so the cache's own end-of-run summary and reset see the cache the run actually used.
-                for options in (extra_args["model_options"], guider.model_options):
-                    options["transformer_options"][STEP_CACHE_KEY] = step_cache
+            _adopt_step_cache(state, guider, extra_args, resume.target.x)
             start = resume.target.step
             x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
             if resume.x0 is not None:
-                state.cached_eval = (x_k, resume.target.sigma, resume.x0)
+                state.cached_eval = CachedEvaluation(x_k, resume.target.sigma, resume.x0, resume.guidance, exact=False)
             noise, latent_image = _start_state(guider, resume.target.sigma, x_k)
             sigmas = sigmas[start:]
             boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
             state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
+        elif run.start_evaluation is not None:
+            _adopt_step_cache(state, guider, extra_args, first_state)
+            x0, guidance = run.start_evaluation
+            state.cached_eval = CachedEvaluation(first_state, sigma_values[0], x0, guidance, exact=True)
 
     _borrow_masks(state, run)
 
@@ -265,6 +291,23 @@ def sample_with_run(sample, state: HostState, guider, sigmas, extra_args, callba
             callback(step, x0, x, total_steps)
 
     return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
+
+
+def _first_state(guider, sampler, sigmas: torch.Tensor, noise: torch.Tensor, latent_image) -> torch.Tensor:
+    """The state the sampler's first model call sees, computed as ComfyUI's KSAMPLER.sample computes it (a sampler
+    that computes it otherwise only loses the free step 0: `CachedEvaluation` serves identical states only)."""
+    latent = torch.zeros_like(noise) if latent_image is None else latent_image
+    max_denoise = sampler.max_denoise(guider, sigmas) if hasattr(sampler, "max_denoise") else False
+    return guider.inner_model.model_sampling.noise_scaling(sigmas[0], noise, latent, max_denoise)
+
+
+def _adopt_step_cache(state: HostState, guider, extra_args: dict, evaluated: torch.Tensor) -> None:
+    """Let EasyCache/LazyCache continue from the probe call the run continues from. The guider's (per-run) options
+    get it too, so the cache's own end-of-run summary and reset see the cache the run actually used."""
+    step_cache = state.step_cache_of(evaluated)
+    if step_cache is not None:
+        for options in (extra_args["model_options"], guider.model_options):
+            options["transformer_options"][STEP_CACHE_KEY] = step_cache
 
 
 def _step_cache_skipped(model_options: dict) -> bool:
@@ -295,12 +338,12 @@ def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  
     if state is None:
         return executor(x, timestep, model_options, seed)
     sigma = _first_sigma(timestep)
-    if state.cached_eval is not None:
-        cached_x, cached_sigma, cached_x0 = state.cached_eval
-        if abs(cached_sigma - sigma) < 1e-6 and cached_x.shape == x.shape and torch.allclose(cached_x, x, rtol=1e-4,
-                                                                                              atol=1e-5):
-            state.cached_eval = None
-            return cached_x0
+    cached = state.cached_eval
+    if cached is not None and cached.serves(x, sigma):
+        state.cached_eval = None
+        if cached.guidance is not None:
+            state.last_guidance = (sigma, cached.guidance)
+        return cached.x0
     if not state.capture_guidance:
         state.model_calls += 1
     guider = executor.class_obj

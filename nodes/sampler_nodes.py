@@ -100,8 +100,8 @@ class ReuseSampler(comfy.samplers.Sampler):
                                              denoise_mask, disable_pbar)
                 state = HostState(run, self.settings)
                 model_options["transformer_options"][RUN_KEY] = guider_options[RUN_KEY] = state
-                output = sample_with_run(self.inner.sample, state, guider, sigmas, extra_args, callback, noise,
-                                         latent_image, denoise_mask, disable_pbar, match=self.match)
+                output = sample_with_run(self.inner.sample, self.inner, state, guider, sigmas, extra_args, callback,
+                                         noise, latent_image, denoise_mask, disable_pbar, match=self.match)
                 publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
                 return output
         finally:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from carnator_core.entry import EntryMeta, HardKey
+from carnator_core.fingerprint import noise_fingerprint
 from carnator_core.planner import RequestFacts, plan_probes
+from carnator_core.recorder import RunRecorder
 from carnator_core.run import ReuseRun
 from carnator_core.settings import ReuseSettings
 from carnator_core.shortlist import Candidate
@@ -20,11 +22,15 @@ KEY = HardKey("model", (2, 4, 4), "schedule")
 
 
 def _donor(store: ReuseStore, name: str, steps: list[int], tensors: dict | None = None,
-           extrapolated: tuple[int, ...] = (), lineage: dict | None = None) -> Candidate:
+           extrapolated: tuple[int, ...] = (), lineage: dict | None = None, start: str | None = None) -> Candidate:
+    """A stored donor with checkpoints at `steps`; with `start` also its step-0 prediction (tensors' "x0_0") made at
+    the state of that fingerprint."""
+    checkpoints = [{"step": s, "sigma": 1 - s / 10, "guidance": False, "evaluated": s not in extrapolated}
+                   for s in steps]
+    if start is not None:
+        checkpoints.insert(0, {"step": 0, "sigma": 1.0, "guidance": False, "evaluated": True, "start": start})
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name, lineage=lineage or {},
-                     latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10,
-                     checkpoints=[{"step": s, "sigma": 1 - s / 10, "guidance": False, "evaluated": s not in extrapolated}
-                                  for s in steps])
+                     latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10, checkpoints=checkpoints)
     tensors = tensors or {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in steps for kind in ("x", "x0")}
     store.put(meta, {"checkpoints": encode_tensors(tensors)},
               IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
@@ -164,3 +170,47 @@ def test_a_donor_that_resumed_is_confirmed_on_its_own_donors_early_checkpoint(tm
     orphan = _donor(store, "orphan", [5])
     targets, _ = plan_probes(store, [orphan], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
     assert targets[0].anchor is None  # no lineage: nothing shallower to confirm on
+
+
+def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_path):
+    """Donors sampled from the same noise started from the live request's first state: one evaluation there (the
+    request's own step 0) rules out the donor that disagrees before any deep probe and confirms the one that agrees,
+    whose deep pass then needs no confirmation call. A donor that started elsewhere keeps its own anchor."""
+    store = ReuseStore(str(tmp_path / "store"))
+    steps = {"other scene": (2, 5), "same scene": (2, 5), "other seed": (2, 5)}
+    states = _random_states(steps, seed=4)
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))
+    other_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(6))
+    predictions = {name: torch.randn(SHAPE, generator=torch.Generator().manual_seed(7 + i))
+                   for i, name in enumerate(steps)}
+    donors = [_donor(store, name, list(s), {**_blob(states, name), "x0_0": predictions[name]},
+                     start=noise_fingerprint(other_start if name == "other seed" else start))
+              for name, s in steps.items()]
+    targets, _ = plan_probes(store, donors, FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step, t.anchor and t.anchor.step) for t in targets] == [
+        ("other scene", 5, 2), ("same scene", 5, 2), ("other seed", 5, 2)]
+    assert all(t.start is not None and torch.equal(t.start.x0, predictions[t.candidate.prompt]) for t in targets)
+    calls: list[tuple[str, int]] = []
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        if xs[0] is start:
+            calls.append(("start", 0))
+            return [(predictions["same scene"], None)]  # the live prompt predicts what "same scene" did
+        key, x0 = _probed(states, xs[0])
+        calls.append(key)
+        return [(x0, None)]
+
+    run = _run(store)
+    run.recorder = RunRecorder(set(run.settings.checkpoint_steps(run.total_steps)))
+    resume = run.probe(targets, evaluate, start_state=start)
+    assert calls == [("start", 0), ("same scene", 5)]
+    assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
+        ("other scene", 0, False, True), ("same scene", 0, True, True), ("same scene", 5, True, False)]
+    assert resume is not None and resume.target.candidate.prompt == "same scene" and run.model_calls == 2
+    assert run.start_evaluation is not None and torch.equal(run.start_evaluation[0], predictions["same scene"])
+    recorded = run.recorder.checkpoints[0]  # the screen is this request's step 0: recorded for later requests
+    assert recorded.x is None and recorded.start == noise_fingerprint(start)
+
+    run = _run(store)
+    run.probe([t for t in targets if t.candidate.prompt == "other seed"], evaluate, start_state=start)
+    assert run.start_evaluation is None and calls[2] == ("other seed", 5)  # nothing to screen: no call at the start

@@ -53,8 +53,9 @@ def test_same_prompt_and_seed_resumes_at_deepest_checkpoint(comfy, tiny_models, 
     assert report["skipped_steps"] == 5  # balanced: deepest checkpoint at <= half of 10 steps
     assert report["structure_agreement"] == pytest.approx(1.0, abs=1e-3)  # fp16 checkpoints
     assert first_reports[0]["model_calls"] == STEPS
-    # The accepted probe is step 5's evaluation; one more call confirms it at the donor's shallowest checkpoint.
-    assert [(p["step"], p["passed"], p["confirms_deeper"]) for p in report["probes"]] == [(5, True, False), (2, True, True)]
+    # The request's own step 0 confirms the donor (same noise: the donor started from that state); the accepted
+    # probe is step 5's evaluation.
+    assert [(p["step"], p["passed"], p["confirms_deeper"]) for p in report["probes"]] == [(0, True, True), (5, True, False)]
     assert report["model_calls"] == STEPS - 5 + 1
     # checkpoints are stored as fp16: the resumed result matches to that precision
     relative_error = float((second - first).norm() / first.norm())
@@ -62,10 +63,15 @@ def test_same_prompt_and_seed_resumes_at_deepest_checkpoint(comfy, tiny_models, 
 
 
 def test_forced_probe_failure_and_changed_seed_get_no_latent_reuse(comfy, tiny_models, store_path):
-    _sample(comfy, with_reuse(_wan(tiny_models, seed=11), store_path, prompt="a red ball"))
-    _, strict = _sample(comfy, with_reuse(_wan(tiny_models, seed=11), store_path, prompt="a red ball",
-                                          structure_threshold=1.0, guidance_threshold=1.0, depth_slope=0.0))
+    plain, _ = _sample(comfy, with_reuse(_wan(tiny_models, seed=11), store_path, prompt="a red ball"))
+    rejected, strict = _sample(comfy, with_reuse(_wan(tiny_models, seed=11), store_path, prompt="a red ball",
+                                                 structure_threshold=1.0, guidance_threshold=1.0, depth_slope=0.0))
     assert strict[0]["skipped_steps"] == 0 and strict[0]["reason"] == "probe rejected"
+    # Rejected at step 0 by the request's own first evaluation, which the sampler then takes as its step 0: the miss
+    # costs no extra call and its output is the plain sampler's, bit for bit.
+    assert [(p["step"], p["passed"]) for p in strict[0]["probes"]] == [(0, False)]
+    assert strict[0]["model_calls"] == STEPS
+    assert torch.equal(rejected, plain)
     _, reseeded = _sample(comfy, with_reuse(_wan(tiny_models, seed=12), store_path, prompt="a red ball"))
     assert reseeded[0]["skipped_steps"] == 0
     assert "other initial noise (seed)" in reseeded[0]["skipped_donors"]
@@ -160,24 +166,36 @@ def test_probes_of_several_donors_share_one_model_call(comfy, tiny_models, store
     sequential, sequential_reports = _sample(comfy, with_reuse(request, store_path, prompt="a red ball rolls left",
                                                                probe_batch=1, **accept_all))
     report, baseline = batched_reports[0], sequential_reports[0]
-    assert [(p["step"], p["batched_with"]) for p in report["probes"]] == [(5, 1), (2, 0), (5, 1)], json.dumps(report)
-    assert [(p["step"], p["batched_with"]) for p in baseline["probes"]] == [(5, 0), (2, 0)], baseline["probes"]
+    # Both donors are confirmed by the request's own step 0, then probed at step 5 in one call (batched) or two.
+    assert [(p["step"], p["batched_with"]) for p in report["probes"]] == [(0, 0), (0, 0), (5, 1), (5, 1)], \
+        json.dumps(report)
+    assert [(p["step"], p["batched_with"]) for p in baseline["probes"]] == [(0, 0), (0, 0), (5, 0)], baseline["probes"]
     assert report["donor_id"] == baseline["donor_id"] and report["skipped_steps"] == 5
-    assert report["model_calls"] == baseline["model_calls"] == STEPS - 5 + 1  # probe call serves step 5, + confirmation
+    assert report["model_calls"] == baseline["model_calls"] == STEPS - 5 + 1  # step 0, then the probe serves step 5
     relative_error = float((batched - sequential).norm() / sequential.norm())
     assert relative_error < 1e-4, relative_error
 
 
 def test_rejected_probes_leave_easycache_as_they_found_it(comfy, tiny_models, store_path):
     """Probes run at deep states before step 0; EasyCache follows calls in order. A rejected probe must not
-    leave it state that breaks step 0 (it crashed), nor change what EasyCache does in the run."""
+    leave it state that breaks step 0 (it crashed), nor change what EasyCache does in the run. A donor rejected at
+    step 0 by the request's own first evaluation hands the run that evaluation and EasyCache's state after it."""
     _sample(comfy, with_reuse(_wan(tiny_models, seed=31), store_path, prompt="a red ball"))
-    reject_all = {"structure_threshold": 1.0, "guidance_threshold": 1.0, "depth_slope": 0.0}
-    reused, reports = _sample(comfy, with_easycache(with_reuse(_wan(tiny_models, seed=31), store_path,
-                                                                prompt="a red ball", sparse_attention="off",
-                                                                **reject_all)))
-    assert reports[0]["reason"] == "probe rejected" and len(reports[0]["probes"]) == 3, json.dumps(reports[0])
+    reject_all = {"structure_threshold": 1.0, "guidance_threshold": 1.0, "depth_slope": 0.0, "record": False,
+                  "sparse_attention": "off"}
+    screened, reports = _sample(comfy, with_easycache(with_reuse(_wan(tiny_models, seed=31), store_path,
+                                                                  prompt="a red ball", **reject_all)))
+    assert [(p["step"], p["passed"]) for p in reports[0]["probes"]] == [(0, False)], json.dumps(reports[0])
     easycache_only, _ = _sample(comfy, with_easycache(_wan(tiny_models, seed=31)))
+    assert torch.equal(screened, easycache_only)
+    # Another seed (serving policy takes any donor): the donor's step 0 is not this request's, so deep probes run.
+    reused, reports = _sample(comfy, with_easycache(with_reuse(_wan(tiny_models, seed=32), store_path,
+                                                                prompt="a red ball", seed_policy="serving",
+                                                                **reject_all)))
+    probes = reports[0]["probes"]
+    assert reports[0]["reason"] == "probe rejected" and probes and all(p["step"] > 0 for p in probes), \
+        json.dumps(reports[0])
+    easycache_only, _ = _sample(comfy, with_easycache(_wan(tiny_models, seed=32)))
     assert torch.equal(reused, easycache_only)
 
 

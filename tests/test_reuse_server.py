@@ -126,7 +126,7 @@ def test_template_records_then_resumes_the_same_prompt_and_seed(comfy_server, ti
     first = _run(comfy_server, graph)
     assert first.report["hit"] is False and first.report["reason"] == "no candidate"
     (donor,) = _entries(comfy_server.base_dir, store, 1)
-    assert donor.total_steps == STEPS and [c["step"] for c in donor.checkpoints] == [2, 3, 4, 5, 6]
+    assert donor.total_steps == STEPS and [c["step"] for c in donor.checkpoints] == [0, 2, 3, 4, 5, 6]
 
     second = _run(comfy_server, graph)
     _assert_resumed(second.report, donor)
