@@ -33,6 +33,10 @@ def test_calibration_runs_and_summarises_every_signal():
     assert set(summary["default_rule_by_depth"]) == set(summary["safe_structure_threshold_by_depth"]) == {"0.25", "0.50"}
     assert all(set(r.lost) <= {"shape", "colour", "motion", "background"} for r in rows)
     assert all(not r.lost for r in rows if r.outcome)
+    screen = summary["start_screen_by_relation"]  # one pair per relation, its step-0 signals on every row
+    assert set(screen) == set(RELATIONS) and all(s["pairs"] == 1 and s["passed"] in (0, 1) for s in screen.values())
+    assert all(math.isfinite(r.start_structure_agreement) and r.start_guidance_cosine is not None for r in rows)
+    assert summary["default_rule_after_start_screen"]["accepted"] <= summary["default_rule"]["accepted"]
 
 
 def _row(structure: float, kept: bool) -> Row:

@@ -54,6 +54,9 @@ class Row:
     adherence_plain: float
     adherence_resumed: float
     lost: list[str] = field(default_factory=list)  # attributes plain drew as asked and the resumed run did not
+    # the pair's step-0 signals (the new prompt's first evaluation against the donor's, same noise): ReuseRun._screen
+    start_structure_agreement: float = float("nan")
+    start_guidance_cosine: float | None = None
 
     @property
     def outcome(self) -> bool:
@@ -134,6 +137,9 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
         plain, _ = sampler.run(noise, contexts[1:], uncond)
         plain_result = score(new_prompt, world.decode(plain[0]))
         text_cosine = float(embedder.embed([donor_prompt, new_prompt]).prod(dim=0).sum())
+        x_start, x0_start_donor, guidance_start_donor = donor_states[0]
+        x0_start_new, guidance_start_new = sampler.predict(x_start, sampler.sigmas[0], contexts[1:], uncond)
+        start = probe_signals(0.0, x_start, x0_start_new, x0_start_donor, guidance_start_new, guidance_start_donor)
         for k in depths:
             x_k, x0_donor, guidance_donor = donor_states[k]
             x0_new, guidance_new = sampler.predict(x_k, sampler.sigmas[k], contexts[1:], uncond)
@@ -145,7 +151,9 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
                             guidance_cosine=signals.guidance_cosine, text_cosine=text_cosine,
                             adherence_plain=plain_result.adherence, adherence_resumed=resumed_result.adherence,
                             lost=[a for a in world.ATTRIBUTES
-                                  if plain_result.matches[a] and not resumed_result.matches[a]]))
+                                  if plain_result.matches[a] and not resumed_result.matches[a]],
+                            start_structure_agreement=start.structure_agreement,
+                            start_guidance_cosine=start.guidance_cosine))
     return rows
 
 
@@ -153,6 +161,26 @@ def default_rule_passes(row: Row) -> bool:
     return ProbeThresholds().passes(ProbeSignals(depth=row.depth, raw_agreement=row.raw_agreement,
                                                  structure_agreement=row.structure_agreement,
                                                  guidance_cosine=row.guidance_cosine))
+
+
+def start_screen_passes(row: Row) -> bool:
+    """Whether the pair passes the step-0 screen a same-seed request runs before any deep probe."""
+    return ProbeThresholds().passes(ProbeSignals(depth=0.0, raw_agreement=float("nan"),
+                                                 structure_agreement=row.start_structure_agreement,
+                                                 guidance_cosine=row.start_guidance_cosine))
+
+
+def start_screen_by_relation(rows: list[Row]) -> dict[str, dict[str, float | int]]:
+    """Per relation: the range of step-0 structure agreement over its pairs and how many pairs pass the screen."""
+    summary = {}
+    for relation in RELATIONS:
+        pairs = {(r.start_structure_agreement, r.start_guidance_cosine): r for r in rows if r.relation == relation}
+        if not pairs:
+            continue
+        agreements = [r.start_structure_agreement for r in pairs.values()]
+        summary[relation] = {"pairs": len(pairs), "passed": sum(start_screen_passes(r) for r in pairs.values()),
+                             "structure_min": float(min(agreements)), "structure_max": float(max(agreements))}
+    return summary
 
 
 def precision_recall(accepted: list[bool], good: list[bool]) -> dict[str, float | int | None]:
@@ -186,7 +214,10 @@ def summarise(rows: list[Row]) -> dict:
                "auc_by_depth": {}, "unrelated_raw_agreement_by_depth": {}, "outcome_by_relation_and_depth": {},
                "default_rule": precision_recall([default_rule_passes(r) for r in rows], [r.outcome for r in rows]),
                "default_rule_by_depth": {}, "safe_structure_threshold_by_depth": {},
-               "accepted_but_lost": accepted_but_lost(rows)}
+               "accepted_but_lost": accepted_but_lost(rows),
+               "start_screen_by_relation": start_screen_by_relation(rows),
+               "default_rule_after_start_screen": precision_recall(
+                   [default_rule_passes(r) and start_screen_passes(r) for r in rows], [r.outcome for r in rows])}
     for depth in depths:
         at = [r for r in rows if r.depth == depth]
         summary["auc_by_depth"][f"{depth:.2f}"] = {
@@ -253,6 +284,13 @@ def main(argv: list[str]) -> int:
         print(f"{depth}   {rule['accepted']:>8}  {rule['good']:>4}  {_fmt(rule['precision']):>9}  "
               f"{_fmt(rule['recall']):>6}   {safe['threshold']:.3f} ({_fmt(safe['recall'])})")
     print("accepted resumes that lost an attribute (relation: attribute):", summary["accepted_but_lost"] or "none")
+    print("step-0 screen (same noise; depth-0 thresholds), per relation: pairs passed, structure agreement range")
+    for relation, screen in summary["start_screen_by_relation"].items():
+        print(f"  {relation:<10} {screen['passed']}/{screen['pairs']}   "
+              f"{screen['structure_min']:.2f} .. {screen['structure_max']:.2f}")
+    rule = summary["default_rule_after_start_screen"]
+    print(f"default rule after the step-0 screen: accepted {rule['accepted']}, precision {_fmt(rule['precision'])}, "
+          f"recall {_fmt(rule['recall'])}")
     return 0
 
 
