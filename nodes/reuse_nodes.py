@@ -35,8 +35,8 @@ def reuse_inputs() -> list[io.Input]:
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
         io.Int.Input("max_probes", default=3, min=0, max=16,
                      tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
-                             "states). A pass is confirmed at the donor's shallowest checkpoint with one more "
-                             "call, not counted here."),
+                             "states). Not counted here: the step-0 check of same-seed donors (the run's own first "
+                             "step) and, for other donors, one call confirming a pass at their earliest checkpoint."),
         io.Float.Input("structure_threshold", default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope."),
