@@ -18,7 +18,6 @@ import torch
 
 from carnator_core.embeddings import EmbeddingError, text_embedder
 from carnator_core.entry import EntryMeta
-from carnator_core.fingerprint import noise_fingerprint
 from carnator_core.probe import downsample_guidance
 from carnator_core.store import IndexVectors, ReuseStore, StoreUnavailable
 from carnator_core.tensor_codec import encode_tensors
@@ -48,16 +47,18 @@ class RunRecorder:
 
     def capture(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                 guidance: torch.Tensor | None, evaluated: bool = True) -> None:
-        """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing).
-
-        Step 0 is never resumed from, only compared at (`ReuseRun._screen`), by requests that start from the same
-        state: its prediction is kept and the state only as a fingerprint, which saves a latent's worth of bytes.
-        """
+        """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing)."""
         self.checkpoints[step] = Checkpoint(
-            step=step, sigma=float(sigma), x=None if step == 0 else x.detach().to("cpu", torch.float16, copy=True),
-            x0=x0.detach().to("cpu", torch.float16, copy=True),
-            guidance=None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16),
-            evaluated=evaluated, start=noise_fingerprint(x) if step == 0 else None)
+            step=step, sigma=float(sigma), x=x.detach().to("cpu", torch.float16, copy=True),
+            x0=x0.detach().to("cpu", torch.float16, copy=True), guidance=_stored_guidance(guidance),
+            evaluated=evaluated)
+
+    def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None) -> None:
+        """Step 0: never resumed from, only compared at (`ReuseRun._screen`) by requests that start from the same
+        state, so the prediction is kept and the state only as its fingerprint (a latent's worth of bytes saved)."""
+        self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=None, start=start,
+                                         x0=x0.detach().to("cpu", torch.float16, copy=True),
+                                         guidance=_stored_guidance(guidance))
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blob holding the tensors."""
@@ -73,6 +74,10 @@ class RunRecorder:
             listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
                             "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
         return listing, ({"checkpoints": encode_tensors(tensors)} if tensors else {})
+
+
+def _stored_guidance(guidance: torch.Tensor | None) -> torch.Tensor | None:
+    return None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16)
 
 
 @dataclass

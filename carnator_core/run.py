@@ -76,6 +76,10 @@ class ReuseRun:
     # The live request's own step-0 evaluation (x0, guidance) when probing made it (`_screen`): without a resume the
     # sampler's first call is served from it, so the screen costs a miss nothing.
     start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    # The state the sampler starts from (the host computes it as the sampler does, for every run): its fingerprint
+    # identifies step 0 in the store, so a donor and a request compare the same computation whatever the sampler.
+    start_state: torch.Tensor | None = None
+    _start_fingerprint: str | None = field(default=None, init=False, repr=False)
 
     @property
     def total_steps(self) -> int:
@@ -111,8 +115,7 @@ class ReuseRun:
                                             fallback_targets=max(1, batch_limit))
         return targets
 
-    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1,
-              start_state: torch.Tensor | None = None) -> Resume | None:
+    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
         """Evaluate targets in planner order; resume from the deepest checkpoint whose signals pass.
 
         At most `max_probes` model calls. Each call takes the next unprobed target together with up to
@@ -128,8 +131,8 @@ class ReuseRun:
         if self.settings.verification == "text-only":
             return self._resume_by_text_similarity(targets)
         pending = list(targets)
-        if start_state is not None and self.settings.max_probes > 0:
-            pending = self._screen(pending, evaluate, start_state)
+        if self.start_state is not None and self.settings.max_probes > 0:
+            pending = self._screen(pending, evaluate, self.start_state)
         thresholds = self.settings.thresholds
         fallback = self.settings.fallback_resume_fraction
         fallback_step = None if fallback is None else last_step_within(fallback, self.total_steps)
@@ -171,8 +174,8 @@ class ReuseRun:
         served from it (`start_evaluation`); with one it replaces the confirmation of the deep pass. Donors that
         fail get no probe; those that pass need no confirmation later. Others are left as they were.
         """
-        state = noise_fingerprint(start_state)
-        starts = {t.meta.entry_id: t.start for t in targets if t.start is not None and t.start.state == state}
+        starts = {t.meta.entry_id: t.start for t in targets
+                  if t.start is not None and t.start.state == self.start_fingerprint}
         if not starts:
             return targets
         sigma = self.sigmas[0]
@@ -220,8 +223,18 @@ class ReuseRun:
     # ------------------------------------------------------------------ during sampling
     def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                      guidance: torch.Tensor | None, evaluated: bool = True) -> None:
-        if self.recorder is not None and self.recorder.wants(step):
+        if self.recorder is None or not self.recorder.wants(step):
+            return
+        if step > 0:
             self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
+        elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
+            self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance)
+
+    @property
+    def start_fingerprint(self) -> str | None:
+        if self._start_fingerprint is None and self.start_state is not None:
+            self._start_fingerprint = noise_fingerprint(self.start_state)
+        return self._start_fingerprint
 
     def wants_step(self, step: int) -> bool:
         return self.recorder is not None and self.recorder.wants(step)

@@ -235,6 +235,7 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
     batch_limit = probe_batch_limit(guider, noise, state.settings.probe_batch)
+    run.start_state = _first_state(guider, sampler, sigmas, noise, latent_image)
     targets = run.plan(match, batch_limit)
     state.attention = extra_args["model_options"]["transformer_options"].get(ATTENTION_RUN_KEY)
     if state.attention is not None:
@@ -259,8 +260,7 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
 
     start = 0
     if targets:
-        first_state = _first_state(guider, sampler, sigmas, noise, latent_image)
-        resume = run.probe(targets, evaluate, batch_limit, first_state)
+        resume = run.probe(targets, evaluate, batch_limit)
         if resume is not None:
             _adopt_step_cache(state, guider, extra_args, resume.target.x)
             start = resume.target.step
@@ -272,9 +272,9 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
             boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
             state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
         elif run.start_evaluation is not None:
-            _adopt_step_cache(state, guider, extra_args, first_state)
+            _adopt_step_cache(state, guider, extra_args, run.start_state)
             x0, guidance = run.start_evaluation
-            state.cached_eval = CachedEvaluation(first_state, sigma_values[0], x0, guidance, exact=True)
+            state.cached_eval = CachedEvaluation(run.start_state, sigma_values[0], x0, guidance, exact=True)
 
     _borrow_masks(state, run)
 
@@ -294,8 +294,10 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
 
 
 def _first_state(guider, sampler, sigmas: torch.Tensor, noise: torch.Tensor, latent_image) -> torch.Tensor:
-    """The state the sampler's first model call sees, computed as ComfyUI's KSAMPLER.sample computes it (a sampler
-    that computes it otherwise only loses the free step 0: `CachedEvaluation` serves identical states only)."""
+    """The state sampling starts from, computed as ComfyUI's KSAMPLER.sample computes it. Donor and request compute it
+    the same way, so it identifies a shared start for any sampler; a sampler whose first model call sees it
+    rescaled (uni_pc) is not handed the step-0 check's evaluation (`CachedEvaluation` serves identical states only)
+    and evaluates step 0 itself."""
     latent = torch.zeros_like(noise) if latent_image is None else latent_image
     max_denoise = sampler.max_denoise(guider, sigmas) if hasattr(sampler, "max_denoise") else False
     return guider.inner_model.model_sampling.noise_scaling(sigmas[0], noise, latent, max_denoise)

@@ -202,7 +202,8 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
 
     run = _run(store)
     run.recorder = RunRecorder(set(run.settings.checkpoint_steps(run.total_steps)))
-    resume = run.probe(targets, evaluate, start_state=start)
+    run.start_state = start
+    resume = run.probe(targets, evaluate)
     assert calls == [("start", 0), ("same scene", 5)]
     assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
         ("other scene", 0, False, True), ("same scene", 0, True, True), ("same scene", 5, True, False)]
@@ -212,5 +213,6 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
     assert recorded.x is None and recorded.start == noise_fingerprint(start)
 
     run = _run(store)
-    run.probe([t for t in targets if t.candidate.prompt == "other seed"], evaluate, start_state=start)
+    run.start_state = start
+    run.probe([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
     assert run.start_evaluation is None and calls[2] == ("other seed", 5)  # nothing to screen: no call at the start

@@ -35,7 +35,7 @@ def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
 
 
 def _wan(tiny_models, **kwargs) -> dict:
-    return wan_t2v(tiny_models["wan"].name, steps=STEPS, sampler_name="euler", **kwargs)
+    return wan_t2v(tiny_models["wan"].name, steps=STEPS, **{"sampler_name": "euler", **kwargs})
 
 
 def test_miss_is_bit_identical_to_plain_ksampler(comfy, tiny_models, store_path):
@@ -217,3 +217,24 @@ def test_easycache_continues_from_an_accepted_probe_and_reports_its_skips(comfy,
     assert reports[0]["skipped_steps"] == 5, json.dumps(reports[0])
     summaries = [line for line in logs if line.startswith("EasyCache - skipped")]
     assert len(summaries) == 1 and not summaries[0].startswith("EasyCache - skipped 0/"), summaries
+
+
+@pytest.mark.parametrize(("sampler_name", "batch_size", "extra_calls"),
+                         [("euler", 2, 0), ("dpmpp_2m", 1, 0), ("euler_ancestral", 1, 0), ("uni_pc", 2, 1)])
+def test_a_donor_ruled_out_at_step_0_leaves_the_output_plain(comfy, tiny_models, store_path, sampler_name,
+                                                           batch_size, extra_calls):
+    """The step-0 check is the request's own first evaluation: whatever sampler runs (multistep, ancestral, a batch
+    of two), a rejected donor leaves the output the plain sampler's, and the sampler is handed that evaluation as its
+    step 0, so the check costs nothing, except where the sampler's first call sees the state rescaled (uni_pc)."""
+
+    def graph(**kwargs) -> dict:
+        return _wan(tiny_models, seed=61, batch_size=batch_size, sampler_name=sampler_name, **kwargs)
+
+    _sample(comfy, with_reuse(graph(), store_path, prompt="a red ball rolls left"))
+    plain, _ = _sample(comfy, graph(text="a blue cube spins"))
+    reused, reports = _sample(comfy, with_reuse(graph(text="a blue cube spins"), store_path, prompt="a blue cube spins",
+                                                min_similarity=-1.0, structure_threshold=1.0, guidance_threshold=1.0,
+                                                depth_slope=0.0, sparse_attention="off", record=False))
+    assert [(p["step"], p["passed"]) for p in reports[0]["probes"]] == [(0, False)], json.dumps(reports[0])
+    assert reports[0]["model_calls"] == STEPS + extra_calls
+    assert torch.equal(reused, plain)

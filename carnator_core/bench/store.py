@@ -35,6 +35,7 @@ import torch
 from carnator_core.bench.lookup import build_index
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 from carnator_core.entry import EntryMeta, HardKey
+from carnator_core.fingerprint import noise_fingerprint
 from carnator_core.masks import BlockSparseMask
 from carnator_core.recorder import RunRecorder
 from carnator_core.settings import ReuseSettings
@@ -56,7 +57,10 @@ def make_entry(latent_shape: tuple[int, ...], layers: int, heads: int, steps: in
     recorder = RunRecorder(set(ReuseSettings().checkpoint_steps(steps)))
     for step in sorted(recorder.checkpoint_steps):
         x, x0, guidance = (torch.randn(latent_shape, generator=generator) for _ in range(3))
-        recorder.capture(step, 1.0 - step / steps, x, x0, guidance)
+        if step == 0:
+            recorder.capture_start(1.0, noise_fingerprint(x), x0, guidance)
+        else:
+            recorder.capture(step, 1.0 - step / steps, x, x0, guidance)
     listing, blobs = recorder.blobs()
     tokens = latent_shape[2] * (latent_shape[3] // 2) * (latent_shape[4] // 2)
     blocks = -(-tokens // 64)
