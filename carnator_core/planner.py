@@ -54,10 +54,10 @@ class ProbeTarget:
     x0: torch.Tensor
     guidance: torch.Tensor | None
     # The donor's shallowest checkpoint, when shallower than this one (for a donor that itself resumed, its own
-    # donor's: see anchor_for in plan_probes). Early in the schedule the
-    # prompt still decides layout and motion; later the model mostly follows the state it is given, so a deeper probe
-    # can agree with a donor whose trajectory the new prompt would not have taken (measured: a motion word's
-    # opposite at half-way, structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here.
+    # donor's: see anchor_for in plan_probes). Early in the schedule the prompt still decides layout and motion;
+    # later the model mostly follows the state it is given, so a deeper probe can agree with a donor whose
+    # trajectory the new prompt would not have taken (measured: a motion word's opposite at half-way,
+    # structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here, unless `start` already did.
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for ReuseRun._screen
 

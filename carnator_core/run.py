@@ -1,8 +1,9 @@
 """One sampling run under Carnator: lookup, probes, resume decision, recording, report.
 
 The host layer drives it (it owns the model and the sampler) through a handful of calls:
-`plan()` before sampling, `probe()` with a model-evaluation callback, `observe_step()` from
-the sampler's step callback, and `finish()` or nothing (an aborted run records nothing).
+`start_state` set and `plan()` called before sampling, `probe()` with a model-evaluation callback,
+`observe_step()` from the sampler's step callback, and `finish()` or nothing (an aborted run
+records nothing).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class ReuseRun:
             return self._resume_by_text_similarity(targets)
         pending = list(targets)
         if self.start_state is not None and self.settings.max_probes > 0:
-            pending = self._screen(pending, evaluate, self.start_state)
+            pending = self._screen(pending, evaluate)
         thresholds = self.settings.thresholds
         fallback = self.settings.fallback_resume_fraction
         fallback_step = None if fallback is None else last_step_within(fallback, self.total_steps)
@@ -164,16 +165,18 @@ class ReuseRun:
                 return self.resume
         return None
 
-    def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate, start_state: torch.Tensor) -> list[ProbeTarget]:
+    def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate) -> list[ProbeTarget]:
         """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
 
         A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
         decides the most (demo model, `python -m carnator_core.bench probe`, cfg 5: rewordings agree 0.93-0.96
         there, pairs with any attribute changed at most 0.76; on the cfg-1 workload streams rewordings 0.98-0.99,
-        other donors 0.70-0.92), so one call judges every such donor at once. It is not extra work: without a resume the sampler's first call is
-        served from it (`start_evaluation`); with one it replaces the confirmation of the deep pass. Donors that
-        fail get no probe; those that pass need no confirmation later. Others are left as they were.
+        other donors 0.70-0.92), so one call judges every such donor at once. It is not extra work: without a
+        resume the sampler's first call is served from it (`start_evaluation`); with one it replaces the
+        confirmation of the deep pass. Donors that fail get no probe; those that pass need no confirmation later.
+        Others are left as they were.
         """
+        start_state = self.start_state
         starts = {t.meta.entry_id: t.start for t in targets
                   if t.start is not None and t.start.state == self.start_fingerprint}
         if not starts:

@@ -174,6 +174,7 @@ def start_screen_by_relation(rows: list[Row]) -> dict[str, dict[str, float | int
     """Per relation: the range of step-0 structure agreement over its pairs and how many pairs pass the screen."""
     summary = {}
     for relation in RELATIONS:
+        # every depth's row of a pair carries the pair's step-0 signals: one per pair
         pairs = {(r.start_structure_agreement, r.start_guidance_cosine): r for r in rows if r.relation == relation}
         if not pairs:
             continue
