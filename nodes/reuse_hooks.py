@@ -340,9 +340,8 @@ def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  
     if state is None:
         return executor(x, timestep, model_options, seed)
     sigma = _first_sigma(timestep)
-    cached = state.cached_eval
+    cached, state.cached_eval = state.cached_eval, None  # for the sampler's next call only, served or not
     if cached is not None and cached.serves(x, sigma):
-        state.cached_eval = None
         if cached.guidance is not None:
             state.last_guidance = (sigma, cached.guidance)
         return cached.x0

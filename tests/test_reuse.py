@@ -238,3 +238,20 @@ def test_a_donor_ruled_out_at_step_0_leaves_the_output_plain(comfy, tiny_models,
     assert [(p["step"], p["passed"]) for p in reports[0]["probes"]] == [(0, False)], json.dumps(reports[0])
     assert reports[0]["model_calls"] == STEPS + extra_calls
     assert torch.equal(reused, plain)
+
+
+def test_uni_pc_after_a_step_0_check_gives_exactly_easycaches_output(comfy, tiny_models, store_path):
+    """uni_pc sees the start state rescaled, so it evaluates step 0 itself after the check; with EasyCache in the
+    graph that second evaluation of step 0 must still give exactly EasyCache's own output."""
+
+    def graph() -> dict:
+        return _wan(tiny_models, seed=37, sampler_name="uni_pc")
+
+    _sample(comfy, with_reuse(graph(), store_path, prompt="a red ball"))
+    reject_all = {"structure_threshold": 1.0, "guidance_threshold": 1.0, "depth_slope": 0.0, "record": False,
+                  "sparse_attention": "off"}
+    screened, reports = _sample(comfy, with_easycache(with_reuse(graph(), store_path, prompt="a red ball",
+                                                                  **reject_all)))
+    assert [(p["step"], p["passed"]) for p in reports[0]["probes"]] == [(0, False)], json.dumps(reports[0])
+    easycache_only, _ = _sample(comfy, with_easycache(graph()))
+    assert torch.equal(screened, easycache_only)
