@@ -322,7 +322,9 @@ class ReuseRun:
         notes = list(self.match.notes if self.match else [])
         if self.store_problem and not any("store unavailable" in note for note in notes):
             notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
-        if self.attention.get("heads_reuse") and not self.attention.get("borrowed_sparse_calls"):
+        if self.attention.get("inactive"):
+            notes.append(self.attention["inactive"])
+        elif self.attention.get("heads_reuse") and not self.attention.get("borrowed_sparse_calls"):
             notes.append(MASKS_TOO_FULL)
         return notes
 
@@ -342,3 +344,18 @@ class ReuseRun:
         if self.skipped:
             return "filtered: " + ", ".join(sorted(self.skipped))
         return "no candidate"
+
+
+def plain_run_report(mode: str, reason: str, total_steps: int, model_calls: int, elapsed: float,
+                     attention: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report of a run Carnator could not take part in (nothing looked up, probed or recorded): the same
+    fields as `ReuseRun.report`, so the node, the badge and the logs read it the same way."""
+    attention = attention or {}
+    return {
+        "hit": False, "mode": mode, "donor_id": None, "donor_prompt": None, "text_similarity": None,
+        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
+        "total_steps": total_steps, "attention_density": attention.get("density"), "attention": attention,
+        "heads_reuse": attention.get("heads_reuse", 0), "heads_own": attention.get("heads_own", 0),
+        "model_calls": model_calls, "time_s": elapsed, "time_saved_s": 0.0, "reason": reason, "probes": [],
+        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": [reason] if reason else [],
+    }

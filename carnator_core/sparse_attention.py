@@ -15,6 +15,8 @@ on the borrowed mask's recall, re-checked every `recheck_every` steps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ log = logging.getLogger("carnator.attention")
 
 MASK_SOURCES = ("own", "borrowed", "borrowed+own")
 MASKS_TOO_FULL = "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"
+INACTIVE = "sparse attention inactive: attention is patched by {}"
 
 
 @dataclass
@@ -84,8 +87,13 @@ class SparseAttentionRun:
     sparse_calls: int = 0
     dense_calls: int = 0
     borrowed_sparse_calls: int = 0  # sparse calls that used a donor's mask for at least one head: a masks hit
+    self_attention_calls: int = 0  # video self-attention calls that reached the override, sparse or dense
+    inactive: str = ""  # why no video self-attention reached the override (another patch replaced it), if so
     reported_by_reuse: bool = False  # a reuse run includes this summary in its report
     step_cache: tuple[Any, int] | None = None  # (host's sigma object, step): the host's per-evaluation cache
+    # Context under which tensors kept across model calls (masks, kernel layouts) are made: a host that records its
+    # allocations into a replayed graph (ComfyUI's model compiler) must not own them.
+    persistent: Callable[[], AbstractContextManager] = nullcontext
 
     def __post_init__(self) -> None:
         self.hysteresis = HeadHysteresis(self.settings.enter_recall, self.settings.exit_recall)
@@ -103,18 +111,19 @@ class SparseAttentionRun:
                 and not self.layer_is_dense(layer))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int | None, step: int,
-               key_valid: torch.Tensor | None = None) -> torch.Tensor | None:
+               key_valid: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor | None:
         """Block-sparse attention for a video self-attention call, or None to run it dense.
 
-        q, k, v: (B, H, N, D). `key_valid` (N,) bool drops masked-out keys (padded text tokens).
+        q, k, v: (B, H, N, D). `key_valid` (N,) bool drops masked-out keys (padded text tokens). `scale` is the
+        softmax scale the model asked for (None: 1/sqrt(D)); masks are estimated under it too.
         """
         n = q.shape[2]
         if k.shape[2] != n or not self.may_be_sparse(n, layer, step):
             self.dense_calls += 1
             return None
         if key_valid is not None and not bool(key_valid.all()):
-            return self._attend_valid_keys(q, k, v, heads, layer, step, key_valid)
-        blocks = self._video_blocks(q, k, layer, step)
+            return self._attend_valid_keys(q, k, v, heads, layer, step, key_valid, scale)
+        blocks = self._video_blocks(q, k, layer, step, scale)
         if blocks is None or (self.settings.source == "borrowed" and layer not in self.borrowed):
             # without a donor, "borrowed" runs dense; its own estimate is still recorded for later requests
             self.dense_calls += 1
@@ -126,26 +135,28 @@ class SparseAttentionRun:
             return None
         key = (state.own_step, state.checked_step, layer in self.borrowed, n, str(q.device))
         if state.layout_key != key:  # masks change only at refreshes and re-checks, not at every call
-            state.layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)
+            with self.persistent():
+                state.layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)
             state.layout_key = key
         layout = state.layout
         self.sparse_calls += 1
         if state.source in ("borrowed", "mixed"):
             self.borrowed_sparse_calls += 1
-        return block_sparse_attention(q, k, v, layout, backend=self.settings.backend)
+        return block_sparse_attention(q, k, v, layout, scale=scale, backend=self.settings.backend)
 
-    def _attend_valid_keys(self, q, k, v, heads, layer, step, key_valid) -> torch.Tensor | None:
+    def _attend_valid_keys(self, q, k, v, heads, layer, step, key_valid, scale) -> torch.Tensor | None:
         """Padded text keys never receive attention: drop them, attend, and let padded queries read
         the valid keys densely (their outputs never reach the video tokens)."""
         valid = key_valid.nonzero().flatten()
-        kept = self.attend(q[:, :, valid], k[:, :, valid], v[:, :, valid], heads, layer, step)
+        kept = self.attend(q[:, :, valid], k[:, :, valid], v[:, :, valid], heads, layer, step, scale=scale)
         if kept is None:
             return None
-        out = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, valid], v[:, :, valid])
+        out = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, valid], v[:, :, valid], scale=scale)
         out[:, :, valid] = kept
         return out
 
-    def _video_blocks(self, q: torch.Tensor, k: torch.Tensor, layer: int, step: int) -> torch.Tensor | None:
+    def _video_blocks(self, q: torch.Tensor, k: torch.Tensor, layer: int, step: int,
+                      scale: float | None = None) -> torch.Tensor | None:
         """(1, H, nv, nv) bool blocks over the video tokens for this call."""
         settings = self.settings
         state = self.layers.setdefault(layer, _LayerState())
@@ -161,10 +172,11 @@ class SparseAttentionRun:
         needs_check = donor is not None and (state.checked_step < 0 or step - state.checked_step >= settings.recheck_every)
         mass = None
         if needs_own or needs_check:
-            mass = estimate_block_mass(qv, kv, settings.block_size).mean(dim=0, keepdim=True)
+            mass = estimate_block_mass(qv, kv, settings.block_size, scale).mean(dim=0, keepdim=True)
         if needs_own:
-            state.own = select_blocks(mass, self.video_tokens, settings.block_size, settings.tau,
-                                      self.first_frame_tokens, settings.min_density, settings.max_density)
+            with self.persistent():
+                state.own = select_blocks(mass, self.video_tokens, settings.block_size, settings.tau,
+                                          self.first_frame_tokens, settings.min_density, settings.max_density)
             state.own_step = step
         if donor is None:
             if settings.source != "borrowed":
@@ -203,6 +215,8 @@ class SparseAttentionRun:
             "sparse_calls": self.sparse_calls,
             "dense_calls": self.dense_calls,
             "borrowed_sparse_calls": self.borrowed_sparse_calls,
+            "self_attention_calls": self.self_attention_calls,
+            "inactive": self.inactive,
             "per_layer": {str(layer): {"density": s.density, "source": s.source} for layer, s in sorted(self.layers.items())},
             "head_history": self.hysteresis.history(),
             **counts,

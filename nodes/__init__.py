@@ -6,6 +6,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from .attention_node import CarnatorSparseAttention
 from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_weights_folder
+from .host import missing_hooks
 from .lookup_node import CarnatorCompatibilityLookup
 from .reuse_nodes import CarnatorReport, CarnatorReuse
 from .routes import register_routes
@@ -26,6 +27,7 @@ NODE_LIST: list[type[io.ComfyNode]] = [
 ]
 
 register_weights_folder()
+missing_hooks()  # says once, at start-up, if this host lacks a hook Carnator needs
 
 
 # The store panel's HTTP routes; ComfyUI adds them to its web app after every pack has loaded.

@@ -13,17 +13,36 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 
+import comfy.ldm.modules.attention
 import comfy.patcher_extension
 import torch
 
 from carnator_core.fingerprint import token_grid
 from carnator_core.masks import BlockSparseMask
-from carnator_core.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, SparseAttentionSettings, masks_from_blob
+from carnator_core.run import plain_run_report
+from carnator_core.sparse_attention import (
+    INACTIVE,
+    MASKS_TOO_FULL,
+    SparseAttentionRun,
+    SparseAttentionSettings,
+    masks_from_blob,
+)
 from carnator_core.store import ReuseStore
 
-from .host import patch_size, per_run_options, store_from_path
+from .host import (
+    REUSE_SETTINGS_KEY,
+    missing_hooks,
+    outer_sample_arguments,
+    patch_size,
+    per_run_options,
+    persistent_allocations,
+    steps_of,
+    store_from_path,
+    unsupported_latent,
+)
 from .reports import publish
 
 log = logging.getLogger("carnator")
@@ -60,6 +79,8 @@ def _index_patch(index: int, previous):
 def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tuple[str, str] | None = None):
     """A clone of `model` whose video self-attention runs block-sparse under `settings`."""
     model = model.clone()
+    if missing_hooks():
+        return model
     options = model.model_options["transformer_options"]
     previous = options.get("optimized_attention_override")
     if previous is not None and previous is not carnator_attention_override:
@@ -75,32 +96,64 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
     return model
 
 
-def attention_outer_sample(executor, noise, latent_image, sampler, sigmas, denoise_mask=None, callback=None,
-                           disable_pbar=False, seed=None):
+def attention_outer_sample(executor, *args, **kwargs):
+    """Create the run's attention state, sample, report; arguments the host adds later are passed on untouched."""
     guider = executor.class_obj
+    call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as options:
+        reason = unsupported_latent(call)
+        if reason:  # attention stays dense; the reuse wrapper, when there is one, reports the run
+            if REUSE_SETTINGS_KEY not in options:
+                log.warning("Carnator: dense attention for this run: %s", reason)
+                publish(plain_run_report(f"attention/{options[SETTINGS_KEY].source}", reason,
+                                         steps_of(call["sigmas"]), 0, 0.0))
+            return executor(*args, **kwargs)
         patcher = guider.model_patcher
-        grid = token_grid(noise.shape, patch_size(patcher))
+        sigmas = call["sigmas"]
+        grid = token_grid(call["noise"].shape, patch_size(patcher))
         run = SparseAttentionRun(settings=options[SETTINGS_KEY], video_tokens=math.prod(grid),
                                  first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
                                  num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
-                                 total_steps=len(sigmas.flatten()) - 1)
+                                 total_steps=steps_of(sigmas), persistent=persistent_allocations())
         donor = options.get(DONOR_KEY)
         if donor is not None:
             run.borrowed = load_donor_masks(store_from_path(donor[0]), donor[1])
         options[RUN_KEY] = run
         started = time.perf_counter()
-        output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
+        output = executor(*args, **kwargs)
+        settle(run, patcher)
         if not run.reported_by_reuse:
             publish(attention_report(run, time.perf_counter() - started))
         return output
 
 
+def settle(run: SparseAttentionRun, patcher) -> None:
+    """At the end of a sampling run: if no video self-attention reached the override, say who took it (once)."""
+    if run.self_attention_calls == 0 and run.total_steps > 0 and not run.inactive:
+        run.inactive = INACTIVE.format(attention_patcher(patcher.get_model_object("diffusion_model")))
+        log.warning("Carnator: %s", run.inactive)
+
+
+def attention_patcher(diffusion_model) -> str:
+    """Who took video self-attention away from the override: the module of a replaced `forward` inside the model
+    (a memory-efficient Sage patch of Wan's self-attention, say), else of a replaced optimized_attention."""
+    for module in diffusion_model.modules():
+        forward = module.__dict__.get("forward")  # set on the instance: a patch
+        if forward is None and not type(module).__module__.startswith(("comfy.", "torch.")):
+            forward = type(module).forward  # a module class swapped in from outside ComfyUI
+        origin = getattr(getattr(forward, "__func__", forward), "__module__", None)
+        if origin:
+            return os.path.basename(origin)  # ComfyUI names a custom node pack's module by its directory
+    optimized = getattr(comfy.ldm.modules.attention, "optimized_attention", None)
+    origin = getattr(optimized, "__module__", "") or ""
+    return os.path.basename(origin) if origin and not origin.startswith("comfy.") else "a patch outside the hook"
+
+
 def attention_report(run: SparseAttentionRun, elapsed: float) -> dict:
     """The report of a run that used sparse attention without the reuse engine."""
     summary = run.summary()
-    reason = ""
-    if not summary["borrowed_sparse_calls"]:
+    reason = run.inactive
+    if not reason and not summary["borrowed_sparse_calls"]:
         reason = MASKS_TOO_FULL if summary["heads_reuse"] else "no donor masks adopted"
     return {"hit": bool(summary["borrowed_sparse_calls"]), "mode": f"attention/{run.settings.source}", "donor_id": None,
             "donor_prompt": None, "text_similarity": None, "agreement": None, "skipped_steps": 0,
@@ -143,6 +196,13 @@ def _key_validity(mask, n_tokens: int) -> torch.Tensor | None | bool:
     return flat if flat.dtype == torch.bool else flat > torch.finfo(flat.dtype).min / 2
 
 
+def _block_index(options: dict) -> int | None:
+    """The transformer block of this attention call: the host's own `block_index` where the model sets it (Wan and
+    HunyuanVideo on newer hosts), else the one Carnator's block patches set."""
+    index = options.get(BLOCK_KEY)
+    return options.get("block_index") if index is None else index
+
+
 def carnator_attention_override(func, *args, **kwargs):
     options = kwargs.get("transformer_options") or {}
     run: SparseAttentionRun | None = options.get(RUN_KEY)
@@ -151,15 +211,21 @@ def carnator_attention_override(func, *args, **kwargs):
     def dense():
         return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
-    if run is None or len(args) < 3:
+    if run is None or len(args) < 3 or not all(isinstance(t, torch.Tensor) for t in args[:3]):
+        return dense()
+    if kwargs.get("enable_gqa", False) or kwargs.get("low_precision_attention", True) is False:
+        # grouped key/value heads (the sparse path takes one per query head), or a caller that asks for attention
+        # as exact as the host's own
         return dense()
     q, k, v = args[:3]
     token_axis = 2 if kwargs.get("skip_reshape", False) else 1
+    if q.shape[token_axis] == k.shape[token_axis] >= run.video_tokens:
+        run.self_attention_calls += 1
     step = _step_index(options, run)
     # Cheap exits first: every call of a sampling run passes here, most of them dense (cross-attention,
     # early steps, edge blocks), and a miss should cost as little as possible over plain sampling.
     if (q.shape[token_axis] != k.shape[token_axis]
-            or not run.may_be_sparse(q.shape[token_axis], options.get(BLOCK_KEY), step)):
+            or not run.may_be_sparse(q.shape[token_axis], _block_index(options), step)):
         run.dense_calls += 1
         return dense()
     heads = args[3] if len(args) > 3 else kwargs.get("heads")
@@ -172,7 +238,7 @@ def carnator_attention_override(func, *args, **kwargs):
     key_valid = _key_validity(kwargs.get("mask"), k4.shape[2])
     if key_valid is False:
         return dense()
-    out = run.attend(q4, k4, v4, heads, options.get(BLOCK_KEY), step, key_valid)
+    out = run.attend(q4, k4, v4, heads, _block_index(options), step, key_valid, kwargs.get("scale"))
     if out is None:
         return dense()
     if kwargs.get("skip_output_reshape", False):

@@ -7,7 +7,7 @@ from comfy_api.latest import io
 from carnator_core.sparse_attention import MASK_SOURCES, SparseAttentionSettings
 
 from .attention_hooks import install_sparse_attention
-from .types import MatchType
+from .types import MatchType, expert
 
 SPARSE_CHOICES = ("off",) + MASK_SOURCES
 _DEFAULTS = SparseAttentionSettings()
@@ -23,10 +23,10 @@ def attention_choice_input(default: str) -> io.Input:
 
 def recall_inputs() -> list[io.Input]:
     return [
-        io.Float.Input("enter_recall", default=_DEFAULTS.enter_recall, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("enter_recall", **expert(), default=_DEFAULTS.enter_recall, min=0.0, max=1.0, step=0.01,
                        tooltip="A head borrows the donor mask only while the mask covers at least this share of the "
                                "live attention mass (and re-enters after two consecutive checks at this level)."),
-        io.Float.Input("exit_recall", default=_DEFAULTS.exit_recall, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("exit_recall", **expert(), default=_DEFAULTS.exit_recall, min=0.0, max=1.0, step=0.01,
                        tooltip="A borrowing head falls back to its own mask when recall drops below this "
                                "(must be lower than enter_recall: the gap prevents flapping)."),
     ]

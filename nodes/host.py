@@ -6,11 +6,16 @@ lives here, so the engine stays host-agnostic.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+import comfy.ldm.modules.attention
 import comfy.model_patcher
+import comfy.patcher_extension
 import folder_paths
 import torch
 
@@ -19,7 +24,35 @@ from carnator_core.fingerprint import FingerprintError, model_fingerprint, sched
 from carnator_core.store import ReuseStore, open_store, resolve_store_location
 from carnator_core.store_config import SETTINGS_FILE, configured_store_url
 
+log = logging.getLogger("carnator")
+
 _fingerprints: dict[tuple[int, str], str] = {}
+
+# Where a CarnatorReuse model keeps its settings in transformer_options (the attention wrapper leaves the run's
+# report to the reuse wrapper when both are installed).
+REUSE_SETTINGS_KEY = "carnator_reuse"
+
+
+_HOOKS = {
+    "OUTER_SAMPLE / SAMPLER_SAMPLE / PREDICT_NOISE / CALC_COND_BATCH wrappers": lambda: all(
+        hasattr(comfy.patcher_extension.WrappersMP, name)
+        for name in ("OUTER_SAMPLE", "SAMPLER_SAMPLE", "PREDICT_NOISE", "CALC_COND_BATCH")),
+    "ModelPatcher.add_wrapper_with_key / set_model_patch_replace": lambda: all(
+        hasattr(comfy.model_patcher.ModelPatcher, name) for name in ("add_wrapper_with_key", "set_model_patch_replace")),
+    "model options cloning": lambda: hasattr(comfy.model_patcher, "create_model_options_clone"),
+    "the attention override (optimized_attention_override)": lambda: hasattr(comfy.ldm.modules.attention, "wrap_attn"),
+}
+
+
+@functools.cache
+def missing_hooks() -> tuple[str, ...]:
+    """The supported hooks Carnator needs that this host lacks; logged once. Without them Carnator nodes pass the
+    model on unchanged, so a host too new (or too old) samples plain instead of failing a prompt."""
+    missing = tuple(name for name, present in _HOOKS.items() if not present())
+    if missing:
+        log.error("Carnator: this ComfyUI lacks %s; Carnator nodes sample plain (no reuse, no recording)",
+                  ", ".join(missing))
+    return missing
 
 
 def default_store_directory() -> str:
@@ -119,6 +152,39 @@ def conditioning_tensor(conditioning) -> torch.Tensor:
     if not conditioning or not isinstance(conditioning[0][0], torch.Tensor):
         raise ValueError("positive conditioning is empty or not a ComfyUI CONDITIONING")
     return conditioning[0][0]
+
+
+_OUTER_SAMPLE_PARAMETERS = ("noise", "latent_image", "sampler", "sigmas", "denoise_mask", "callback", "disable_pbar",
+                            "seed")
+
+
+def outer_sample_arguments(args: tuple, kwargs: dict) -> dict:
+    """An OUTER_SAMPLE call's arguments by name, however the host passed them (keywords it added later included)."""
+    return {**dict(zip(_OUTER_SAMPLE_PARAMETERS, args, strict=False)), **kwargs}
+
+
+def unsupported_latent(call: dict) -> str:
+    """Why Carnator cannot key this run by its latent ("" when it can): several latents packed into one
+    (LTX-2's audio + video) reach the sampler as a (B, 1, N) tensor with their shapes beside it."""
+    shapes = call.get("latent_shapes")
+    if shapes is not None and len(shapes) > 1:
+        return f"packed multi-latent ({len(shapes)} latents, e.g. audio + video): not supported, sampled plain"
+    noise = call.get("noise")
+    if isinstance(noise, torch.Tensor) and noise.ndim < 4:
+        return f"latent of shape {tuple(noise.shape)} is not an image/video latent: sampled plain"
+    return ""
+
+
+def steps_of(sigmas: torch.Tensor) -> int:
+    """Sampling steps of a sigma schedule."""
+    return max(0, sigmas.numel() - 1)
+
+
+def persistent_allocations() -> Callable[[], AbstractContextManager]:
+    """The context for tensors Carnator keeps across model calls: outside the model compiler's malloc graph where the
+    host has one (`comfy.model_prefetch.pause_malloc_graph`, loaded by hosts that use it), else a no-op."""
+    pause = getattr(sys.modules.get("comfy.model_prefetch"), "pause_malloc_graph", None)
+    return pause if callable(pause) else nullcontext
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,20 +28,29 @@ import torch
 
 from carnator_core.embeddings import condition_vector
 from carnator_core.fingerprint import FingerprintError, noise_fingerprint
-from carnator_core.run import ReuseRun
+from carnator_core.run import ReuseRun, plain_run_report
 from carnator_core.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
 from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.store import StoreError
 from carnator_core.thumbnail import preview_png
 
 from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
-from .attention_hooks import install_sparse_attention, load_donor_masks
-from .host import hard_key, per_run_options, store_from_path
+from .attention_hooks import install_sparse_attention, load_donor_masks, settle
+from .host import (
+    REUSE_SETTINGS_KEY,
+    hard_key,
+    missing_hooks,
+    outer_sample_arguments,
+    per_run_options,
+    steps_of,
+    store_from_path,
+    unsupported_latent,
+)
 from .reports import publish
 
 log = logging.getLogger("carnator")
 
-SETTINGS_KEY = "carnator_reuse"
+SETTINGS_KEY = REUSE_SETTINGS_KEY
 RUN_KEY = "carnator_run"
 WRAPPER_KEY = "carnator_reuse"
 
@@ -48,6 +58,8 @@ WRAPPER_KEY = "carnator_reuse"
 
 def install(model, settings: ReuseSettings, attention: SparseAttentionSettings | None = None):
     """A clone of `model` whose sampling runs go through Carnator reuse (and sparse attention, when given)."""
+    if missing_hooks():
+        return model.clone()
     model = install_sparse_attention(model, attention) if attention is not None else model.clone()
     model.model_options["transformer_options"][SETTINGS_KEY] = settings
     wrappers = comfy.patcher_extension.WrappersMP
@@ -128,21 +140,36 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     return run
 
 
-def outer_sample_wrapper(executor, noise, latent_image, sampler, sigmas, denoise_mask=None, callback=None,
-                         disable_pbar=False, seed=None):
+def outer_sample_wrapper(executor, *args, **kwargs):
+    """Build the run, sample, then record and report; arguments the host adds later are passed on untouched."""
     guider = executor.class_obj
+    call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as transformer_options:
         settings: ReuseSettings = transformer_options[SETTINGS_KEY]
-        try:
-            run = build_run(guider, settings, noise, latent_image, sigmas, denoise_mask, seed)
-        except (StoreError, FingerprintError, ValueError) as error:
-            log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
-            run = None
+        run, reason = None, unsupported_latent(call)
+        if not reason:
+            try:
+                run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
+                                call.get("denoise_mask"), call.get("seed"))
+            except StoreError as error:
+                reason = f"store unavailable: generated without reuse ({error})"
+            except (FingerprintError, ValueError) as error:
+                reason = str(error)
+        if run is None:
+            log.warning("Carnator: plain sampling for this run (clean miss): %s", reason)
         state = HostState(run, settings)
         transformer_options[RUN_KEY] = state
-        output = executor(noise, latent_image, sampler, sigmas, denoise_mask, callback, disable_pbar, seed)
+        started = time.perf_counter()
+        output = executor(*args, **kwargs)
+        attention: SparseAttentionRun | None = transformer_options.get(ATTENTION_RUN_KEY)
+        if attention is not None:
+            settle(attention, guider.model_patcher)
+            attention.reported_by_reuse = True  # this wrapper's report includes it
         if run is not None:
             publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
+        else:
+            publish(plain_run_report(settings.mode, reason, steps_of(call["sigmas"]), state.model_calls,
+                                     time.perf_counter() - started, attention.summary() if attention is not None else None))
         return output
 
 
@@ -220,18 +247,18 @@ def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tenso
     return start, start
 
 
-def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, latent_image=None,
-                           denoise_mask=None, disable_pbar=False):
+def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
     state: HostState | None = extra_args["model_options"]["transformer_options"].get(RUN_KEY)
     if state is None or state.run is None:
-        return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
-    return sample_with_run(executor, executor.class_obj, state, guider, sigmas, extra_args, callback, noise,
-                           latent_image, denoise_mask, disable_pbar)
+        return executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
+    named = {**dict(zip(("latent_image", "denoise_mask", "disable_pbar"), args, strict=False)), **kwargs}
+    return sample_with_run(executor, executor.class_obj, state, guider, sigmas, extra_args, callback, noise, **named)
 
 
-def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_args, callback, noise, latent_image,
-                    denoise_mask, disable_pbar, match=None):
-    """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording."""
+def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_args, callback, noise, latent_image=None,
+                    denoise_mask=None, disable_pbar=False, match=None, **passed_on):
+    """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording.
+    Arguments a newer host adds (`passed_on`) go to `sample` untouched."""
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
     batch_limit = probe_batch_limit(guider, noise, state.settings.probe_batch)
@@ -290,7 +317,8 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
         if callback is not None:
             callback(step, x0, x, total_steps)
 
-    return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar)
+    return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
+                  **passed_on)
 
 
 def _first_state(guider, sampler, sigmas: torch.Tensor, noise: torch.Tensor, latent_image) -> torch.Tensor:
@@ -335,10 +363,11 @@ def _first_sigma(timestep) -> float:
     return float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
 
 
-def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  # noqa: B006 (ComfyUI's signature)
+def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
+    model_options = args[0] if args else kwargs.get("model_options", {})
     state: HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
     if state is None:
-        return executor(x, timestep, model_options, seed)
+        return executor(x, timestep, *args, **kwargs)
     sigma = _first_sigma(timestep)
     cached, state.cached_eval = state.cached_eval, None  # for the sampler's next call only, served or not
     if cached is not None and cached.serves(x, sigma):
@@ -352,14 +381,14 @@ def predict_noise_wrapper(executor, x, timestep, model_options={}, seed=None):  
         original_cfg = guider.cfg
         guider.cfg = original_cfg * (1.0 + state.settings.guidance_boost)
         try:
-            return executor(x, timestep, model_options, seed)
+            return executor(x, timestep, *args, **kwargs)
         finally:
             guider.cfg = original_cfg
-    return executor(x, timestep, model_options, seed)
+    return executor(x, timestep, *args, **kwargs)
 
 
-def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options):
-    output = executor(model, conds, x_in, timestep, model_options)
+def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
+    output = executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     state: HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
     if state is None or len(output) < 2 or output[1] is None or conds[1] is None:
         return output

@@ -13,7 +13,7 @@ from carnator_core.sparse_attention import SparseAttentionSettings
 from .attention_node import attention_choice_input, recall_inputs
 from .reports import reports_for
 from .reuse_hooks import install
-from .types import StoreType
+from .types import StoreType, expert
 
 
 def reuse_inputs() -> list[io.Input]:
@@ -30,28 +30,28 @@ def reuse_inputs() -> list[io.Input]:
         io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default="same-noise",
                        tooltip="same-noise: resume only from donors with identical initial noise (same seed), the "
                                "prompt-editing loop. serving: any compatible donor (throughput first)."),
-        io.Int.Input("top_k", default=4, min=1, max=64, tooltip="Candidates shortlisted by similarity."),
-        io.Float.Input("min_similarity", default=0.5, min=-1.0, max=1.0, step=0.01,
+        io.Int.Input("top_k", **expert(), default=4, min=1, max=64, tooltip="Candidates shortlisted by similarity."),
+        io.Float.Input("min_similarity", **expert(), default=0.5, min=-1.0, max=1.0, step=0.01,
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
-        io.Int.Input("max_probes", default=3, min=0, max=16,
+        io.Int.Input("max_probes", **expert(), default=3, min=0, max=16,
                      tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
                              "states). Not counted here: the step-0 check of same-seed donors (the run's own first "
                              "step) and, for other donors, one call confirming a pass at their earliest checkpoint."),
-        io.Float.Input("structure_threshold", default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
+        io.Float.Input("structure_threshold", **expert(), default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope."),
-        io.Float.Input("guidance_threshold", default=ProbeThresholds.guidance, min=-1.0, max=1.0, step=0.01,
+        io.Float.Input("guidance_threshold", **expert(), default=ProbeThresholds.guidance, min=-1.0, max=1.0, step=0.01,
                        tooltip="Cosine between the new and the donor guidance direction (cond - uncond) needed "
                                "at depth 0 (CFG only); rises with depth by depth_slope."),
-        io.Float.Input("depth_slope", default=ProbeThresholds.structure_slope, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("depth_slope", **expert(), default=ProbeThresholds.structure_slope, min=0.0, max=1.0, step=0.01,
                        tooltip="How much stricter both thresholds get per unit of depth (fraction of steps skipped)."),
-        io.Float.Input("guidance_boost", default=0.0, min=0.0, max=2.0, step=0.05,
+        io.Float.Input("guidance_boost", **expert(), default=0.0, min=0.0, max=2.0, step=0.05,
                        tooltip="Extra CFG (as a fraction of cfg) for the first steps after a resume. 0 = off."),
-        io.Int.Input("guidance_boost_steps", default=0, min=0, max=20,
+        io.Int.Input("guidance_boost_steps", **expert(), default=0, min=0, max=20,
                      tooltip="How many steps after a resume get the guidance boost."),
         io.Boolean.Input("record", default=True,
                          tooltip="Record this run in the store so later requests can reuse it."),
-        io.Combo.Input("verification", options=list(VERIFICATIONS), default="model", optional=True,
+        io.Combo.Input("verification", **expert(), options=list(VERIFICATIONS), default="model", optional=True,
                        tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "
                                "depth from prompt similarity alone, unverified (a baseline for comparison)."),
     ]
@@ -59,7 +59,7 @@ def reuse_inputs() -> list[io.Input]:
 
 def probe_batch_input() -> io.Input:
     """Last input of every reuse node, so workflows saved before it existed keep their widget order."""
-    return io.Int.Input("probe_batch", default=0, min=0, max=16, optional=True,
+    return io.Int.Input("probe_batch", **expert(), default=0, min=0, max=16, optional=True,
                         tooltip="Donor states probed in one model call (other donors' checkpoints at the same "
                                 "step). 0 = auto: as many as fit in free GPU memory, up to 4; 1 on CPU, where a "
                                 "batched call costs as much as the separate ones it replaces.")

@@ -12,6 +12,7 @@ from comfy_api.latest import io
 from carnator_core.fingerprint import FingerprintError
 from carnator_core.store import StoreError
 
+from .attention_hooks import settle
 from .host import per_run_options
 from .reports import publish
 from .reuse_hooks import (
@@ -102,6 +103,8 @@ class ReuseSampler(comfy.samplers.Sampler):
                 model_options["transformer_options"][RUN_KEY] = guider_options[RUN_KEY] = state
                 output = sample_with_run(self.inner.sample, self.inner, state, guider, sigmas, extra_args, callback,
                                          noise, latent_image, denoise_mask, disable_pbar, match=self.match)
+                if state.attention is not None:
+                    settle(state.attention, guider.model_patcher)
                 publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
                 return output
         finally:

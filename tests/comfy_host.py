@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -183,7 +184,23 @@ class InProcessComfy:
         self.server = self._server.PromptServer(self.loop)
         self._init_nodes()
         self.server.add_routes()
-        self.executor = self._execution.PromptExecutor(self.server, cache_type=self._execution.CacheType.CLASSIC)
+        self.executor = self._execution.PromptExecutor(self.server, cache_type=self._execution.CacheType.CLASSIC,
+                                                       **self._cache_arguments())
+
+    def _cache_arguments(self) -> dict:
+        """PromptExecutor's cache settings as main.py passes them, where the host takes them (RAM headroom is read
+        on every prompt by hosts that have `cache_args`)."""
+        parameters = inspect.signature(self._execution.PromptExecutor).parameters
+        if "cache_args" not in parameters:
+            return {}
+        return {"cache_args": {"lru": 0, "ram": 0.0, "ram_inactive": 0.0}}
+
+    def _cached_output(self, node_id: str) -> list | None:
+        """A node's outputs from the executor's output cache (a coroutine and a CacheEntry on newer hosts)."""
+        value = self.executor.caches.outputs.get(node_id)
+        if inspect.isawaitable(value):
+            value = self.loop.run_until_complete(value)
+        return getattr(value, "outputs", value)
 
     def _import_host(self) -> None:
         configure_comfy_args(self.comfy_path, self.base_dir)
@@ -253,7 +270,7 @@ class InProcessComfy:
         messages = list(self.executor.status_messages)
         if not self.executor.success:
             raise PromptFailed(_format_execution_error(messages))
-        cached = {node_id: self.executor.caches.outputs.get(node_id) for node_id in prompt}
+        cached = {node_id: self._cached_output(node_id) for node_id in prompt}
         return PromptRun(prompt_id, dict(self.executor.history_result["outputs"]), messages, cached)
 
     def call_node(self, class_type: str, **inputs: Any) -> NodeResult:

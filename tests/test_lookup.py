@@ -28,7 +28,9 @@ def encode(texts: list[str]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     model = text_embedder()._load()
     outputs = model.encode(texts, output_value=None, normalize_embeddings=True, show_progress_bar=False)
     sentences = torch.stack([o["sentence_embedding"].float().cpu() for o in outputs])
-    tokens = [o["token_embeddings"].float().cpu() for o in outputs]
+    # token rows of the prompt itself: a batch pads every prompt to its longest (attention_mask marks the padding)
+    tokens = [o["token_embeddings"][o["attention_mask"].bool()].float().cpu() if "attention_mask" in o
+              else o["token_embeddings"].float().cpu() for o in outputs]
     return sentences, [torch.nn.functional.pad(t, (0, 4096 - t.shape[-1], 0, 32 - t.shape[0])) for t in tokens]
 
 

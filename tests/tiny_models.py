@@ -48,14 +48,25 @@ def _wan_module() -> torch.nn.Module:
     )
 
 
-def _hunyuan_video_module() -> torch.nn.Module:
-    """HunyuanVideo T2V: detection fixes head size 128 (axes 16+56+56), CLIP-L pooled vector and guidance input."""
-    from comfy.ldm.hunyuan_video.model import HunyuanVideo
+# HunyuanVideoParams fields that newer hosts require, with the values detection gives a plain T2V model.
+_HUNYUAN_VIDEO_PLAIN_T2V = {"use_cond_type_embedding": False, "vision_in_dim": None, "meanflow_sum": False}
 
+
+def _hunyuan_video_module() -> torch.nn.Module:
+    """HunyuanVideo T2V: detection fixes head size 128 (axes 16+56+56), CLIP-L pooled vector and guidance input.
+
+    Optional fields are passed only where the host's HunyuanVideoParams declares them (it grows over releases).
+    """
+    import dataclasses
+
+    from comfy.ldm.hunyuan_video.model import HunyuanVideo, HunyuanVideoParams
+
+    declared = {field.name for field in dataclasses.fields(HunyuanVideoParams)}
+    extra = {name: value for name, value in _HUNYUAN_VIDEO_PLAIN_T2V.items() if name in declared}
     return HunyuanVideo(
         in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=128, mlp_ratio=4.0,
         num_heads=1, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56], theta=256, patch_size=[1, 2, 2],
-        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False, device="meta", operations=_ops(),
+        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False, device="meta", operations=_ops(), **extra,
     )
 
 

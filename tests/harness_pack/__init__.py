@@ -5,6 +5,12 @@ CONDITIONING of the width each tiny model consumes: one seeded vector per word, 
 share words share tokens and their mean-pooled conditioning is similar (which lookup tests need).
 `HarnessLatentStats` is an output node that puts a latent's shape and statistics into the
 execution history, so a graph run through the real executor or the HTTP API can be checked.
+`HarnessNewerHostArgument` stands in for a newer host: its OUTER_SAMPLE and SAMPLER_SAMPLE wrappers add a
+keyword argument no released ComfyUI passes (mode "add", outside Carnator's wrappers) and take it off again
+(mode "take", inside them), counting what arrived, so a test sees whether the wrappers in between pass it on.
+`HarnessBypassAttentionOverride` stands in for packs that replace a model's self-attention (memory-efficient Sage
+patches of Wan's self-attention): an object patch of every block's `self_attn.forward` that runs it without the
+`optimized_attention_override` hook, as those patches do.
 Both are ordinary V3 nodes loaded by ComfyUI's own custom-node loader, next to the Carnator pack.
 """
 
@@ -81,9 +87,76 @@ class HarnessLatentStats(io.ComfyNode):
         return io.NodeOutput(ui={"latent_stats": [stats]})
 
 
+NEWER_HOST_KEYWORD = "harness_newer_host_argument"
+newer_host_arrivals: dict[str, int] = {"OUTER_SAMPLE": 0, "SAMPLER_SAMPLE": 0}
+
+
+def _newer_host_wrapper(kind: str, mode: str):
+    def wrapper(executor, *args, **kwargs):
+        if mode == "add":
+            return executor(*args, **kwargs, **{NEWER_HOST_KEYWORD: kind})
+        if kwargs.pop(NEWER_HOST_KEYWORD, None) == kind:
+            newer_host_arrivals[kind] += 1
+        return executor(*args, **kwargs)
+
+    return wrapper
+
+
+class HarnessNewerHostArgument(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessNewerHostArgument",
+            category="testing/harness",
+            inputs=[io.Model.Input("model", tooltip="Model to wrap."),
+                    io.Combo.Input("mode", options=["add", "take"], tooltip="add: outer wrappers add the keyword; "
+                                   "take: inner wrappers remove it and count its arrival.")],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model, mode: str) -> io.NodeOutput:
+        import comfy.patcher_extension
+
+        model = model.clone()
+        for kind in newer_host_arrivals:
+            model.add_wrapper_with_key(getattr(comfy.patcher_extension.WrappersMP, kind), f"harness_{mode}",
+                                       _newer_host_wrapper(kind, mode))
+        return io.NodeOutput(model)
+
+
+def _without_override(forward):
+    def patched_forward(*args, **kwargs):
+        options = dict(kwargs.get("transformer_options") or {})
+        options.pop("optimized_attention_override", None)
+        return forward(*args, **{**kwargs, "transformer_options": options})
+
+    return patched_forward
+
+
+class HarnessBypassAttentionOverride(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessBypassAttentionOverride",
+            category="testing/harness",
+            inputs=[io.Model.Input("model", tooltip="A Wan-family model whose self-attention gets replaced.")],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model) -> io.NodeOutput:
+        model = model.clone()
+        blocks = model.get_model_object("diffusion_model").blocks
+        for index, block in enumerate(blocks):
+            model.add_object_patch(f"diffusion_model.blocks.{index}.self_attn.forward",
+                                   _without_override(block.self_attn.forward))
+        return io.NodeOutput(model)
+
+
 class HarnessExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [HarnessTextConditioning, HarnessLatentStats]
+        return [HarnessTextConditioning, HarnessLatentStats, HarnessNewerHostArgument, HarnessBypassAttentionOverride]
 
 
 async def comfy_entrypoint() -> HarnessExtension:
