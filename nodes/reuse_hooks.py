@@ -104,6 +104,10 @@ class HostState:
         self.attention: SparseAttentionRun | None = None
         self.last_x0: torch.Tensor | None = None
         self.boost_sigmas: set[float] = set()
+        # (sigma, state) of the sampler's latest model call. A checkpoint records the state the model was given:
+        # samplers that keep their own scaled state (uni_pc divides it by sqrt(1 + sigma^2)) report that one in
+        # their step callback, and a probe or a resume must see the model's own.
+        self.model_input: tuple[float, torch.Tensor] | None = None
         # EasyCache state of every single-state probe call, by the state it evaluated: the run adopts the one of the
         # call it continues from (the resumed probe, or the step-0 screen), not of any other call at that sigma.
         self.probe_step_caches: list[tuple[torch.Tensor, object | None]] = []
@@ -312,7 +316,10 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
             guidance = None
             if state.last_guidance is not None and abs(state.last_guidance[0] - sigma_values[absolute]) < 1e-6:
                 guidance = state.last_guidance[1]
-            run.observe_step(absolute, sigma_values[absolute], x, x0, guidance,
+            evaluated_at = x
+            if state.model_input is not None and abs(state.model_input[0] - sigma_values[absolute]) < 1e-6:
+                evaluated_at = state.model_input[1]
+            run.observe_step(absolute, sigma_values[absolute], evaluated_at, x0, guidance,
                              evaluated=not _step_cache_skipped(extra_args["model_options"]))
         if callback is not None:
             callback(step, x0, x, total_steps)
@@ -369,6 +376,8 @@ def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     if state is None:
         return executor(x, timestep, *args, **kwargs)
     sigma = _first_sigma(timestep)
+    if not state.capture_guidance:
+        state.model_input = (sigma, x)
     cached, state.cached_eval = state.cached_eval, None  # for the sampler's next call only, served or not
     if cached is not None and cached.serves(x, sigma):
         if cached.guidance is not None:

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from comfy_host import ComfyServer, PromptFailed, ServerFactory
-from tiny_workflows import FAMILY, SAMPLERS, WORKFLOWS, api_workflow, on_tiny_models
+from safetensors.torch import load_file
+from tiny_workflows import DEMO_WEIGHTS, FAMILY, SAMPLERS, WORKFLOWS, api_workflow, on_demo_model, on_tiny_models
 
 pytestmark = pytest.mark.server
 
@@ -41,11 +43,12 @@ def ui_workflow(name: str) -> dict:
 
 
 def _placeholders(base: Path) -> None:
-    """Empty files named like the models the workflows load (never loaded here, only listed)."""
+    """Empty files named like the models the workflows load (never loaded here, only listed); the demo weights the
+    pack ships are real and stay visible."""
     for name in NAMES:
         for node in api_workflow(name).values():
             for (kind, field), folder in LOADER_FOLDERS.items():
-                if node["class_type"] == kind:
+                if node["class_type"] == kind and node["inputs"][field] != DEMO_WEIGHTS:
                     (base / "models" / folder).mkdir(parents=True, exist_ok=True)
                     (base / "models" / folder / node["inputs"][field]).touch()
 
@@ -187,6 +190,27 @@ def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
     for sampler in samplers:
         stats = history["outputs"][f"stats_{sampler}"]["latent_stats"][0]
         assert stats["finite"] and stats["shape"][0] == 1, stats
+
+
+# ------------------------------------------------------------------ on the demo model
+def _demo_run(server: ComfyServer, graph: dict) -> tuple[dict, torch.Tensor]:
+    """Queue a demo-model graph; its (single) Carnator report and the sampled latent."""
+    history = server.run_prompt(graph)
+    report = json.loads(history["outputs"]["report"]["carnator_report"][0])[0]
+    saved = history["outputs"]["save"]["latents"][0]
+    latent = load_file(str(server.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+    return report, latent
+
+
+def test_official_wan21_template_resumes_a_reworded_prompt_on_the_demo_model(server):
+    """The Wan 2.1 template's own sampler settings (uni_pc, simple, cfg 6, shift 8, 30 steps), as shipped."""
+    template = api_workflow("carnator_wan21_t2v")
+    sampler = next(node for node in template.values() if node["class_type"] == "KSampler")["inputs"]
+    assert (sampler["sampler_name"], sampler["scheduler"], sampler["cfg"], sampler["steps"]) == ("uni_pc", "simple", 6, 30)
+    first, _ = _demo_run(server, on_demo_model(template, "a red circle moving left on a black background"))
+    assert first["hit"] is False
+    reworded, _ = _demo_run(server, on_demo_model(template, "a red ball moving to the left on a black background"))
+    assert reworded["hit"] and reworded["skipped_steps"] == 15, json.dumps(reworded["probes"])
 
 
 # ------------------------------------------------------------------ template browser, bad input

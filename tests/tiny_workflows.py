@@ -23,6 +23,8 @@ import copy
 import json
 from pathlib import Path
 
+from carnator_core.demo.graphs import latent_size
+
 WORKFLOWS = Path(__file__).resolve().parents[1] / "workflows"
 FAMILY = {  # shipped workflow -> tiny model family it runs on
     "carnator_wan21_t2v": "wan",
@@ -36,6 +38,9 @@ REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
 _REMOVED = ("CLIPLoader", "DualCLIPLoader", "VAELoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
 _LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9)}
 _STEPS = {"KSampler": "steps", "CarnatorKSampler": "steps", "BasicScheduler": "steps", "LTXVScheduler": "steps"}
+
+
+DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 
 
 def api_workflow(name: str) -> dict:
@@ -66,4 +71,35 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, steps: int = 4, 
         for name, value in node["inputs"].items():
             if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0] not in graph:
                 raise ValueError(f"node {node_id}.{name} links to removed node {value[0]}: extend on_tiny_models")
+    return graph
+
+
+def on_demo_model(graph: dict, prompt: str) -> dict:
+    """A copy of a Wan-family API workflow on the embedded demo model, its sampler settings kept as shipped.
+
+    The loader loads the demo weights, text encoders become CarnatorDemoTextEncode (the positive prompt set to
+    `prompt`), the latent takes the demo clip's size, VAEDecode becomes CarnatorDemoDecode, and every Carnator
+    reuse node is told the prompt. Returns the graph with a SaveLatent ("save") and a CarnatorReport
+    ("report") on the first sampler's output.
+    """
+    graph = copy.deepcopy(graph)
+    sampler = next(node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS)
+    positive = graph[sampler]["inputs"]["positive"][0]
+    for node_id, node in list(graph.items()):
+        kind, inputs = node["class_type"], node["inputs"]
+        if kind in ("CLIPLoader", "VAELoader", "CreateVideo", "SaveVideo"):
+            del graph[node_id]
+        elif kind == "UNETLoader":
+            inputs["unet_name"] = DEMO_WEIGHTS
+        elif kind == "CLIPTextEncode":
+            text = prompt if node_id == positive else inputs["text"]
+            graph[node_id] = {"class_type": "CarnatorDemoTextEncode", "inputs": {"text": text}}
+        elif kind == "EmptyHunyuanLatentVideo":
+            inputs.update(latent_size())
+        elif kind == "VAEDecode":
+            graph[node_id] = {"class_type": "CarnatorDemoDecode", "inputs": {"samples": inputs["samples"], "scale": 8}}
+        elif kind in REUSE_NODES:
+            inputs["prompt"] = prompt
+    graph["save"] = {"class_type": "SaveLatent", "inputs": {"samples": [sampler, 0], "filename_prefix": "demo"}}
+    graph["report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [sampler, 0]}}
     return graph
