@@ -22,6 +22,11 @@ from comfy_host import ComfyServer, PromptFailed, ServerFactory
 from safetensors.torch import load_file
 from tiny_workflows import DEMO_WEIGHTS, FAMILY, SAMPLERS, WORKFLOWS, api_workflow, on_demo_model, on_tiny_models
 
+from carnator_core.demo import world
+from carnator_core.demo.graphs import latent_size
+from carnator_core.demo.oracle import score
+from carnator_core.recorder import writer
+
 pytestmark = pytest.mark.server
 
 NAMES = sorted(FAMILY)
@@ -211,6 +216,32 @@ def test_official_wan21_template_resumes_a_reworded_prompt_on_the_demo_model(ser
     assert first["hit"] is False
     reworded, _ = _demo_run(server, on_demo_model(template, "a red ball moving to the left on a black background"))
     assert reworded["hit"] and reworded["skipped_steps"] == 15, json.dumps(reworded["probes"])
+
+
+@pytest.mark.parametrize("workflow", ["ui", "api"])
+def test_demo_workflows_use_the_clip_size_the_demo_model_was_trained_on(workflow):
+    wanted = latent_size(world.CLIP)
+    if workflow == "ui":
+        (node,) = [n for n in ui_workflow("carnator_demo_cpu")["nodes"] if n["type"] == "EmptyHunyuanLatentVideo"]
+        width, height, length = node["widgets_values"][:3]
+    else:
+        (node,) = [n for n in api_workflow("carnator_demo_cpu").values() if n["class_type"] == "EmptyHunyuanLatentVideo"]
+        width, height, length = (node["inputs"][k] for k in ("width", "height", "length"))
+    assert {"width": width, "height": height, "length": length} == wanted
+
+
+def test_demo_workflow_as_shipped_draws_its_prompt(server):
+    """Queued as shipped (30 steps, its seed and prompt), the oracle reads the prompt back from the clip."""
+    graph = api_workflow("carnator_demo_cpu")
+    prompt = next(n for n in graph.values() if n["class_type"] == "PrimitiveStringMultiline")["inputs"]["value"]
+    graph["save"] = {"class_type": "SaveLatent", "inputs": {"samples": ["9", 0], "filename_prefix": "demo"}}
+    graph["report"] = graph.pop("12")
+    graph["8"]["inputs"]["record"] = False
+    _, latent = _demo_run(server, graph)
+    writer.flush()
+    assert tuple(latent.shape[2:]) == world.CLIP
+    result = score(prompt, world.decode(world.from_raw(latent[0].float())))
+    assert result.adherence == 1.0, (result.observed, result.expected)
 
 
 # ------------------------------------------------------------------ template browser, bad input
