@@ -68,8 +68,14 @@ class TextEmbedder:
     def embed(self, texts: list[str]) -> torch.Tensor:
         """Unit-norm sentence embeddings, one row per text."""
         model = self._load()
-        vectors = model.encode(texts, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
+        vectors = model.encode([tokenizable(text) for text in texts], convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
         return vectors.float().cpu()
+
+
+def tokenizable(text: str) -> str:
+    """`text` as valid Unicode: a prompt from the API may hold lone surrogates ("\ud800"), which the tokenizer
+    rejects with a TypeError; each becomes U+FFFD, like any other character the model does not know."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if isinstance(text, str) else str(text)
 
 
 @lru_cache(maxsize=4)

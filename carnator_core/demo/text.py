@@ -14,6 +14,8 @@ from functools import lru_cache
 
 import torch
 
+from carnator_core.embeddings import tokenizable
+
 TOKENS = 32
 MINILM_DIM = 384
 WAN_TEXT_DIM = 4096
@@ -34,7 +36,7 @@ def token_embeddings(prompts: Sequence[str], batch_size: int = 64) -> torch.Tens
     model = _model()
     out = torch.zeros(len(prompts), TOKENS, MINILM_DIM)
     with torch.inference_mode():
-        feats = model.encode(list(prompts), output_value="token_embeddings", batch_size=batch_size,
+        feats = model.encode([tokenizable(prompt) for prompt in prompts], output_value="token_embeddings", batch_size=batch_size,
                              convert_to_numpy=False, show_progress_bar=False)
     for i, f in enumerate(feats):
         n = min(TOKENS, f.shape[0])
