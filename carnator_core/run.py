@@ -29,6 +29,8 @@ from carnator_core.tensor_codec import encode_tensors
 
 log = logging.getLogger("carnator.run")
 
+STORE_UNAVAILABLE = "store unavailable: generated without reuse"
+
 # The live request's model at several states sharing one sigma, in one call: per state its
 # (x0 prediction, guidance direction or None).
 Evaluate = Callable[[list[torch.Tensor], float], list[tuple[torch.Tensor, torch.Tensor | None]]]
@@ -330,7 +332,7 @@ class ReuseRun:
 
     def _miss_reason(self) -> str:
         if self.store_problem:
-            return "store unavailable: generated without reuse"
+            return STORE_UNAVAILABLE
         if not self.latent_reuse_allowed:
             return self.latent_reuse_note or "latent reuse not applicable"
         if self.settings.max_resume_fraction <= 0:
@@ -347,7 +349,7 @@ class ReuseRun:
 
 
 def plain_run_report(mode: str, reason: str, total_steps: int, model_calls: int, elapsed: float,
-                     attention: dict[str, Any] | None = None) -> dict[str, Any]:
+                     attention: dict[str, Any] | None = None, notes: list[str] | None = None) -> dict[str, Any]:
     """The report of a run Carnator could not take part in (nothing looked up, probed or recorded): the same
     fields as `ReuseRun.report`, so the node, the badge and the logs read it the same way."""
     attention = attention or {}
@@ -357,5 +359,5 @@ def plain_run_report(mode: str, reason: str, total_steps: int, model_calls: int,
         "total_steps": total_steps, "attention_density": attention.get("density"), "attention": attention,
         "heads_reuse": attention.get("heads_reuse", 0), "heads_own": attention.get("heads_own", 0),
         "model_calls": model_calls, "time_s": elapsed, "time_saved_s": 0.0, "reason": reason, "probes": [],
-        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": [reason] if reason else [],
+        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": notes if notes is not None else [reason],
     }

@@ -28,7 +28,7 @@ import torch
 
 from carnator_core.embeddings import condition_vector
 from carnator_core.fingerprint import FingerprintError, noise_fingerprint
-from carnator_core.run import ReuseRun, plain_run_report
+from carnator_core.run import STORE_UNAVAILABLE, ReuseRun, plain_run_report
 from carnator_core.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
 from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.store import StoreError
@@ -150,17 +150,17 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as transformer_options:
         settings: ReuseSettings = transformer_options[SETTINGS_KEY]
-        run, reason = None, unsupported_latent(call)
+        run, reason, notes = None, unsupported_latent(call), None
         if not reason:
             try:
                 run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
                                 call.get("denoise_mask"), call.get("seed"))
             except StoreError as error:
-                reason = f"store unavailable: generated without reuse ({error})"
+                reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
             except (FingerprintError, ValueError) as error:
                 reason = str(error)
         if run is None:
-            log.warning("Carnator: plain sampling for this run (clean miss): %s", reason)
+            log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
         state = HostState(run, settings)
         transformer_options[RUN_KEY] = state
         started = time.perf_counter()
@@ -173,7 +173,8 @@ def outer_sample_wrapper(executor, *args, **kwargs):
             publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
         else:
             publish(plain_run_report(settings.mode, reason, steps_of(call["sigmas"]), state.model_calls,
-                                     time.perf_counter() - started, attention.summary() if attention is not None else None))
+                                     time.perf_counter() - started, attention.summary() if attention is not None else None,
+                                     notes))
         return output
 
 

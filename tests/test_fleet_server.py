@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from comfy_host import ComfyServer, PromptFailed
+from comfy_host import ComfyServer, PromptFailed, free_port
 from redis_host import RedisServer
 from reuse_graphs import with_reuse
 from t2v_graphs import GRAPHS
@@ -99,3 +99,28 @@ def test_two_workers_share_one_redis_store_and_survive_its_outage(fleet, tiny_mo
     assert fifth["hit"] is True and fifth["skipped_steps"] == RESUME_STEP, fifth
     assert "reachable again" in worker_b.log()
     _entries(url, 3)  # the runs during the outage recorded nothing; this one did
+
+
+@pytest.mark.parametrize("configured", ["wrong password", "closed port"])
+def test_a_misconfigured_fleet_store_samples_plain_and_says_why(comfyui_path, new_base_dir, redis_factory, tiny_models,
+                                                                configured):
+    """A worker whose configured store cannot be used and a workflow without a CarnatorStore node: the run completes
+    without reuse, its report says the store is unavailable with the cause in its notes (the badge reads the
+    reason). A CarnatorStore node that opens that store fails with the same message (the first test)."""
+    if configured == "wrong password":
+        redis_server = redis_factory(password="s3cret")
+        url = f"redis://:wrong@127.0.0.1:{redis_server.port}/0?timeout_ms=300"
+    else:
+        url = f"redis://127.0.0.1:{free_port()}/0?timeout_ms=300"
+    graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=STEPS, seed=4, sampler_name="euler"), "")
+    del graph["carnator_store"], graph["carnator_reuse"]["inputs"]["store"]  # an API workflow: the worker's store
+    worker = ComfyServer(comfyui_path, new_base_dir(), env={STORE_URL_ENV: url})
+    try:
+        worker.wait_ready()
+        (report,) = json.loads(worker.run_prompt(graph)["outputs"]["carnator_report"]["carnator_report"][0])
+    finally:
+        worker.stop()
+    assert report["hit"] is False and report["reason"] == "store unavailable: generated without reuse", report
+    assert any(note.startswith("store unavailable, generating without reuse: ") for note in report["notes"]), report
+    assert report["model_calls"] == STEPS
+    assert "wrong" not in json.dumps(report)  # the password never appears in a report
