@@ -16,7 +16,7 @@ import sqlite3
 
 import diskcache
 
-from carnator_core.store_backend import UnsafeValueError
+from carnator_core.store_backend import CorruptValueError, UnsafeValueError
 from carnator_core.store_diskcache import SafeDisk
 
 DEFAULT_SIZE = 8 * 2**30
@@ -28,7 +28,8 @@ class BlobCache:
     def __init__(self, directory: str, size_limit: int = DEFAULT_SIZE) -> None:
         self.directory = directory
         self._cache = diskcache.Cache(directory, disk=SafeDisk, eviction_policy="least-recently-used",
-                                      size_limit=max(1, int(size_limit)), timeout=5)
+                                      size_limit=max(1, int(size_limit)), timeout=5,
+                                      sqlite_mmap_size=0)  # a truncated file must fail reads, not kill the worker
 
     @staticmethod
     def directory_for(root: str, location: str) -> str:
@@ -39,7 +40,7 @@ class BlobCache:
         """The local copy if it has the upstream length `size`; a stale copy is dropped."""
         try:
             value = self._cache.get(key)
-        except (UnsafeValueError, OSError, sqlite3.DatabaseError):
+        except (UnsafeValueError, CorruptValueError, OSError, sqlite3.DatabaseError):
             value = None
         if isinstance(value, bytes) and len(value) == size:
             return value

@@ -21,9 +21,12 @@ Layout (string keys):
 An entry is written by one atomic backend commit, so concurrent readers and a writer killed
 mid-write never expose half an entry. Values are only ever bytes and numbers: never pickle.
 
-A remote store can be down or slow. Reads then answer "nothing there" at once, writes raise
-`StoreUnavailable` (the recorder drops the entry whole), the outage is logged once and shown
-in `unavailable`, and the first call after the backend's retry interval reconnects by itself.
+A remote store can be down or slow, a local one damaged under the running worker (truncated or
+deleted files). Reads then answer "nothing there" at once, writes raise `StoreUnavailable` (the
+recorder drops the entry whole), the problem is logged once and shown in `unavailable`, and the
+first call after the backend's retry interval (or, locally, once the damaged store was removed)
+reconnects by itself. Unreadable values are skipped, logged once per entry; unreadable counters
+are rebuilt from the entries.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from carnator_core.store_backend import (
     StoreError,
     StoreFull,
     StoreUnavailable,
+    Unreadable,
     UnsafeValueError,
 )
 from carnator_core.store_diskcache import DiskcacheBackend
@@ -141,7 +145,10 @@ class ReuseStore:
 
     # ----------------------------------------------------------------- opening
     def _check_schema(self) -> None:
-        raw = self.backend.get(_SCHEMA)
+        try:
+            raw = self.backend.get(_SCHEMA)
+        except CorruptValueError as error:  # planted or torn: never unpickled, and as clear as any unreadable marker
+            raise StoreError(f"{self.directory} has an unreadable Carnator schema marker: {error}") from None
         if raw is None:
             if not self.backend.is_empty() and self.backend.get(_SCHEMA) is None:
                 raise StoreError(f"{self.directory} is not a Carnator store (it holds other data and no Carnator "
@@ -249,11 +256,21 @@ class ReuseStore:
         except StoreFull:  # the server has less room than the budget assumed (its overhead, other data): make some
             self.evict(int(self.used_bytes() * _EVICT_TARGET) - len(meta_json) - meta.total_bytes)
             written = self._attempt(self.backend.commit, *commit)
+        except CorruptValueError as error:  # the bytes counter holds no number (planted, torn): recount, then write
+            self._rebuild_bytes(error)
+            written = self._attempt(self.backend.commit, *commit)
         if not written:
             raise StoreError(f"entry {entry_id} already exists")
         budget = self.budget()
         if self.used_bytes() > budget:
             self.evict(int(budget * _EVICT_TARGET))
+
+    def _rebuild_bytes(self, error: CorruptValueError) -> None:
+        """Recount the live entries' bytes into the counter, which was unreadable, so recording and eviction go on."""
+        total = sum(record.get("bytes", 0.0) for record in self._ranking_records(list(self.entry_ids())) if record)
+        self._attempt(self.backend.set_counter, _BYTES, int(total))
+        log.warning("Carnator store %s: the bytes counter was unreadable (%s); recounted it from the entries: %d bytes",
+                    self.directory, error, int(total))
 
     def record_hit(self, entry_id: str, seconds_saved: float) -> None:
         """Count a reuse of `entry_id` with one atomic update, so concurrent hits add up (best effort)."""
@@ -304,6 +321,13 @@ class ReuseStore:
             self._warned.add(entry_id)
         log.warning("Carnator store %s: skipping entry %s: %s", self.directory, entry_id, problem)
 
+    def _checked(self, entry_id: str, key: str, value: _T | Unreadable | None) -> _T | None:
+        """A value from a batched read; one the backend could not read is skipped, logged once."""
+        if isinstance(value, Unreadable):
+            self._warn_once(entry_id, f"{key}: {value}")
+            return None
+        return value
+
     def _value(self, key: str, entry_id: str) -> bytes | None:
         try:
             return self._quietly(None, self.backend.get, key)
@@ -331,7 +355,8 @@ class ReuseStore:
     def get_metas(self, entry_ids: Sequence[str]) -> list[EntryMeta | None]:
         """Metadata of several entries in one round trip (None where absent, corrupt or unavailable)."""
         raws = self._quietly([None] * len(entry_ids), self.backend.get_many, [f"meta/{e}" for e in entry_ids])
-        return [self._parse_meta(entry_id, raw) for entry_id, raw in zip(entry_ids, raws, strict=True)]
+        return [self._parse_meta(entry_id, self._checked(entry_id, f"meta/{entry_id}", raw))
+                for entry_id, raw in zip(entry_ids, raws, strict=True)]
 
     def get_blob(self, entry_id: str, name: str) -> bytes | None:
         """Raw bytes of one blob, or None when missing, unreadable (logged once) or unavailable.
@@ -396,6 +421,7 @@ class ReuseStore:
         found: dict[str, IndexEntry] = {}
         older = []
         for entry_id, raw in zip(entry_ids, raws, strict=True):
+            raw = self._checked(entry_id, f"emb/{entry_id}", raw)
             vectors = self._parse_vectors(entry_id, raw)
             if vectors is None:
                 continue
@@ -428,7 +454,8 @@ class ReuseStore:
         """Usage counters of several entries in batched round trips (None where absent or unreadable)."""
         records = self._quietly([None] * len(entry_ids), self.backend.get_records, [f"stats/{e}" for e in entry_ids])
         found: list[EntryStats | None] = []
-        for record in records:
+        for entry_id, record in zip(entry_ids, records, strict=True):
+            record = self._checked(entry_id, f"stats/{entry_id}", record)
             try:
                 found.append(EntryStats.from_record(record) if record is not None else None)
             except KeyError:
@@ -455,7 +482,8 @@ class ReuseStore:
         except StoreUnavailable:
             return [], seq
         ids = []
-        for value in values:
+        for position, value in enumerate(values, seq + 1):
+            value = self._checked(f"at log position {position}", "entry log", value)
             try:
                 entry_id = value.decode("ascii") if value is not None else ""
             except UnicodeDecodeError:
@@ -494,15 +522,8 @@ class ReuseStore:
         first). Pinned entries are never evicted; corrupt entries go first.
         """
         ids = list(self.entry_ids())
-        records = self._quietly([None] * len(ids), self.backend.get_records, [f"stats/{e}" for e in ids])
-        older = [e for e, record in zip(ids, records, strict=True) if record and not _RANKED_BY <= record.keys()]
-        metas = dict(zip(older, self.get_metas(older), strict=True))  # entries written before records held these
         ranked: list[tuple[float, float, str]] = []
-        for entry_id, record in zip(ids, records, strict=True):
-            meta = metas.get(entry_id)
-            if record is not None and meta is not None:
-                record = record | {"bytes": meta.total_bytes, "sample_seconds": meta.sample_seconds,
-                                   "created_at": meta.created_at}
+        for entry_id, record in zip(ids, self._ranking_records(ids), strict=True):
             try:
                 stats = EntryStats.from_record(record)
                 size, seconds, created = (record[name] for name in ("bytes", "sample_seconds", "created_at"))
@@ -522,7 +543,24 @@ class ReuseStore:
         if evicted:
             log.info("Carnator store %s: evicted %d entries to stay under %d bytes",
                      self.directory, len(evicted), self.budget())
+        self._quietly(None, self.backend.sweep)  # and what interrupted writes left, which no entry accounts for
         return evicted
+
+    def _ranking_records(self, entry_ids: Sequence[str]) -> list[dict[str, float] | None]:
+        """Stats records with each entry's bytes, sample seconds and creation time; where a record lacks them
+        (written by an older Carnator, or unreadable) they come from the entry's metadata. None: neither readable."""
+        records = self._quietly([None] * len(entry_ids), self.backend.get_records, [f"stats/{e}" for e in entry_ids])
+        records = [self._checked(e, f"stats/{e}", record) for e, record in zip(entry_ids, records, strict=True)]
+        older = [e for e, record in zip(entry_ids, records, strict=True) if not record or not _RANKED_BY <= record.keys()]
+        metas = dict(zip(older, self.get_metas(older), strict=True))
+        merged = []
+        for entry_id, record in zip(entry_ids, records, strict=True):
+            meta = metas.get(entry_id)
+            if meta is not None:
+                record = (record or {}) | {"bytes": float(meta.total_bytes + len(meta.to_json().encode("utf-8"))),
+                                           "sample_seconds": meta.sample_seconds, "created_at": meta.created_at}
+            merged.append(record)
+        return merged
 
 
 ALLOW_OUTSIDE_ENV = "CARNATOR_ALLOW_STORE_OUTSIDE_BASE"
@@ -547,6 +585,8 @@ def resolve_store_directory(user_path: str, base_directory: str, default_directo
     """
     if not user_path.strip():
         return os.path.realpath(default_directory)
+    if "\0" in user_path:
+        raise StoreError(f"store path {user_path!r} contains a NUL character; no file name can")
     base = os.path.realpath(base_directory)
     candidate = os.path.realpath(os.path.join(base, os.path.expanduser(user_path.strip())))
     if not _allow_outside(allow_outside) and os.path.commonpath([base, candidate]) != base:

@@ -37,11 +37,15 @@ class CorruptValueError(ValueError):
     """A stored value cannot be read as what its key promises (wrong type, planted pickle, torn)."""
 
 
+Unreadable = CorruptValueError  # what a batched read returns in place of a value it could not read
+
+
 class KeyValueBackend(ABC):
     """Bytes under string keys plus the few atomic compound operations the entry logic needs.
 
     Reads of a single value raise `CorruptValueError` when the stored value is unreadable;
-    batched reads return None for such values. Every operation may raise `StoreUnavailable`.
+    batched reads put that error in its place (`Unreadable`), so the store can say which entry it
+    skips. Every operation may raise `StoreUnavailable`, never the storage's own exceptions.
     """
 
     location: str  # where the data lives, fit for messages: a directory, or a URL without credentials
@@ -51,8 +55,8 @@ class KeyValueBackend(ABC):
         """The value under `key`, or None when absent."""
 
     @abstractmethod
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """Values of several keys in one round trip; absent or unreadable ones are None."""
+    def get_many(self, keys: Sequence[str]) -> list[bytes | Unreadable | None]:
+        """Values of several keys in one round trip; absent ones are None, unreadable ones the error saying why."""
 
     @abstractmethod
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
@@ -71,6 +75,10 @@ class KeyValueBackend(ABC):
         """Store raw bytes (tools and tests; entries are written with `commit`)."""
 
     @abstractmethod
+    def set_counter(self, key: str, value: int) -> None:
+        """Overwrite an integer counter (to rebuild one found unreadable)."""
+
+    @abstractmethod
     def set_if_absent(self, key: str, value: bytes) -> bool:
         """Store `value` unless `key` exists; True when this call stored it."""
 
@@ -83,8 +91,8 @@ class KeyValueBackend(ABC):
         """A record of numbers, or None when absent."""
 
     @abstractmethod
-    def get_records(self, keys: Sequence[str]) -> list[Record | None]:
-        """Several records in one round trip; absent or unreadable ones are None."""
+    def get_records(self, keys: Sequence[str]) -> list[Record | Unreadable | None]:
+        """Several records in one round trip; absent ones are None, unreadable ones the error saying why."""
 
     @abstractmethod
     def update_record(self, key: str, add: Mapping[str, float], assign: Mapping[str, float]) -> bool:
@@ -95,8 +103,8 @@ class KeyValueBackend(ABC):
         """How many values were ever appended to the log."""
 
     @abstractmethod
-    def read_log(self, start: int) -> list[bytes | None]:
-        """Log values from position `start` (0-based) to the end; unreadable ones are None."""
+    def read_log(self, start: int) -> list[bytes | Unreadable | None]:
+        """Log values from position `start` (0-based) to the end; unreadable ones the error saying why."""
 
     @abstractmethod
     def commit(self, guard: str, values: Mapping[str, bytes], records: Mapping[str, Record],
@@ -113,6 +121,10 @@ class KeyValueBackend(ABC):
 
         Returns whether `guard` existed, so two concurrent deletes of one entry count its bytes once.
         """
+
+    @abstractmethod
+    def sweep(self) -> None:
+        """Remove storage no entry references: what a commit killed or failed midway left behind."""
 
     @abstractmethod
     def volume(self) -> int:

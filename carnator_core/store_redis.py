@@ -38,6 +38,7 @@ from carnator_core.store_backend import (
     StoreError,
     StoreFull,
     StoreUnavailable,
+    Unreadable,
     UnsafeValueError,
 )
 
@@ -285,6 +286,9 @@ class RedisBackend(KeyValueBackend):
             raise UnsafeValueError(f"store values must be bytes, not {type(value).__name__}")
         self._call(lambda: self._fast.set(key, value))
 
+    def set_counter(self, key: str, value: int) -> None:
+        self._call(lambda: self._fast.set(key, int(value)))
+
     def set_if_absent(self, key: str, value: bytes) -> bool:
         return bool(self._call(lambda: self._fast.set(key, value, nx=True)))
 
@@ -295,13 +299,13 @@ class RedisBackend(KeyValueBackend):
     def get_record(self, key: str) -> Record | None:
         return _record(self._call(lambda: self._fast.hgetall(key)))
 
-    def get_records(self, keys: Sequence[str]) -> list[Record | None]:
-        records: list[Record | None] = []
+    def get_records(self, keys: Sequence[str]) -> list[Record | Unreadable | None]:
+        records: list[Record | Unreadable | None] = []
         for fields in self._pipelined("hgetall", keys):
             try:
-                records.append(None if isinstance(fields, Exception) else _record(fields))
-            except CorruptValueError:
-                records.append(None)
+                records.append(CorruptValueError(str(fields)) if isinstance(fields, Exception) else _record(fields))
+            except CorruptValueError as error:
+                records.append(error)
         return records
 
     def update_record(self, key: str, add: Mapping[str, float], assign: Mapping[str, float]) -> bool:
@@ -342,6 +346,9 @@ class RedisBackend(KeyValueBackend):
 
     def delete(self, keys: Sequence[str], guard: str, counter: str, amount: int) -> bool:
         return bool(self._call(lambda: self._scripts["delete"][1](keys=[guard, counter, *keys], args=[int(amount)])))
+
+    def sweep(self) -> None:
+        """Nothing to sweep: an entry's commit is one script, which Redis runs whole or not at all."""
 
     # ----------------------------------------------------------------- server
     def volume(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 from comfy_api.latest import io
 
@@ -57,6 +58,8 @@ class CarnatorStore(io.ComfyNode):
 
     @classmethod
     def execute(cls, path: str, size_limit_gb: float) -> io.NodeOutput:
+        if not math.isfinite(size_limit_gb) or size_limit_gb <= 0:  # NaN passes the input's min/max checks
+            raise ValueError(f"Carnator Store: size_limit_gb must be a positive number of GiB, got {size_limit_gb}")
         try:
             store = store_from_path(path, int(size_limit_gb * _GIB))
         except StoreError as error:
