@@ -634,6 +634,12 @@ def store_key(location: str) -> str:
     return parse_redis_url(location).public_url if _is_url(location) else os.path.abspath(location)
 
 
+def opened_stores() -> dict[str, ReuseStore]:
+    """Every store this process opened through `open_store`, by `store_key`: a snapshot taken without the lock, which
+    `open_store` holds while it connects, so a caller (an HTTP route) never waits on a store being opened."""
+    return dict(_open_stores)
+
+
 def open_store(location: str, size_limit: int | None = None, blob_cache_root: str | None = None) -> ReuseStore:
     """The process-wide store object of a directory or Redis URL (one connection set per process).
 

@@ -1,23 +1,31 @@
 """What the `/carnator/store/...` HTTP routes do, without the web framework: validation, listing, actions.
 
 The routes are reachable by any page the user's browser opens, so everything that comes from a
-request is checked here before it touches the store: entry ids must be the 32-hex-digit uuids the
+request is checked here before it touches a store: a request picks one of the stores the server
+itself opened (never a directory or URL of its own), entry ids must be the 32-hex-digit uuids the
 store writes (no path can be smuggled into a key), page sizes and search texts are bounded, and
-state-changing requests from another origin are refused. Errors are `ApiError`s that carry an HTTP
-status and a message meant for the user; the route layer turns them into JSON.
+state-changing requests must name this server as Host (a DNS-rebinding page names its own domain)
+and come from its own origin. Errors are `ApiError`s that carry an HTTP status and a message meant
+for the user; the route layer turns them into JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import ipaddress
 import os
 import re
+import sqlite3
+import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from carnator_core.entry import EntryMeta
-from carnator_core.store import EntryStats, ReuseStore, StoreError, StoreUnavailable
+from carnator_core.store import EntryStats, ReuseStore, StoreError, StoreUnavailable, opened_stores, store_key
+from carnator_core.store_backend import CorruptValueError
 from carnator_core.store_redis import is_redis_url
 
 ENTRY_ID = re.compile(r"[0-9a-f]{32}")
@@ -26,6 +34,9 @@ MAX_PAGE = 100
 MAX_QUERY = 200
 MAX_OFFSET = 10**9
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+# What a damaged, read-only or vanished store raises beyond the store's own errors (SQLite and file-system errors).
+_STORE_FAILURES = (StoreError, CorruptValueError, sqlite3.DatabaseError, OSError)
+_T = TypeVar("_T")
 
 
 class ApiError(Exception):
@@ -78,76 +89,171 @@ def flag_param(value: Any, name: str) -> bool:
 
 
 def _host_port(netloc: str, scheme: str) -> tuple[str, int | None]:
-    parsed = urllib.parse.urlsplit(f"//{netloc}")
+    """(host name, port) of a Host header or an origin's netloc; ("", None) when it is not a bare host[:port]."""
     try:
+        parsed = urllib.parse.urlsplit(f"//{netloc}")
         port = parsed.port
-    except ValueError:
-        port = None
+    except ValueError:  # a bad port or IPv6 literal
+        return "", None
+    if parsed.path or parsed.query or parsed.fragment or parsed.username is not None:
+        return "", None
     return (parsed.hostname or "").lower(), port if port is not None else _DEFAULT_PORTS.get(scheme)
 
 
-def cross_origin(headers: Mapping[str, str], scheme: str = "http") -> str | None:
-    """Why a state-changing request must be refused as cross-origin, or None when it may proceed.
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address `text` spells (brackets and IPv4-mapped IPv6 undone), or None for a name."""
+    try:
+        address = ipaddress.ip_address(text.strip().strip("[]"))
+    except ValueError:
+        return None
+    return getattr(address, "ipv4_mapped", None) or address
 
-    Browsers send `Origin` (and `Sec-Fetch-Site`) with every POST/DELETE; a page on another site
-    must not be able to delete or pin entries on the user's local server. Requests without these
-    headers come from non-browser clients (scripts, the queue runner) and are allowed.
+
+def trusted_host(host: str, listen: Iterable[str], local_address: str | None) -> bool:
+    """Whether a Host name names this server: a loopback name or address, a name or address ComfyUI was told to
+    listen on (`--listen`, comma-separated), or, where it listens on every address (0.0.0.0, ::), the address this
+    connection reached. A DNS-rebinding page reaches the server under its own domain, which is none of these."""
+    address = _address(host)
+    if host == "localhost" or (address is not None and address.is_loopback):
+        return True
+    for entry in (entry.strip().lower() for entry in listen):
+        listened = _address(entry)
+        if listened is None:
+            if entry == host:
+                return True
+        elif listened.is_unspecified:
+            if address is not None and local_address is not None and address == _address(local_address):
+                return True
+        elif address == listened:
+            return True
+    return False
+
+
+def refused_origin(headers: Mapping[str, str], scheme: str, listen: Iterable[str],
+                   local_address: str | None) -> str | None:
+    """Why a state-changing request must be refused, or None when it may proceed.
+
+    Host must name this server (`trusted_host`): a page that rebinds its own domain to this machine sends that
+    domain as Host and Origin, which agree with each other. Browsers send `Origin` (and `Sec-Fetch-Site`) with
+    every POST/DELETE, and it must be this server's own origin exactly, scheme included, so a page on another
+    site cannot pin or delete entries. Requests without them come from non-browser clients (scripts, the queue
+    runner) and are allowed.
     """
     site = headers.get("Sec-Fetch-Site")
     if site is not None and site.lower() not in ("same-origin", "none"):
         return f"cross-site request refused (Sec-Fetch-Site: {site})"
+    host = headers.get("Host", "")
+    hostname, port = _host_port(host, scheme)
+    if not hostname or not trusted_host(hostname, listen, local_address):
+        return f"request for host {host[:200]!r} refused: not a name or address this server listens on"
     origin = headers.get("Origin")
     if origin is None:
         return None
-    host = headers.get("Host", "")
-    parsed = urllib.parse.urlsplit(origin)
-    if origin == "null" or not parsed.scheme or not parsed.netloc or not host:
-        return f"request from origin {origin!r} refused"
-    if _host_port(parsed.netloc, parsed.scheme) != _host_port(host, parsed.scheme):
-        return f"cross-origin request from {origin} to {host} refused"
+    origin_scheme, separator, origin_host = origin.partition("://")
+    if not separator or origin_scheme.lower() != scheme or _host_port(origin_host, scheme) != (hostname, port):
+        return f"cross-origin request from {origin[:200]!r} to {scheme}://{host} refused"
     return None
 
 
 # ------------------------------------------------------------------ store selection
-def select_store(user_path: str, resolve: Callable[[str], str], open_path: Callable[[str], ReuseStore]
-                 ) -> ReuseStore | None:
-    """The store a request names (the `store` parameter), by the rule of the Carnator Store node.
+def store_id(key: str) -> str:
+    """A store's id in the routes: a digest of its registry key (directory, or URL without credentials)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    `resolve` maps the parameter to a directory or Redis URL (empty: the server's default store) and
-    `open_path` opens it, both as the nodes do. A directory without a store is None, an empty store
-    to the caller: no request creates directories on the server (there is nothing to list, pin or
-    delete there anyway).
+
+class ServedStores:
+    """The stores the routes serve: the server's default store and every store this process opened (Carnator
+    Store nodes, the configured store), picked by id or name, never by a directory or URL the request names: a
+    page must not make the server open, create or connect to anything.
+
+    Only the default store is opened here, when no node has opened it yet, into the one store object this class
+    keeps, and outside `open_store`'s lock, so no request can hold up sampling.
     """
-    if len(user_path) > 4096:
-        raise ApiError(400, "store path too long")
-    try:
-        location = resolve(user_path)
-    except StoreError as error:
-        raise ApiError(400, str(error)) from None
-    if not is_redis_url(location) and not os.path.isfile(os.path.join(location, "cache.db")):
-        if os.path.exists(location) and (not os.path.isdir(location) or os.listdir(location)):
-            raise ApiError(409, f"{location} is not a Carnator store")
-        return None
-    try:
-        store = open_path(user_path)
-    except StoreError as error:
-        raise ApiError(409, str(error)) from None
-    if store.unavailable:
-        raise ApiError(503, f"store {store.directory} is unavailable: {store.unavailable}")
-    return store
 
+    def __init__(self, default_location: Callable[[], str]) -> None:
+        self._default_location = default_location
+        self._own: tuple[str, ReuseStore] | None = None
+        self._lock = threading.Lock()  # the routes' own: sampling never takes it
 
-def _changes(work: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """A write to a store whose server went down meanwhile is a 503, not a stack trace."""
-
-    @functools.wraps(work)
-    def guarded(*args, **kwargs) -> dict[str, Any]:
+    def _known(self) -> tuple[str, str, dict[str, ReuseStore]]:
+        """The default store's location and key, and every open store the routes serve, by key."""
         try:
-            return work(*args, **kwargs)
-        except StoreUnavailable as error:
-            raise ApiError(503, f"store unavailable: {error}") from None
+            location = self._default_location()
+            key = store_key(location)
+        except StoreError as error:
+            raise ApiError(409, f"the configured store cannot be used: {error}") from None
+        served = {key: self._own[1]} if self._own is not None and self._own[0] == key else {}
+        return location, key, {**served, **opened_stores()}
 
-    return guarded
+    def listing(self) -> dict[str, Any]:
+        """The stores a request may pick (the default first), with why each is unavailable, if it is."""
+        _, default, served = self._known()
+        keys = [default, *sorted(key for key in served if key != default)]
+        return {"stores": [{"id": store_id(key), "name": key, "default": key == default,
+                            "unavailable": served[key].unavailable if key in served else None} for key in keys]}
+
+    def select(self, requested: str) -> ReuseStore | None:
+        """The store `requested` names by id or name (empty: the default), or ApiError 404; None is an empty store."""
+        location, default, served = self._known()
+        if requested in ("", default, store_id(default)):
+            return served.get(default) or self._open_default(location, default)
+        for key, store in served.items():
+            if requested in (key, store_id(key)):
+                return store
+        raise ApiError(404, "no such store on this server: GET /carnator/store/stores lists the stores it serves")
+
+    def _open_default(self, location: str, key: str) -> ReuseStore | None:
+        """The default store before any node opened it; None while its directory holds no store (no request
+        creates one: there is nothing to list, pin or delete there anyway)."""
+        with self._lock, _store_failures(key, "opened"):
+            if not is_redis_url(location) and not os.path.isfile(os.path.join(location, "cache.db")):
+                if os.path.exists(location) and (not os.path.isdir(location) or os.listdir(location)):
+                    raise ApiError(409, f"{location} is not a Carnator store")
+                return None
+            if self._own is None or self._own[0] != key:
+                previous, self._own = self._own, (key, ReuseStore(location))
+                if previous is not None:  # the operator configured another default store meanwhile
+                    previous[1].close()
+            return self._own[1]
+
+
+@contextlib.contextmanager
+def _store_failures(name: str, verb: str) -> Iterator[None]:
+    """A store that is down, damaged or read-only is a JSON error for the user, not a stack trace."""
+    try:
+        yield
+    except StoreUnavailable as error:
+        raise ApiError(503, f"store {name} is unavailable: {error}") from None
+    except _STORE_FAILURES as error:
+        raise ApiError(409, f"store {name} cannot be {verb}: {error}") from None
+
+
+def _on_store(verb: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """Run a route's store work under `_store_failures`; an answer from a store that went down meanwhile is a
+    503, not an empty listing or a 404."""
+
+    def decorate(work: Callable[..., _T]) -> Callable[..., _T]:
+        @functools.wraps(work)
+        def guarded(store: ReuseStore | None, *args: Any) -> _T:
+            if store is None:
+                return work(store, *args)
+            with _store_failures(store.directory, verb):
+                try:
+                    result = work(store, *args)
+                except ApiError:
+                    _raise_if_down(store)
+                    raise
+                _raise_if_down(store)
+                return result
+
+        return guarded
+
+    return decorate
+
+
+def _raise_if_down(store: ReuseStore) -> None:
+    if store.unavailable:
+        raise StoreUnavailable(store.unavailable)
 
 
 # ------------------------------------------------------------------ reading
@@ -180,6 +286,7 @@ def _readable(store: ReuseStore) -> tuple[list[str], list[EntryMeta | None]]:
     return ids, store.get_metas(ids)
 
 
+@_on_store("read")
 def list_entries(store: ReuseStore | None, offset: int, limit: int, text: str) -> dict[str, Any]:
     """One page of entries, newest first, whose prompt contains every word of `text` (any case)."""
     terms = text.lower().split()
@@ -195,6 +302,7 @@ def list_entries(store: ReuseStore | None, offset: int, limit: int, text: str) -
             "store": store.directory if store is not None else None}
 
 
+@_on_store("read")
 def store_totals(store: ReuseStore | None) -> dict[str, Any]:
     """Totals for the panel: entries, bytes, hits, time saved and the hit rate of recorded requests.
 
@@ -214,6 +322,7 @@ def store_totals(store: ReuseStore | None) -> dict[str, Any]:
             "reused": reused, "hit_rate": reused / len(live) if live else None}
 
 
+@_on_store("read")
 def thumbnail(store: ReuseStore | None, entry: str) -> bytes:
     """The entry's PNG preview, or ApiError 404."""
     png = store.get_blob(entry, "thumb") if store is not None else None
@@ -224,21 +333,21 @@ def thumbnail(store: ReuseStore | None, entry: str) -> bytes:
 
 
 # ------------------------------------------------------------------ changing
-@_changes
+@_on_store("changed")
 def set_pinned(store: ReuseStore | None, entry: str, pinned: bool) -> dict[str, Any]:
     if store is None or not store.set_pinned(entry, pinned):
         raise ApiError(404, f"no entry {entry}")
     return {"id": entry, "pinned": pinned}
 
 
-@_changes
+@_on_store("changed")
 def delete_entry(store: ReuseStore | None, entry: str) -> dict[str, Any]:
     if store is None or not store.delete(entry):
         raise ApiError(404, f"no entry {entry}")
     return {"id": entry, "deleted": True}
 
 
-@_changes
+@_on_store("changed")
 def clear_store(store: ReuseStore | None, confirm: Any) -> dict[str, Any]:
     """Delete every entry; refused unless the request confirms it explicitly (`confirm=true`)."""
     if confirm is None or not flag_param(confirm, "confirm"):

@@ -1,8 +1,10 @@
 """HTTP routes of the store panel, `/carnator/store/...` (and `/api/carnator/store/...`), on ComfyUI's server.
 
 Thin: every check and every store operation is `carnator_core.store_api`; this module binds them to
-aiohttp, runs store work off the event loop, and turns refusals into JSON errors.
+aiohttp, runs store work off the event loop, and turns refusals into JSON errors. `store` is the id (or
+name) of one of the stores the server serves, as `/stores` lists them; empty: the default store.
 
+    GET    /carnator/store/stores                         the stores the panel may choose from
     GET    /carnator/store/entries?offset&limit&q&store   one page of entries, newest first
     GET    /carnator/store/stats?store                    totals and hit rate
     GET    /carnator/store/entries/{id}/thumbnail?store   PNG preview
@@ -21,17 +23,19 @@ import weakref
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from comfy.cli_args import args as comfy_args
 
 from carnator_core import store_api
 from carnator_core.store_api import ApiError
 
-from .host import store_from_path, store_location
+from .host import store_location
 
 log = logging.getLogger("carnator")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = 64 * 1024
 _registered: weakref.WeakSet = weakref.WeakSet()
+_stores = store_api.ServedStores(store_location)
 
 
 def _json_errors(handler: Handler) -> Handler:
@@ -50,8 +54,15 @@ def _json_errors(handler: Handler) -> Handler:
     return wrapped
 
 
+def _local_address(request: web.Request) -> str | None:
+    """The address of this machine the request's connection reached."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return sockname[0] if isinstance(sockname, tuple) else None
+
+
 def _same_origin(request: web.Request) -> None:
-    reason = store_api.cross_origin(request.headers, request.scheme)
+    reason = store_api.refused_origin(request.headers, request.scheme, comfy_args.listen.split(","),
+                                      _local_address(request))
     if reason:
         log.warning("Carnator: %s %s: %s", request.method, request.path, reason)
         raise ApiError(403, reason)
@@ -67,7 +78,7 @@ async def _json_body(request: web.Request) -> dict:
         return {}
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise ApiError(400, "request body is not JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
@@ -75,13 +86,14 @@ async def _json_body(request: web.Request) -> dict:
 
 
 async def _in_store(request: web.Request, work: Callable, *args):
-    """Run `work(store, *args)` in a worker thread on the store the request names (store calls block)."""
-    path = request.query.get("store", "")
+    """Run `work(store, *args)` in a worker thread on the store the request picks (store calls block)."""
+    requested = request.query.get("store", "")
+    return await asyncio.to_thread(lambda: work(_stores.select(requested), *args))
 
-    def run():
-        return work(store_api.select_store(path, store_location, store_from_path), *args)
 
-    return await asyncio.to_thread(run)
+@_json_errors
+async def stores(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(_stores.listing))
 
 
 @_json_errors
@@ -139,6 +151,7 @@ def register_routes() -> None:
         return
     _registered.add(server)
     routes = server.routes
+    routes.get("/carnator/store/stores")(stores)
     routes.get("/carnator/store/entries")(list_entries)
     routes.get("/carnator/store/stats")(stats)
     routes.get("/carnator/store/entries/{entry_id}/thumbnail")(thumbnail)

@@ -2,6 +2,8 @@
 // sidebar tabs) listing the reuse store's entries with prompt, date, size, hits, time saved and thumbnail; search, pin, delete, clear all; totals.
 // It talks to the /carnator/store routes (nodes/routes.py). It refreshes when opened, on user actions and
 // after Carnator runs; a failed request shows an empty state with a retry button and is never retried by itself.
+// Where the server serves more than one store (its default and those Carnator Store nodes opened), a picker
+// chooses among them; requests name the chosen store by the id /carnator/store/stores gives it.
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
@@ -46,6 +48,7 @@ const mounted = new Set();  // panels on screen (the sidebar tab, the dialog)
 class StorePanel {
   constructor() {
     this.query = "";
+    this.storeId = "";  // empty: the server's default store
     this.entries = [];
     this.total = 0;
     this.root = null;
@@ -59,6 +62,10 @@ class StorePanel {
       type: "search", class: "carnator-search", placeholder: "Search prompts", "aria-label": "Search prompts",
       oninput: () => this.schedule(SEARCH_DELAY_MS),
     });
+    this.picker = element("select", {
+      class: "carnator-store-picker", "aria-label": "Store", hidden: true,
+      onchange: () => { this.storeId = this.picker.value; this.refresh(); },
+    });
     this.totals = element("div", { class: "carnator-totals" });
     this.list = element("div", { class: "carnator-list", role: "list" });
     this.more = element("button", { class: "carnator-button", onclick: () => this.load(true) }, "Load more");
@@ -67,7 +74,7 @@ class StorePanel {
         element("span", { class: "carnator-title" }, "Carnator store"),
         element("button", { class: "carnator-icon-button", title: "Refresh", "aria-label": "Refresh",
                             onclick: () => this.refresh() }, element("i", { class: "pi pi-refresh" }))),
-      this.totals, this.search, this.list,
+      this.picker, this.totals, this.search, this.list,
       element("div", { class: "carnator-footer" }, this.more,
         element("button", { class: "carnator-button carnator-danger", onclick: () => this.clearAll() }, "Clear all…")));
     container.replaceChildren(this.root);
@@ -93,14 +100,36 @@ class StorePanel {
     this.load(false);
   }
 
+  /** `path` on the store the panel shows, with `params`. */
+  url(path, params = {}) {
+    const query = new URLSearchParams(params);
+    if (this.storeId) query.set("store", this.storeId);
+    const text = query.toString();
+    return text ? `${path}?${text}` : path;
+  }
+
+  /** The picker lists the stores the server serves; a chosen store the server no longer serves falls back to the default. */
+  renderStores(stores) {
+    if (this.storeId && !stores.some((store) => store.id === this.storeId)) this.storeId = "";
+    this.picker.replaceChildren(...stores.map((store) => element("option", {
+      value: store.default ? "" : store.id, title: store.name, selected: (store.default ? "" : store.id) === this.storeId,
+    }, `${store.default ? "Default: " : ""}${shorten(store.name, 60)}${store.unavailable ? " (unavailable)" : ""}`)));
+    this.picker.hidden = stores.length < 2;
+  }
+
   async load(append) {
     const generation = ++this.generation;
-    const params = new URLSearchParams({ offset: append ? this.entries.length : 0, limit: PAGE });
-    if (this.query) params.set("q", this.query);
+    const params = { offset: append ? this.entries.length : 0, limit: PAGE };
+    if (this.query) params.q = this.query;
     try {
+      if (!append) {
+        const listing = await request("/carnator/store/stores");
+        if (generation !== this.generation || !this.root) return;
+        this.renderStores(listing.stores);
+      }
       const [page, totals] = await Promise.all([
-        request(`/carnator/store/entries?${params}`),
-        append ? Promise.resolve(null) : request("/carnator/store/stats"),
+        request(this.url("/carnator/store/entries", params)),
+        append ? Promise.resolve(null) : request(this.url("/carnator/store/stats")),
       ]);
       if (generation !== this.generation || !this.root) return;
       this.entries = append ? this.entries.concat(page.entries) : page.entries;
@@ -138,7 +167,7 @@ class StorePanel {
   renderEntry(entry) {
     const thumbnail = entry.thumbnail
       ? element("img", { class: "carnator-thumb", alt: "", loading: "lazy",
-                         src: api.apiURL(`/carnator/store/entries/${entry.id}/thumbnail`) })
+                         src: api.apiURL(this.url(`/carnator/store/entries/${entry.id}/thumbnail`)) })
       : element("div", { class: "carnator-thumb carnator-no-thumb" });
     thumbnail.onerror = () => thumbnail.replaceWith(element("div", { class: "carnator-thumb carnator-no-thumb" }));
     const facts = [formatDate(entry.created_at), formatBytes(entry.bytes), `${entry.hits} hits`,
@@ -155,12 +184,12 @@ class StorePanel {
           class: `carnator-icon-button${entry.pinned ? " carnator-pinned" : ""}`,
           title: entry.pinned ? "Pinned: never evicted (click to unpin)" : "Pin (never evict)",
           "aria-label": entry.pinned ? "Unpin" : "Pin", "aria-pressed": String(entry.pinned),
-          onclick: () => this.act(`/carnator/store/entries/${entry.id}/pin`,
+          onclick: () => this.act(this.url(`/carnator/store/entries/${entry.id}/pin`),
                                   { method: "POST", body: JSON.stringify({ pinned: !entry.pinned }) }),
         }, element("i", { class: "pi pi-thumbtack" })),
         element("button", {
           class: "carnator-icon-button carnator-delete", title: "Delete this entry", "aria-label": "Delete",
-          onclick: () => this.act(`/carnator/store/entries/${entry.id}`, { method: "DELETE" }),
+          onclick: () => this.act(this.url(`/carnator/store/entries/${entry.id}`), { method: "DELETE" }),
         }, element("i", { class: "pi pi-trash" }))));
   }
 
@@ -180,7 +209,7 @@ class StorePanel {
     const confirmed = dialog?.confirm
       ? await dialog.confirm({ title: "Clear the Carnator store", message, type: "delete" })
       : window.confirm(message);
-    if (confirmed) await this.act("/carnator/store/clear?confirm=true", { method: "POST" });
+    if (confirmed) await this.act(this.url("/carnator/store/clear", { confirm: "true" }), { method: "POST" });
   }
 }
 
