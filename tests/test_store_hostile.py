@@ -9,6 +9,7 @@ see clean misses and dropped writes (logged once), never an exception.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -296,3 +298,43 @@ def test_store_node_refuses_a_nan_size_and_a_nul_in_the_path_clearly(comfy):
         comfy.call_node("CarnatorStore", path="", size_limit_gb=float("nan"))
     with pytest.raises(ValueError, match="Carnator Store: store path .* contains a NUL character"):
         comfy.call_node("CarnatorStore", path="stores/a\0b", size_limit_gb=1.0)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("damage", ["zeroed", "halved"])
+def test_a_store_damaged_under_a_running_server_never_fails_a_prompt(comfy_server, tiny_models, damage):
+    """Record a donor through the server, damage its database while the server runs, queue a near-duplicate: the
+    prompt completes with the plain result and its report says why nothing was reused; the server keeps serving."""
+    from reuse_graphs import with_reuse
+    from t2v_graphs import GRAPHS, SAMPLER
+
+    store = f"stores/damaged-{damage}"
+
+    def run(size_limit: float) -> dict:
+        graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=6, seed=4, sampler_name="euler"), store)
+        graph["carnator_store"]["inputs"]["size_limit_gb"] = size_limit  # defeats ComfyUI's output cache
+        graph["save"] = {"class_type": "SaveLatent", "inputs": {"samples": [SAMPLER, 0], "filename_prefix": damage}}
+        history = comfy_server.run_prompt(graph)
+        (report,) = json.loads(history["outputs"]["carnator_report"]["carnator_report"][0])
+        return report
+
+    assert run(1.001)["reason"] == "no candidate"
+    database = comfy_server.base_dir / store / "cache.db"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the server's background recorder has written the donor
+        reader = ReuseStore(str(comfy_server.base_dir / store))
+        try:
+            if list(reader.entry_ids()):
+                break
+        finally:
+            reader.close()
+        time.sleep(0.1)
+    os.truncate(database, 0 if damage == "zeroed" else database.stat().st_size // 2)
+    for attempt in (1.002, 1.003):  # and again: the damage is not forgotten between prompts
+        report = run(attempt)
+        if damage == "zeroed":
+            assert report["hit"] is False and report["reason"].startswith("store unavailable"), report
+            assert report["model_calls"] == 6
+        else:  # pages the server still holds may serve the donor; whatever it cannot read is a clean miss
+            assert report["hit"] or report["reason"].startswith("store unavailable"), report
+    assert comfy_server.get("/system_stats").ok
