@@ -3,7 +3,7 @@
 Rows are padded CSR: `kv_indices[b, h, i, :kv_counts[b, h, i]]` are the key blocks of query block `i`,
 ascending; entries past the count are padding and never read. The leading two dimensions are either the
 real batch/head counts or 1 (shared), so one layout can serve every head alike or give each head (and each
-batch element, e.g. cond and uncond) its own density. Masks live in `carnator_core.masks`; this module is
+batch element, e.g. cond and uncond) its own density. Masks live in `carnator_core.attention.masks`; this module is
 the neutral ground both sides import, because kernels must not depend on the engine.
 """
 

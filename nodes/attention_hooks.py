@@ -20,17 +20,17 @@ import comfy.ldm.modules.attention
 import comfy.patcher_extension
 import torch
 
-from carnator_core.fingerprint import token_grid
-from carnator_core.masks import BlockSparseMask
-from carnator_core.run import plain_run_report
-from carnator_core.sparse_attention import (
+from carnator_core.attention.masks import BlockSparseMask
+from carnator_core.attention.sparse_attention import (
     INACTIVE,
     MASKS_TOO_FULL,
     SparseAttentionRun,
     SparseAttentionSettings,
     masks_from_blob,
 )
-from carnator_core.store import ReuseStore
+from carnator_core.lookup.fingerprint import token_grid
+from carnator_core.reuse.run import plain_run_report
+from carnator_core.store.reuse_store import ReuseStore
 
 from .host import (
     REUSE_SETTINGS_KEY,

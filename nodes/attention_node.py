@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from carnator_core.sparse_attention import MASK_SOURCES, SparseAttentionSettings
+from carnator_core.attention.sparse_attention import MASK_SOURCES, SparseAttentionSettings
 
 from .attention_hooks import install_sparse_attention
 from .types import MatchType, expert

@@ -19,10 +19,11 @@ import comfy.patcher_extension
 import folder_paths
 import torch
 
-from carnator_core.entry import HardKey
-from carnator_core.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
-from carnator_core.store import ReuseStore, open_store, resolve_store_location
-from carnator_core.store_config import SETTINGS_FILE, configured_store_url
+from carnator_core.lookup.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
+from carnator_core.store.entry import HardKey
+from carnator_core.store.fleet_config import SETTINGS_FILE, configured_store_url
+from carnator_core.store.location import open_store, resolve_store_location
+from carnator_core.store.reuse_store import ReuseStore
 
 log = logging.getLogger("carnator")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from carnator_core.embeddings import condition_vector
-from carnator_core.fingerprint import FingerprintError
-from carnator_core.lookup import LookupRequest, Match, embed_prompt, find_compatible
-from carnator_core.store import StoreError
+from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
+from carnator_core.lookup.embeddings import condition_vector
+from carnator_core.lookup.fingerprint import FingerprintError
+from carnator_core.store.backend import StoreError
 
 from .host import conditioning_tensor, hard_key, store_from_path
 from .types import MatchType, StoreType

@@ -26,13 +26,13 @@ import comfy.model_patcher
 import comfy.patcher_extension
 import torch
 
-from carnator_core.embeddings import condition_vector
-from carnator_core.fingerprint import FingerprintError, noise_fingerprint
-from carnator_core.run import STORE_UNAVAILABLE, ReuseRun, plain_run_report
-from carnator_core.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
-from carnator_core.sparse_attention import SparseAttentionRun, SparseAttentionSettings
-from carnator_core.store import StoreError
-from carnator_core.thumbnail import preview_png
+from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
+from carnator_core.lookup.embeddings import condition_vector
+from carnator_core.lookup.fingerprint import FingerprintError, noise_fingerprint
+from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun, plain_run_report
+from carnator_core.reuse.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
+from carnator_core.store.backend import StoreError
+from carnator_core.store.thumbnail import preview_png
 
 from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
 from .attention_hooks import install_sparse_attention, load_donor_masks, settle

@@ -6,9 +6,9 @@ import json
 
 from comfy_api.latest import io
 
-from carnator_core.probe import ProbeThresholds
-from carnator_core.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings
-from carnator_core.sparse_attention import SparseAttentionSettings
+from carnator_core.attention.sparse_attention import SparseAttentionSettings
+from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.reuse.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings
 
 from .attention_node import attention_choice_input, recall_inputs
 from .reports import reports_for

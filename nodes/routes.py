@@ -1,6 +1,6 @@
 """HTTP routes of the store panel, `/carnator/store/...` (and `/api/carnator/store/...`), on ComfyUI's server.
 
-Thin: every check and every store operation is `carnator_core.store_api`; this module binds them to
+Thin: every check and every store operation is `carnator_core.store.http_api`; this module binds them to
 aiohttp, runs store work off the event loop, and turns refusals into JSON errors. `store` is the id (or
 name) of one of the stores the server serves, as `/stores` lists them; empty: the default store.
 
@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from comfy.cli_args import args as comfy_args
 
-from carnator_core import store_api
-from carnator_core.store_api import ApiError
+from carnator_core.store import http_api as store_api
+from carnator_core.store.http_api import ApiError
 
 from .host import store_location
 

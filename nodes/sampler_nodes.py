@@ -9,8 +9,8 @@ import comfy.samplers
 import nodes as comfy_nodes
 from comfy_api.latest import io
 
-from carnator_core.fingerprint import FingerprintError
-from carnator_core.store import StoreError
+from carnator_core.lookup.fingerprint import FingerprintError
+from carnator_core.store.backend import StoreError
 
 from .attention_hooks import settle
 from .host import per_run_options

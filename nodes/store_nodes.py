@@ -8,7 +8,7 @@ import math
 
 from comfy_api.latest import io
 
-from carnator_core.store import StoreError
+from carnator_core.store.backend import StoreError
 
 from .host import configured_store, store_from_path
 from .types import StoreType

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from comfy_host import (
+from support.comfy_host import (
     ComfyNotFound,
     ComfyServer,
     InProcessComfy,
@@ -32,8 +32,8 @@ from comfy_host import (
     find_comfyui,
     make_base_dir,
 )
-from redis_host import RedisNotFound, RedisServer
-from tiny_models import SPECS, TinyModelSpec, write_tiny_model
+from support.redis_host import RedisNotFound, RedisServer
+from support.tiny_models import SPECS, TinyModelSpec, write_tiny_model
 
 _INPROCESS_BASE = pytest.StashKey[Path]()
 

@@ -2,7 +2,7 @@
 
 `python -m carnator_core.bench attention [--device cpu|cuda] [--json] [--quick] [--backend auto|cpu|flex|triton]`
 
-Masks have the structure video DiTs show (and `carnator_core.masks` estimates): each query block keeps
+Masks have the structure video DiTs show (and `carnator_core.attention.masks` estimates): each query block keeps
 its nearest key blocks in the flattened sequence and at the same spatial place in neighbouring frames
 (multi-diagonal bands), plus a few global blocks per head (the first-frame sink and two random ones).
 Dense and sparse calls are interleaved and medians reported, so a load change on a shared machine hits

@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from carnator_core.entry import EntryMeta, HardKey
-from carnator_core.shortlist import ShortlistIndex
-from carnator_core.store import IndexEntry, IndexVectors, ReuseStore
+from carnator_core.lookup.shortlist import ShortlistIndex
+from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.reuse_store import IndexEntry, IndexVectors, ReuseStore
 
 
 def _unit(rows: int, width: int, generator: torch.Generator) -> torch.Tensor:

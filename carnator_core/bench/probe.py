@@ -6,7 +6,7 @@ On the demo model (fixed seed, Euler flow sampler with CFG, as the reuse engine 
 donor/new prompt pairs of known relation (same scene reworded, background / colour / shape /
 motion changed, unrelated), at several depths k:
 
-- the probe signals of carnator_core.probe at the donor's state x_k (raw agreement, structure
+- the probe signals of carnator_core.reuse.probe at the donor's state x_k (raw agreement, structure
   agreement, guidance cosine) and the prompts' text cosine;
 - the outcome: the new prompt resumed from x_k scores at least the oracle adherence of its own
   plain run (resuming did not cost quality).
@@ -36,8 +36,8 @@ from carnator_core.demo.server import DemoSetupError, demo_weights
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.train import shifted_sigma
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
-from carnator_core.embeddings import text_embedder
-from carnator_core.probe import ProbeSignals, ProbeThresholds, probe_signals
+from carnator_core.lookup.embeddings import text_embedder
+from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
 
 RELATIONS = ("reworded", "background", "colour", "shape", "motion", "unrelated")
 SIGNALS = ("raw_agreement", "structure_agreement", "guidance_cosine", "text_cosine")

@@ -56,7 +56,7 @@ from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
 from carnator_core.demo.wan_model import WanConfig
-from carnator_core.store import ReuseStore
+from carnator_core.store.reuse_store import ReuseStore
 
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from carnator_core.embeddings import tokenizable
+from carnator_core.lookup.embeddings import tokenizable
 
 TOKENS = 32
 MINILM_DIM = 384

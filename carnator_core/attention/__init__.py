@@ -1,0 +1,1 @@
+"""Borrowed block-sparse attention: masks, per-head hysteresis, one sparse attention run."""

@@ -1,0 +1,1 @@
+"""Finding a compatible earlier request: model fingerprints, prompt embeddings, the shortlist index."""

@@ -1,0 +1,98 @@
+"""Compatibility lookup: from a new request to a ranked, explained list of possible donors.
+
+Hard compatibility and the semantic shortlist live here; the generation-native probes
+that verify a donor run later, during sampling, on the candidates this returns.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from carnator_core.lookup.embeddings import EmbeddingError, text_embedder
+from carnator_core.lookup.shortlist import Candidate, ShortlistIndex, ShortlistResult
+from carnator_core.store.entry import HardKey
+from carnator_core.store.reuse_store import ReuseStore
+
+_indexes: dict[str, ShortlistIndex] = {}
+_indexes_lock = threading.Lock()
+
+
+def index_for(store: ReuseStore) -> ShortlistIndex:
+    """The process-wide index of a store directory, brought up to date with the store."""
+    with _indexes_lock:
+        index = _indexes.setdefault(store.directory, ShortlistIndex())
+    index.refresh(store)
+    return index
+
+
+@dataclass
+class LookupRequest:
+    """What a new request offers for matching."""
+
+    hard_key: HardKey
+    cond_vector: torch.Tensor
+    prompt: str = ""
+    text_vector: torch.Tensor | None = None
+
+
+@dataclass
+class Match:
+    """The lookup's answer (the CARNATOR_MATCH value): candidates, best first, and why others fell out."""
+
+    store_directory: str
+    request: LookupRequest | None
+    candidates: list[Candidate]
+    filtered: dict[str, int] = field(default_factory=dict)
+    searched: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    def report(self) -> str:
+        """Readable summary for the node's string output."""
+        lines = [f"Carnator lookup: {len(self.candidates)} candidate(s) among {self.searched} compatible entries"]
+        for rank, candidate in enumerate(self.candidates, 1):
+            text = "n/a" if candidate.text_similarity is None else f"{candidate.text_similarity:.3f}"
+            lines.append(f"  {rank}. {candidate.entry_id[:8]} score {candidate.score:.3f} "
+                         f"(text {text}, conditioning {candidate.cond_similarity:.3f}) {candidate.prompt[:80]!r}")
+        for reason, count in sorted(self.filtered.items()):
+            lines.append(f"  filtered: {count} with {reason}")
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def embed_prompt(prompt: str) -> tuple[torch.Tensor | None, str | None]:
+    """Text vector of a prompt, or (None, reason) when there is no text or no embedding model."""
+    if not prompt.strip():
+        return None, "no prompt text given: matched on conditioning only"
+    try:
+        return text_embedder().embed([prompt])[0], None
+    except EmbeddingError as error:
+        return None, f"text embedding unavailable, matched on conditioning only: {error}"
+
+
+def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_similarity: float) -> Match:
+    """Shortlist donors for `request`; candidates whose entries vanished meanwhile are dropped.
+
+    While the store is unavailable there are no candidates, and a note says why.
+    """
+    index = index_for(store)
+    result: ShortlistResult = index.query(request.hard_key, request.cond_vector, request.text_vector,
+                                          top_k=max(1, top_k) * 2, min_similarity=min_similarity)
+    live = []
+    metas = store.get_metas([candidate.entry_id for candidate in result.candidates])
+    if store.unavailable:  # nothing can be reused now; keep the index as it is for when the store is back
+        return Match(store_directory=store.directory, request=request, candidates=[], searched=result.searched,
+                     notes=[f"store unavailable, generating without reuse: {store.unavailable}"])
+    for candidate, meta in zip(result.candidates, metas, strict=True):
+        if meta is None:
+            index.remove(candidate.entry_id)
+            continue
+        live.append(candidate)
+    return Match(store_directory=store.directory, request=request, candidates=live[:top_k],
+                 filtered=result.filtered, searched=result.searched)

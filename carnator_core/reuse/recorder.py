@@ -1,0 +1,145 @@
+"""Recording: what a finished request leaves in the store for later requests.
+
+During sampling the recorder only copies the few checkpoint states it needs to CPU fp16
+(a copy per checkpoint step, nothing on other steps). Building and writing the entry
+happens on a background thread after sampling, so recording neither changes the output
+nor sits on the sampling path. An aborted run is simply never submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from carnator_core.lookup.embeddings import EmbeddingError, text_embedder
+from carnator_core.reuse.probe import downsample_guidance
+from carnator_core.store.backend import StoreUnavailable
+from carnator_core.store.entry import EntryMeta
+from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.tensor_codec import encode_tensors
+
+log = logging.getLogger("carnator.recorder")
+
+@dataclass
+class Checkpoint:
+    step: int
+    sigma: float
+    x: torch.Tensor | None  # None at step 0: the state is the initial noise, identified by `start` instead
+    x0: torch.Tensor
+    guidance: torch.Tensor | None
+    evaluated: bool = True  # False: x0 is a step cache's extrapolation (EasyCache skipped the step), not the model's
+    start: str | None = None  # step 0: fingerprint of the state, matched against a later request's first state
+
+
+@dataclass
+class RunRecorder:
+    """Collects checkpoints of one sampling run."""
+
+    checkpoint_steps: set[int]
+    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+
+    def wants(self, step: int) -> bool:
+        return step in self.checkpoint_steps and step not in self.checkpoints
+
+    def capture(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
+                guidance: torch.Tensor | None, evaluated: bool = True) -> None:
+        """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing)."""
+        self.checkpoints[step] = Checkpoint(
+            step=step, sigma=float(sigma), x=x.detach().to("cpu", torch.float16, copy=True),
+            x0=x0.detach().to("cpu", torch.float16, copy=True), guidance=_stored_guidance(guidance),
+            evaluated=evaluated)
+
+    def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None) -> None:
+        """Step 0: never resumed from, only compared at (`ReuseRun._screen`) by requests that start from the same
+        state, so the prediction is kept and the state only as its fingerprint (a latent's worth of bytes saved)."""
+        self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=None, start=start,
+                                         x0=x0.detach().to("cpu", torch.float16, copy=True),
+                                         guidance=_stored_guidance(guidance))
+
+    def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
+        """Checkpoint metadata list and the safetensors blob holding the tensors."""
+        tensors: dict[str, torch.Tensor] = {}
+        listing = []
+        for step in sorted(self.checkpoints):
+            checkpoint = self.checkpoints[step]
+            if checkpoint.x is not None:
+                tensors[f"x_{step}"] = checkpoint.x
+            tensors[f"x0_{step}"] = checkpoint.x0
+            if checkpoint.guidance is not None:
+                tensors[f"g_{step}"] = checkpoint.guidance
+            listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
+                            "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
+        return listing, ({"checkpoints": encode_tensors(tensors)} if tensors else {})
+
+
+def _stored_guidance(guidance: torch.Tensor | None) -> torch.Tensor | None:
+    return None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16)
+
+
+@dataclass
+class PendingEntry:
+    """An entry waiting to be written; `store=None` marks a flush point."""
+
+    store: ReuseStore | None
+    meta: EntryMeta | None
+    blobs: dict[str, bytes]
+    cond_vector: torch.Tensor | None
+    on_written: Callable[[EntryMeta | None], None] | None = None
+
+
+class _Writer:
+    """One daemon thread per process that embeds prompts and writes entries, in order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[PendingEntry] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="carnator-recorder", daemon=True)
+                self._thread.start()
+
+    def submit(self, pending: PendingEntry) -> None:
+        self._ensure_thread()
+        self._queue.put(pending)
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every entry submitted so far is written (tests, benchmarks, shutdown)."""
+        done = threading.Event()
+        self.submit(PendingEntry(store=None, meta=None, blobs={}, cond_vector=None, on_written=lambda _: done.set()))
+        return done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            pending = self._queue.get()
+            try:
+                if pending.store is None:
+                    pending.on_written(None)
+                    continue
+                self._write(pending)
+            except StoreUnavailable:
+                pass  # dropped whole; the store logs each outage once
+            except Exception:  # a failed write must never take the server down; the entry is dropped whole
+                log.exception("Carnator: could not record entry %s", getattr(pending.meta, "entry_id", "?"))
+
+    @staticmethod
+    def _write(pending: PendingEntry) -> None:
+        text = None
+        if pending.meta.prompt.strip():
+            try:
+                text = text_embedder().embed([pending.meta.prompt])[0]
+            except EmbeddingError as error:
+                log.warning("Carnator: recording without a text embedding: %s", error)
+        pending.store.put(pending.meta, pending.blobs, IndexVectors(text=text, cond=pending.cond_vector))
+        if pending.on_written is not None:
+            pending.on_written(pending.meta)
+
+
+writer = _Writer()

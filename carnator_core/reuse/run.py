@@ -1,0 +1,363 @@
+"""One sampling run under Carnator: lookup, probes, resume decision, recording, report.
+
+The host layer drives it (it owns the model and the sampler) through a handful of calls:
+`start_state` set and `plan()` called before sampling, `probe()` with a model-evaluation callback,
+`observe_step()` from the sampler's step callback, and `finish()` or nothing (an aborted run
+records nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
+from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
+from carnator_core.lookup.fingerprint import noise_fingerprint
+from carnator_core.reuse.planner import ProbeTarget, RequestFacts, last_step_within, plan_probes
+from carnator_core.reuse.probe import ProbeSignals, probe_signals
+from carnator_core.reuse.recorder import PendingEntry, RunRecorder, writer
+from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.reuse_store import ReuseStore
+from carnator_core.store.tensor_codec import encode_tensors
+
+log = logging.getLogger("carnator.run")
+
+STORE_UNAVAILABLE = "store unavailable: generated without reuse"
+
+# The live request's model at several states sharing one sigma, in one call: per state its
+# (x0 prediction, guidance direction or None).
+Evaluate = Callable[[list[torch.Tensor], float], list[tuple[torch.Tensor, torch.Tensor | None]]]
+
+
+def text_similarity_depth(similarity: float) -> float:
+    """NIRVANA's table as a line: similarity 0.65 skips 10% of the steps, 0.95 skips 50%; below 0.65 none."""
+    if similarity < 0.65:
+        return 0.0
+    return min(0.5, 0.1 + (similarity - 0.65) / 0.30 * 0.4)
+
+
+@dataclass
+class Resume:
+    """The accepted latent reuse: start sampling at `step` from the donor state."""
+
+    target: ProbeTarget
+    signals: ProbeSignals | None  # None for the unverified text-similarity baseline
+    x0: torch.Tensor | None  # the live model's prediction at the resume state: reused as step `step`'s evaluation
+    guidance: torch.Tensor | None = None  # and its guidance direction, recorded with it
+
+
+@dataclass
+class ReuseRun:
+    settings: ReuseSettings
+    store: ReuseStore
+    hard_key: HardKey
+    latent_shape: tuple[int, ...]
+    noise_fingerprint: str
+    cond_vector: torch.Tensor
+    sigmas: list[float]
+    cfg: float
+    seed: int | None
+    latent_reuse_allowed: bool = True
+    latent_reuse_note: str = ""
+    started_at: float = field(default_factory=time.perf_counter)
+    match: Match | None = None
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    resume: Resume | None = None
+    recorder: RunRecorder | None = None
+    model_calls: int = 0
+    candidate_checkpoints: int = 0
+    attention: dict[str, Any] = field(default_factory=dict)
+    store_problem: str | None = None  # why the store could not be used during this run
+    # The live request's own step-0 evaluation (x0, guidance) when probing made it (`_screen`): without a resume the
+    # sampler's first call is served from it, so the screen costs a miss nothing.
+    start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    # The state the sampler starts from (the host computes it as the sampler does, for every run): its fingerprint
+    # identifies step 0 in the store, so a donor and a request compare the same computation whatever the sampler.
+    start_state: torch.Tensor | None = None
+    _start_fingerprint: str | None = field(default=None, init=False, repr=False)
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.sigmas) - 1
+
+    # ------------------------------------------------------------------ before sampling
+    def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
+        """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing:
+        enough for `max_probes` calls of `batch_limit` states each.
+
+        Empty when latent reuse is off for this run.
+        """
+        if match is not None:
+            self.match = match
+        else:
+            text_vector, note = embed_prompt(self.settings.prompt)
+            request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector,
+                                    prompt=self.settings.prompt, text_vector=text_vector)
+            self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
+            if note:
+                self.match.notes.append(note)
+        self.store_problem = self.store.unavailable
+        self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
+        if not self.latent_reuse_allowed or self.settings.max_resume_fraction <= 0:
+            return []
+        facts = RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
+                             noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps)
+        targets, self.skipped = plan_probes(self.store, self.match.candidates, facts,
+                                            self.settings.max_resume_fraction,
+                                            same_noise_only=self.settings.seed_policy == "same-noise",
+                                            max_probes=self.settings.max_probes * max(1, batch_limit),
+                                            fallback_fraction=self.settings.fallback_resume_fraction,
+                                            fallback_targets=max(1, batch_limit))
+        return targets
+
+    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
+        """Evaluate targets in planner order; resume from the deepest checkpoint whose signals pass.
+
+        At most `max_probes` model calls. Each call takes the next unprobed target together with up to
+        `batch_limit - 1` later ones at the same step (other donors' checkpoints), so one evaluation probes
+        several candidates. A call with a pass ends probing and resumes from its first passing target: all
+        targets of a call share one depth, and later calls are only shallower or lower-ranked. A donor that
+        misses the structure threshold by more than `give_up_margin` gets no further probe. In fast mode the last
+        call goes to targets no deeper than balanced's limit when no earlier call was that shallow. A pass deeper than
+        the donor's shallowest checkpoint is confirmed there with one more call (`ProbeTarget.anchor`), unless the
+        donor was already confirmed at step 0 by `_screen` (given the live request's first state, `start_state`).
+        """
+        self.candidate_checkpoints = len(targets)
+        if self.settings.verification == "text-only":
+            return self._resume_by_text_similarity(targets)
+        pending = list(targets)
+        if self.start_state is not None and self.settings.max_probes > 0:
+            pending = self._screen(pending, evaluate)
+        thresholds = self.settings.thresholds
+        fallback = self.settings.fallback_resume_fraction
+        fallback_step = None if fallback is None else last_step_within(fallback, self.total_steps)
+        for call_index in range(self.settings.max_probes):
+            if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
+                    p["step"] <= fallback_step and not p["confirms_deeper"] for p in self.probes):
+                pending = [t for t in pending if t.step <= fallback_step] or pending
+            if not pending:
+                break
+            call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]
+            pending = [t for t in pending if not any(t is c for c in call)]
+            results = evaluate([t.x for t in call], call[0].sigma)
+            self.model_calls += 1
+            hopeless: set[str] = set()
+            for target, (x0_new, guidance_new) in zip(call, results, strict=True):
+                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
+                passed = thresholds.passes(signals)
+                given_up = not passed and thresholds.donor_hopeless(signals)
+                self._record_probe(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
+                if passed and self.resume is None and target.anchor is not None:
+                    passed = self._confirm(target.anchor, evaluate)  # a failed confirmation rules out the donor
+                    given_up = not passed
+                if given_up:
+                    hopeless.add(target.meta.entry_id)
+                if passed and self.resume is None:
+                    self.resume = Resume(target=target, signals=signals, x0=x0_new, guidance=guidance_new)
+            pending = [t for t in pending if t.meta.entry_id not in hopeless]
+            if self.resume is not None:
+                return self.resume
+        return None
+
+    def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate) -> list[ProbeTarget]:
+        """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
+
+        A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
+        decides the most (demo model, `python -m carnator_core.bench probe`, cfg 5: rewordings agree 0.93-0.96
+        there, pairs with any attribute changed at most 0.76; on the cfg-1 workload streams rewordings 0.98-0.99,
+        other donors 0.70-0.92), so one call judges every such donor at once. It is not extra work: without a
+        resume the sampler's first call is served from it (`start_evaluation`); with one it replaces the
+        confirmation of the deep pass. Donors that fail get no probe; those that pass need no confirmation later.
+        Others are left as they were.
+        """
+        start_state = self.start_state
+        starts = {t.meta.entry_id: t.start for t in targets
+                  if t.start is not None and t.start.state == self.start_fingerprint}
+        if not starts:
+            return targets
+        sigma = self.sigmas[0]
+        [(x0_new, guidance_new)] = evaluate([start_state], sigma)
+        self.model_calls += 1
+        self.start_evaluation = (x0_new, guidance_new)
+        self.observe_step(0, sigma, start_state, x0_new, guidance_new)
+        ruled_out: set[str] = set()
+        for entry_id, start in starts.items():
+            signals = probe_signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
+            passed = self.settings.thresholds.passes(signals)
+            self._record_probe(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
+            if not passed:
+                ruled_out.add(entry_id)
+        return [replace(target, anchor=None) if target.meta.entry_id in starts else target
+                for target in targets if target.meta.entry_id not in ruled_out]
+
+    def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
+        """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and
+        motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
+        [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
+        self.model_calls += 1
+        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
+        confirmed = self.settings.thresholds.passes(signals)
+        self._record_probe(anchor.meta, anchor.step, signals, confirmed, not confirmed, batched_with=0,
+                           confirms=True)
+        return confirmed
+
+    def _record_probe(self, donor: EntryMeta, step: int, signals: ProbeSignals, passed: bool, given_up: bool,
+                      batched_with: int, confirms: bool = False) -> None:
+        self.probes.append({"donor_id": donor.entry_id, "donor_prompt": donor.prompt, "step": step, "passed": passed,
+                            "donor_given_up": given_up, "batched_with": batched_with, "confirms_deeper": confirms,
+                            **signals.as_dict()})
+
+    def _resume_by_text_similarity(self, targets: list[ProbeTarget]) -> Resume | None:
+        """Baseline (NIRVANA/Chorus style): skip depth from prompt similarity alone, no model check."""
+        for target in targets:
+            similarity = target.candidate.text_similarity
+            similarity = target.candidate.score if similarity is None else similarity
+            if target.depth <= text_similarity_depth(similarity):
+                self.resume = Resume(target=target, signals=None, x0=None)
+                return self.resume
+        return None
+
+    # ------------------------------------------------------------------ during sampling
+    def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
+                     guidance: torch.Tensor | None, evaluated: bool = True) -> None:
+        if self.recorder is None or not self.recorder.wants(step):
+            return
+        if step > 0:
+            self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
+        elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
+            self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance)
+
+    @property
+    def start_fingerprint(self) -> str | None:
+        if self._start_fingerprint is None and self.start_state is not None:
+            self._start_fingerprint = noise_fingerprint(self.start_state)
+        return self._start_fingerprint
+
+    def wants_step(self, step: int) -> bool:
+        return self.recorder is not None and self.recorder.wants(step)
+
+    # ------------------------------------------------------------------ after sampling
+    def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
+               thumbnail: bytes | None = None) -> dict[str, Any]:
+        """Submit the entry for background writing and return the report."""
+        self.model_calls += model_calls
+        if attention is not None:
+            self.attention = attention.summary()
+        elapsed = time.perf_counter() - self.started_at
+        self.store_problem = self.store_problem or self.store.unavailable
+        if self.resume is not None:
+            saved_steps = self.resume.target.step
+            donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
+            self.store.record_hit(self.resume.target.meta.entry_id, saved_steps * donor_seconds_per_step)
+        if self.settings.record and self.recorder is not None:
+            self._submit(elapsed, attention, thumbnail)
+        return self.report(elapsed)
+
+    def _submit(self, elapsed: float, attention: SparseAttentionRun | None, thumbnail: bytes | None) -> None:
+        listing, blobs = self.recorder.blobs()
+        if thumbnail:
+            blobs["thumb"] = thumbnail
+        masks_meta: dict[str, Any] = {}
+        if attention is not None:
+            masks = attention.own_masks() or attention.borrowed  # what attention estimated, else what it used
+            if masks:
+                masks_meta, mask_tensors = masks_to_blob(masks)
+                blobs["masks"] = encode_tensors(mask_tensors)
+        lineage = {}
+        if self.resume is not None:
+            lineage = {"donor_id": self.resume.target.meta.entry_id, "depth": self.resume.target.step}
+        skipped_steps = self.resume.target.step if self.resume is not None else 0
+        # work of a full run, so that saved-work estimates stay honest for entries that themselves reused
+        full_seconds = elapsed * self.total_steps / max(1, self.total_steps - skipped_steps)
+        meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
+                         latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
+                         cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
+                         sample_seconds=full_seconds, checkpoints=listing, masks=masks_meta, lineage=lineage,
+                         extra={"sigmas": [round(s, 6) for s in self.sigmas]})
+        writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector))
+
+    def report(self, elapsed: float) -> dict[str, Any]:
+        best = self.resume.target if self.resume is not None else None
+        candidate = best.candidate if best is not None else (self.match.best if self.match else None)
+        skipped_steps = best.step if best is not None else 0
+        reason = ""
+        if best is None:
+            reason = self._miss_reason()
+        per_step = elapsed / max(1, self.total_steps - skipped_steps)
+        signals = self.resume.signals if self.resume is not None else None
+        return {
+            "hit": best is not None or bool(self.attention.get("borrowed_sparse_calls")),
+            "mode": self.settings.mode,
+            "donor_id": best.meta.entry_id if best else None,
+            "donor_prompt": best.meta.prompt if best else None,
+            "text_similarity": candidate.text_similarity if candidate else None,
+            "agreement": signals.raw_agreement if signals else None,
+            "structure_agreement": signals.structure_agreement if signals else None,
+            "guidance_cosine": signals.guidance_cosine if signals else None,
+            "skipped_steps": skipped_steps,
+            "total_steps": self.total_steps,
+            "attention_density": self.attention.get("density"),
+            "attention": self.attention,
+            "heads_reuse": self.attention.get("heads_reuse", 0),
+            "heads_own": self.attention.get("heads_own", 0),
+            "model_calls": self.model_calls,
+            "time_s": elapsed,
+            "time_saved_s": per_step * skipped_steps,
+            "reason": reason,
+            "probes": self.probes,
+            "candidates": [{"entry_id": c.entry_id, "prompt": c.prompt, "score": c.score}
+                           for c in (self.match.candidates if self.match else [])],
+            "filtered": dict(self.match.filtered) if self.match else {},
+            "skipped_donors": dict(self.skipped),
+            "notes": self._notes(),
+        }
+
+    def _notes(self) -> list[str]:
+        notes = list(self.match.notes if self.match else [])
+        if self.store_problem and not any("store unavailable" in note for note in notes):
+            notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
+        if self.attention.get("inactive"):
+            notes.append(self.attention["inactive"])
+        elif self.attention.get("heads_reuse") and not self.attention.get("borrowed_sparse_calls"):
+            notes.append(MASKS_TOO_FULL)
+        return notes
+
+    def _miss_reason(self) -> str:
+        if self.store_problem:
+            return STORE_UNAVAILABLE
+        if not self.latent_reuse_allowed:
+            return self.latent_reuse_note or "latent reuse not applicable"
+        if self.settings.max_resume_fraction <= 0:
+            return "mode 'safe': latent reuse off"
+        if self.match is None or not self.match.candidates:
+            return "no candidate" if not (self.match and self.match.filtered) else "no candidate (all filtered)"
+        if self.probes:
+            return "probe rejected"
+        if self.settings.verification == "text-only" and self.candidate_checkpoints:
+            return "text similarity too low for the baseline's skip table"
+        if self.skipped:
+            return "filtered: " + ", ".join(sorted(self.skipped))
+        return "no candidate"
+
+
+def plain_run_report(mode: str, reason: str, total_steps: int, model_calls: int, elapsed: float,
+                     attention: dict[str, Any] | None = None, notes: list[str] | None = None) -> dict[str, Any]:
+    """The report of a run Carnator could not take part in (nothing looked up, probed or recorded): the same
+    fields as `ReuseRun.report`, so the node, the badge and the logs read it the same way."""
+    attention = attention or {}
+    return {
+        "hit": False, "mode": mode, "donor_id": None, "donor_prompt": None, "text_similarity": None,
+        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
+        "total_steps": total_steps, "attention_density": attention.get("density"), "attention": attention,
+        "heads_reuse": attention.get("heads_reuse", 0), "heads_own": attention.get("heads_own", 0),
+        "model_calls": model_calls, "time_s": elapsed, "time_saved_s": 0.0, "reason": reason, "probes": [],
+        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": notes if notes is not None else [reason],
+    }

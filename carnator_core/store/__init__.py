@@ -1,0 +1,1 @@
+"""The reuse store: entries of earlier requests on a diskcache directory or a Redis database."""

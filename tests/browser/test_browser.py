@@ -1,0 +1,279 @@
+"""The Carnator frontend in a real browser: headless Chromium (the system's, driven by Playwright) on a real
+ComfyUI server with its real frontend (comfyui-frontend-package) and the pack.
+
+One scenario, in order, on one page: the Carnator nodes are in the node search; the CPU demo workflow file
+loads; queueing it shows a MISS badge on the sampler; the same seed with an edited prompt shows a HIT badge
+with a tooltip; the store panel (sidebar tab) lists both entries live, searches, pins, deletes one and clears
+all after a confirmation; with the store unreachable it shows an empty state and does not retry by itself;
+a workflow naming a node this Carnator lacks gets ComfyUI's missing-node report and no JavaScript error.
+
+The demo workflow is queued on the tiny Wan model, edited in the page like a user would (model file, 8
+steps, probe thresholds a random-weight model passes with near-duplicate prompts; see tests/support/tiny_workflows.py),
+so its outcome does not depend on the demo model's training. Screenshots go to artifacts/browser/.
+
+Where frontends differ (1.27 on ComfyUI 0.3.64, 1.45 on 0.28), a step finds the element either one renders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import expect, sync_playwright
+from support.comfy_host import REPO_ROOT, ComfyServer, ServerFactory
+from support.tiny_workflows import WORKFLOWS
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = REPO_ROOT / "artifacts" / "browser"
+TIMEOUT_MS = 60_000
+FIRST_PROMPT = "a red circle moving left on a black background"
+EDITED_PROMPT = "a red ball moving left on a black background"
+TINY_MODEL_THRESHOLDS = {"structure_threshold": 0.5, "guidance_threshold": 0.5, "depth_slope": 0.0}
+# the node search's input and results: the autocomplete (frontend 1.27) or the search dialog (1.45)
+NODE_SEARCH_INPUT = "input[id^='comfy-vue-node-search-box-input'], input[aria-controls='results-list']"
+NODE_SEARCH_RESULTS = ".p-autocomplete-option, #results-list [role='option']"
+# the Run button: inside 1.27's split button; the button itself in 1.45, whose run-mode menu is also labelled Run
+RUN_BUTTON = "[data-testid='queue-button'] button[aria-label='Run'], button[data-testid='queue-button']"
+
+BADGES_JS = """(type) => {
+  const node = window.comfyAPI.app.app.graph.nodes.find((n) => n.type === type);
+  return (node?.badges ?? []).map((b) => (typeof b === "function" ? b() : b).text ?? "");
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(comfyui_path: Path, new_base_dir) -> Iterator[ComfyServer]:
+    base = new_base_dir()
+    settings = base / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    # no first-run template dialog; node text and widgets drawn at any zoom (the whole workflow is on screen)
+    settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "LiteGraph.Canvas.MinFontSizeForLOD": 1,
+                                    "Comfy.Minimap.Visible": False}))
+    factory = ServerFactory(comfyui_path, new_base_dir)
+    try:
+        yield factory(base)
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def page(server: ComfyServer):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium; .ci/run does)",
+                    pytrace=False)
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.errors = []
+            page.on("pageerror", lambda error: page.errors.append(error))
+            page.goto(server.url)
+            page.wait_for_function("() => window.comfyAPI?.app?.app?.graph && window.LiteGraph && "
+                                   "document.querySelector('.carnator-sidebar-icon')")
+            yield page
+        finally:
+            browser.close()
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def _missing_node_report(page):
+    """ComfyUI's list of the workflow's missing node types: the "Some Nodes Are Missing" dialog (frontend 1.27),
+    or the missing-node card of the errors panel that the error overlay's button opens (1.45)."""
+    dialog = page.locator(".p-dialog", has_text="Some Nodes Are Missing")
+    overlay = page.locator("[data-testid='error-overlay']")
+    dialog.or_(overlay).first.wait_for()
+    if dialog.count():
+        return dialog
+    overlay.locator("[data-testid='error-overlay-see-errors']").click()
+    card = page.locator("[data-testid='missing-node-card']")
+    card.wait_for()
+    expand = card.locator("button[aria-label='Expand']")  # the node types of an unknown pack start folded
+    if expand.count():
+        expand.click()
+    return card
+
+
+def _carnator_errors(page) -> list[str]:
+    """Errors thrown by Carnator's scripts or about its events (e.g. an unregistered `carnator.status`)."""
+    return [f"{e}\n{e.stack}" for e in page.errors if "carnator" in f"{e}\n{e.stack}".lower()]
+
+
+def _wait_for_badge(page, node_type: str, prefix: str) -> str:
+    page.wait_for_function(f"(t) => ({BADGES_JS})(t).some((text) => text.startsWith('{prefix}'))", arg=node_type)
+    return next(text for text in page.evaluate(BADGES_JS, node_type) if text.startswith(prefix))
+
+
+def _run(page) -> None:
+    page.locator(RUN_BUTTON).click()
+
+
+def _set_widgets(page, node_type: str, values: dict) -> None:
+    page.evaluate("""([type, values]) => {
+      const node = window.comfyAPI.app.app.graph.nodes.find((n) => n.type === type);
+      for (const [name, value] of Object.entries(values)) node.widgets.find((w) => w.name === name).value = value;
+    }""", [node_type, values])
+
+
+def _focus(page, node_type: str) -> None:
+    """Zoom to 100% with the node in the middle of the canvas, for a readable screenshot of its badge."""
+    page.evaluate("""(type) => {
+      const app = window.comfyAPI.app.app;
+      const node = app.graph.nodes.find((n) => n.type === type);
+      const { width, height } = app.canvas.canvas.getBoundingClientRect();
+      app.canvas.ds.scale = 1;
+      app.canvas.ds.offset = [width / 2 - node.pos[0] - node.size[0] / 2, height / 2 - node.pos[1] - node.size[1] / 2];
+      app.canvas.setDirty(true, true);
+    }""", node_type)
+
+
+def _hover_badge(page, node_type: str) -> None:
+    """Move the pointer onto the badge row above the node's title bar."""
+    point = page.evaluate("""(type) => {
+      const app = window.comfyAPI.app.app;
+      const node = app.graph.nodes.find((n) => n.type === type);
+      const [x, y] = app.canvas.ds.convertOffsetToCanvas(
+        [node.pos[0] + node.size[0] - 12, node.pos[1] - window.LiteGraph.NODE_TITLE_HEIGHT - 12]);
+      const rect = app.canvas.canvas.getBoundingClientRect();
+      return [rect.left + x, rect.top + y];
+    }""", node_type)
+    page.mouse.move(point[0] - 5, point[1])
+    page.mouse.move(*point)
+
+
+def test_carnator_nodes_are_in_the_node_search(page):
+    search = page.locator(NODE_SEARCH_INPUT)
+    for _ in range(5):  # a double click on empty canvas opens the node search (once the canvas takes input)
+        page.mouse.dblclick(700, 130)
+        try:
+            search.wait_for(timeout=3000)
+            break
+        except PlaywrightTimeout:
+            continue
+    search.fill("Carnator")
+    options = page.locator(NODE_SEARCH_RESULTS)
+    options.filter(has_text="Carnator Reuse Sampler").wait_for()
+    found = options.all_inner_texts()
+    for title in ("Carnator Reuse", "Carnator KSampler", "Carnator Compatibility Lookup", "Carnator Sparse Attention",
+                  "Carnator Report", "Carnator Store", "Carnator Demo Text Encode"):
+        assert any(text.startswith(title) for text in found), (title, found)
+    _shot(page, "01_node_search")
+    page.keyboard.press("Escape")
+
+
+def test_demo_workflow_badges_and_store_panel(page, server, tiny_models):
+    page.set_input_files("#comfy-file-input", str(WORKFLOWS / "carnator_demo_cpu.json"))
+    page.wait_for_function("() => window.comfyAPI.app.app.graph.nodes.some((n) => n.type === 'CarnatorReuse')")
+    # text= ignores case: this is 1.27's missing-node dialog and 1.45's "Some nodes are missing…" error overlay
+    assert page.locator("text=Some Nodes Are Missing").count() == 0
+    _shot(page, "02_demo_workflow_loaded")
+    _set_widgets(page, "UNETLoader", {"unet_name": tiny_models["wan"].name})
+    _set_widgets(page, "KSampler", {"steps": 8})
+    _set_widgets(page, "CarnatorReuse", TINY_MODEL_THRESHOLDS)
+
+    page.locator(".carnator-sidebar-icon").click()  # the store panel, open while prompts run
+    page.locator(".carnator-empty", has_text="No entries yet").wait_for()
+    _shot(page, "03_store_panel_empty")
+
+    _run(page)
+    miss = _wait_for_badge(page, "KSampler", "MISS")
+    assert "no candidate" in miss
+    page.locator(".carnator-entry").first.wait_for()  # the panel refreshed itself after the run
+    _focus(page, "KSampler")
+    _shot(page, "04_miss_badge")
+
+    prompt_box = page.evaluate_handle("() => window.comfyAPI.app.app.graph.nodes"
+                                      ".find((n) => n.type === 'PrimitiveStringMultiline').widgets[0].element")
+    assert prompt_box.as_element().input_value() == FIRST_PROMPT
+    prompt_box.as_element().fill(EDITED_PROMPT)
+    _run(page)
+    hit = _wait_for_badge(page, "KSampler", "HIT")
+    assert hit.startswith("HIT 4/8 steps") and "“a red circle moving" in hit, hit
+    page.wait_for_function("() => document.querySelectorAll('.carnator-entry').length === 2")
+    _focus(page, "KSampler")
+    _hover_badge(page, "KSampler")
+    tooltip = page.locator(".carnator-tooltip")
+    tooltip.wait_for(state="visible")
+    assert "Carnator HIT" in tooltip.inner_text() and FIRST_PROMPT in tooltip.inner_text()
+    _shot(page, "05_hit_badge_tooltip_and_store_panel")
+
+    entries = page.locator(".carnator-entry")
+    assert EDITED_PROMPT in entries.nth(0).inner_text() and FIRST_PROMPT in entries.nth(1).inner_text()
+    assert "2 entries" in page.locator(".carnator-totals").inner_text()
+    assert page.locator(".carnator-entry img.carnator-thumb").count() == 2
+    page.wait_for_function("() => [...document.querySelectorAll('.carnator-entry img')]"
+                           ".every((img) => img.complete && img.naturalWidth > 0)")
+
+    page.locator(".carnator-search").fill("ball")
+    page.wait_for_function("() => document.querySelectorAll('.carnator-entry').length === 1")
+    page.locator(".carnator-search").fill("")
+    page.wait_for_function("() => document.querySelectorAll('.carnator-entry').length === 2")
+
+    entries.nth(1).locator("button[aria-label='Pin']").click()
+    page.locator(".carnator-entry button[aria-pressed='true']").wait_for()
+    entries.nth(0).locator(".carnator-delete").click()
+    page.wait_for_function("() => document.querySelectorAll('.carnator-entry').length === 1")
+    listing = server.get("/carnator/store/entries").json()["entries"]
+    assert [e["prompt"] for e in listing] == [FIRST_PROMPT] and listing[0]["pinned"] is True
+    _shot(page, "06_after_pin_and_delete")
+
+    page.locator("button", has_text="Clear all").click()
+    dialog = page.locator("[role='dialog']", has_text="Clear the Carnator store")  # PrimeVue's or Reka's
+    dialog.wait_for()
+    _shot(page, "07_clear_all_confirmation")
+    dialog.locator("button", has_text="Delete").click()
+    page.locator(".carnator-empty", has_text="No entries yet").wait_for()
+    assert server.get("/carnator/store/stats").json()["entries"] == 0
+    assert not _carnator_errors(page)
+
+
+def test_unreachable_store_shows_an_empty_state_without_retrying(page):
+    requests: list[str] = []
+
+    def record(request) -> None:
+        if "/carnator/store/" in request.url:
+            requests.append(request.url)
+
+    page.on("request", record)
+    page.route("**/carnator/store/**", lambda route: route.abort())
+    try:
+        page.locator(".carnator-panel button[aria-label='Refresh']").click()
+        page.locator(".carnator-empty", has_text="Store unavailable").wait_for()
+        seen = len(requests)
+        page.wait_for_timeout(3000)
+        assert len(requests) == seen, requests  # no retry loop
+        _shot(page, "08_store_unreachable")
+    finally:
+        page.unroute("**/carnator/store/**")
+        page.remove_listener("request", record)
+    page.locator(".carnator-empty button", has_text="Retry").click()
+    page.locator(".carnator-empty", has_text="No entries yet").wait_for()
+
+
+def test_workflow_with_a_missing_node_gets_comfyuis_report(page, tmp_path):
+    workflow = json.loads((WORKFLOWS / "carnator_demo_cpu.json").read_text())
+    for node in workflow["nodes"]:
+        if node["type"] == "CarnatorReuse":
+            node["type"] = "CarnatorReuseV0"  # e.g. a node of an older Carnator
+    path = tmp_path / "older_carnator.json"
+    path.write_text(json.dumps(workflow))
+    errors_before = len(page.errors)
+    page.set_input_files("#comfy-file-input", str(path))
+    expect(_missing_node_report(page)).to_contain_text("CarnatorReuseV0")
+    _shot(page, "09_missing_node_report")
+    page.keyboard.press("Escape")
+    assert page.errors[errors_before:] == []
+    assert not _carnator_errors(page)

@@ -1,0 +1,100 @@
+"""What Carnator does on a host that is not the one it was built for (in-process, tiny Wan model).
+
+- a host that lacks a hook Carnator needs: the pack loads, says once what it lacks, and samples plain;
+- arguments a newer host adds to the sampling wrappers reach the sampler untouched;
+- a packed multi-latent run (LTX-2 audio + video: noise (B, 1, N) with the shapes beside it): a clean, reported miss;
+- another patch that takes video self-attention past the attention override: reported, never as sparse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+import torch
+from support.comfy_host import captured_logs
+from support.reuse_graphs import with_reuse
+from support.t2v_graphs import SAMPLER, wan_t2v
+
+from carnator_core.reuse.recorder import writer
+
+
+def _pack_module(name: str):
+    """A module of the pack as ComfyUI's loader imported it (custom_nodes.<pack>.nodes.<name>)."""
+    return next(module for key, module in sys.modules.items() if key.endswith(f"carnator.nodes.{name}"))
+
+
+def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
+    comfy.unload_models()
+    run = comfy.run_prompt(graph)
+    writer.flush()
+    return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))
+
+
+def test_a_host_without_a_needed_hook_samples_plain_and_says_so_once(comfy, tiny_models, monkeypatch):
+    attention = importlib.import_module("comfy.ldm.modules.attention")  # `comfy` is the host fixture here
+    host = _pack_module("host")
+    graph = wan_t2v(tiny_models["wan"].name, steps=4, seed=5, sampler_name="euler")
+    plain, _ = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball", record=False))
+    # a host without the attention override hook (the host applied wrap_attn at import; sampling does not need it)
+    monkeypatch.delattr(attention, "wrap_attn")
+    host.missing_hooks.cache_clear()
+    try:
+        with captured_logs() as logs:
+            first, reports = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball"))
+            second, _ = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball", top_k=5))
+    finally:
+        host.missing_hooks.cache_clear()
+    assert reports == []  # no wrapper ran: nothing looked up, probed, reported or recorded
+    assert torch.equal(first, plain) and torch.equal(second, plain)
+    lacking = [line for line in logs if "this ComfyUI lacks" in line]
+    assert len(lacking) == 1 and "optimized_attention_override" in lacking[0], logs
+
+
+def test_wrappers_pass_on_arguments_they_do_not_know(comfy, tiny_models):
+    """A newer host may call the sampling wrappers with more keywords: Carnator's pass them on untouched (a harness
+    wrapper outside Carnator's adds one, another inside takes it off and counts it), and the run still reuses."""
+    arrivals = next(m for k, m in sys.modules.items() if k.endswith("carnator_harness")).newer_host_arrivals
+    graph = wan_t2v(tiny_models["wan"].name, steps=6, seed=9, sampler_name="euler")
+    _run(comfy, with_reuse(graph, "stores/extra", prompt="a red ball"))
+    graph["outer"] = {"class_type": "HarnessNewerHostArgument", "inputs": {"model": graph[SAMPLER]["inputs"]["model"],
+                                                                         "mode": "add"}}
+    graph[SAMPLER]["inputs"]["model"] = ["outer", 0]
+    graph = with_reuse(graph, "stores/extra", prompt="a red ball")
+    graph["inner"] = {"class_type": "HarnessNewerHostArgument", "inputs": {"model": ["carnator_reuse", 0],
+                                                                         "mode": "take"}}
+    graph[SAMPLER]["inputs"]["model"] = ["inner", 0]
+    before = dict(arrivals)
+    _, reports = _run(comfy, graph)
+    assert {kind: arrivals[kind] - before[kind] for kind in arrivals} == {"OUTER_SAMPLE": 1, "SAMPLER_SAMPLE": 1}
+    assert reports[0]["hit"] and reports[0]["skipped_steps"] == 3, json.dumps(reports[0])
+
+
+@pytest.mark.parametrize("shapes", [2, 3])
+def test_packed_multi_latent_run_is_a_reported_miss(shapes):
+    host = _pack_module("host")
+    packed = torch.zeros(1, 1, 640)
+    call = host.outer_sample_arguments((packed, packed, None, torch.linspace(1, 0, 5)), {"latent_shapes": [
+        torch.Size([1, 16, 2, 8, 8])] * shapes})
+    reason = host.unsupported_latent(call)
+    assert "packed multi-latent" in reason and f"{shapes} latents" in reason
+    assert host.unsupported_latent(host.outer_sample_arguments((torch.zeros(1, 16, 2, 8, 8),), {
+        "latent_shapes": [torch.Size([1, 16, 2, 8, 8])]})) == ""
+
+
+def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, tiny_models):
+    graph = wan_t2v(tiny_models["wan"].name, steps=4, seed=3, sampler_name="euler")
+    graph["bypass"] = {"class_type": "HarnessBypassAttentionOverride",
+                       "inputs": {"model": graph[SAMPLER]["inputs"]["model"]}}
+    graph[SAMPLER]["inputs"]["model"] = ["bypass", 0]
+    _, reports = _run(comfy, with_reuse(graph, "stores/bypass", prompt="a red ball", sparse_attention="own"))
+    attention = reports[0]["attention"]
+    assert attention["self_attention_calls"] == 0 and attention["sparse_calls"] == 0
+    assert attention["inactive"] == "sparse attention inactive: attention is patched by carnator_harness"
+    assert attention["inactive"] in reports[0]["notes"]
+    _, plain_attention = _run(comfy, with_reuse(wan_t2v(tiny_models["wan"].name, steps=4, seed=3,
+                                                        sampler_name="euler"), "stores/bypass", prompt="a red ball",
+                                                sparse_attention="own", top_k=5))
+    assert plain_attention[0]["attention"]["self_attention_calls"] > 0 and not plain_attention[0]["attention"]["inactive"]

@@ -1,0 +1,88 @@
+"""Latent reuse under the samplers of the official templates, on the demo model inside real ComfyUI (in-process).
+
+The demo model is trained, so its probes carry meaning: a reworded prompt with the same seed must resume, a
+changed attribute must not. Multistep samplers (uni_pc, dpmpp_2m, deis, res_multistep) keep a history of earlier
+evaluations that a resumed run does not have, and uni_pc keeps its state scaled by 1/sqrt(1 + sigma^2); a resume
+from the request's own checkpoint must still land next to the uninterrupted run. The stochastic sampler's resumed
+clip draws other noise after the resume, so its quality against plain is measured (PSNR) and printed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+from support.reuse_graphs import ATTENTION_DEFAULTS, REUSE_DEFAULTS
+
+from carnator_core.bench.quality import mse, psnr_from_mse, ssim
+from carnator_core.demo import world
+from carnator_core.demo.graphs import MODEL_CHAIN, REPORT, SAMPLER, base_graph, with_report, with_reuse
+from carnator_core.reuse.recorder import writer
+
+DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
+PROMPT = "a red circle moving left on a black background"
+REWORDED = "a red ball moving to the left on a black background"
+CHANGED = "a red circle moving left on a white background"
+STEPS = 20
+DETERMINISTIC = ("euler", "uni_pc", "uni_pc_bh2", "dpmpp_2m", "deis", "res_multistep")
+STOCHASTIC = ("dpmpp_2m_sde",)
+# Largest relative distance (‖resumed − uninterrupted‖ / ‖uninterrupted‖) of a self-resume half-way: fp16
+# checkpoints, plus, for multistep samplers, the lower-order restart of their history.
+SELF_RESUME_TOLERANCE = 0.02
+
+_stores = itertools.count()
+
+
+def _graph(prompt: str, sampler_name: str, *, cfg: float = 4.0, shift: float = 3.0, store: str | None = None) -> dict:
+    graph = base_graph(DEMO_WEIGHTS, prompt, seed=42, steps=STEPS, cfg=cfg, sampler_name=sampler_name)
+    graph[MODEL_CHAIN]["inputs"]["shift"] = shift
+    if store is None:
+        return with_report(graph)  # an output node, so that ComfyUI runs the graph
+    return with_reuse(graph, store, prompt, **{**REUSE_DEFAULTS, **ATTENTION_DEFAULTS, "sparse_attention": "off"})
+
+
+def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
+    comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
+    run = comfy.run_prompt(graph)
+    writer.flush()
+    reports = json.loads(run.output(REPORT, 1))
+    return run.output(SAMPLER)["samples"], reports[0] if reports else None
+
+
+def _frames(latent: torch.Tensor) -> torch.Tensor:
+    """The demo clip as RGB frames in [0, 1]."""
+    return world.decode(world.from_raw(latent[0].float()))
+
+
+@pytest.mark.parametrize("sampler_name", DETERMINISTIC + STOCHASTIC)
+def test_reworded_prompt_resumes_and_changed_attribute_does_not(comfy, sampler_name):
+    store = f"stores/samplers-{next(_stores)}"
+    donor, _ = _sample(comfy, _graph(PROMPT, sampler_name, store=store))
+    _, reworded = _sample(comfy, _graph(REWORDED, sampler_name, store=store))
+    assert reworded["skipped_steps"] == STEPS // 2, json.dumps(reworded["probes"])
+    _, changed = _sample(comfy, _graph(CHANGED, sampler_name, store=store))
+    assert changed["skipped_steps"] == 0 and changed["reason"] == "probe rejected", json.dumps(changed["probes"])
+
+    resumed, repeat = _sample(comfy, _graph(PROMPT, sampler_name, store=store))
+    assert repeat["skipped_steps"] == STEPS // 2 and repeat["donor_prompt"] == PROMPT
+    distance = float((resumed - donor).norm() / donor.norm())
+    if sampler_name in DETERMINISTIC:
+        print(f"\n{sampler_name}: self-resume at step {STEPS // 2} of {STEPS}: relative distance {distance:.4f}")
+        assert distance < SELF_RESUME_TOLERANCE, (sampler_name, distance)
+    else:
+        plain, _ = _sample(comfy, _graph(PROMPT, sampler_name))
+        clip, reference = _frames(resumed), _frames(plain)
+        quality, structure = psnr_from_mse(mse(clip, reference)), ssim(clip, reference)
+        print(f"\n{sampler_name}: self-resume at step {STEPS // 2} of {STEPS}: PSNR {quality:.1f} dB, "
+              f"SSIM {structure:.3f} vs plain; relative latent distance {distance:.3f}")
+        assert quality > 20.0, quality
+
+
+def test_official_wan21_template_settings_resume_a_reworded_prompt(comfy):
+    """ComfyUI's Wan 2.1 text-to-video template samples with uni_pc / simple at cfg 6 over shift 8."""
+    store = f"stores/samplers-{next(_stores)}"
+    _sample(comfy, _graph(PROMPT, "uni_pc", cfg=6.0, shift=8.0, store=store))
+    _, reworded = _sample(comfy, _graph(REWORDED, "uni_pc", cfg=6.0, shift=8.0, store=store))
+    assert reworded["hit"] and reworded["skipped_steps"] == STEPS // 2, json.dumps(reworded["probes"])

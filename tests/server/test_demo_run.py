@@ -1,0 +1,74 @@
+"""`python -m carnator_core.demo run` end to end through a real headless ComfyUI, and its bad-input messages.
+
+The run uses a random-weight stand-in of the demo model (the trained weights may not be committed yet), three
+prompts (a scene, a one-word edit, an out-of-vocabulary prompt), two steps, and a preferred port that is
+already taken, so one run covers the port fallback and the "unscorable" oracle verdict as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from carnator_core.bench.random_wan import write_random_wan
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ("a red circle moving left on a black background", "a red circle moving left on a gray background",
+           "a dragon flying over the moon")
+
+
+def _demo(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "carnator_core.demo", "run", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.server
+def test_demo_run_end_to_end(tmp_path):
+    weights = write_random_wan(tmp_path / "carnator_demo_random.safetensors")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "out"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        result = _demo("--out", str(out), "--prompts", str(prompts), "--steps", "2", "--port", str(busy),
+                       env={"CARNATOR_DEMO_WEIGHTS": str(weights)})
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert f"port {busy} is in use; using" in result.stdout
+    assert "step 2/2" in result.stdout  # progress while it ran
+    table = result.stdout[result.stdout.index("| # | prompt"):]
+    assert all(p in table for p in PROMPTS) and table.count("\n| ") == len(PROMPTS)
+    report = json.loads((out / "report.json").read_text())
+    runs = report["runs"]
+    assert [r["prompt"] for r in runs] == list(PROMPTS)
+    assert runs[0]["hit"] is False and runs[0]["skipped_steps"] == 0  # the first request has nothing to reuse
+    assert runs[1]["carnator_report"]["candidates"]  # the edit found the first run in the store
+    assert runs[2]["adherence"] == "unscorable" and runs[2]["expected"] is None
+    assert isinstance(runs[0]["adherence"], float)
+    for run in runs:
+        clip = out / run["clip"]
+        assert clip.suffix == ".webp" and clip.read_bytes()[8:12] == b"WEBP"
+        assert run["carnator_report"]["total_steps"] == 2
+
+
+def test_missing_comfyui_says_what_to_set(tmp_path):
+    result = _demo("--out", str(tmp_path / "out"), env={"COMFYUI_PATH": str(tmp_path)})
+    assert result.returncode == 1
+    assert f"COMFYUI_PATH={tmp_path} is not a ComfyUI checkout" in result.stderr
+    assert "Set COMFYUI_PATH to your ComfyUI directory" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_weights_names_the_train_command(tmp_path):
+    missing = tmp_path / "none.safetensors"
+    result = _demo("--out", str(tmp_path / "out"), env={"CARNATOR_DEMO_WEIGHTS": str(missing)})
+    assert result.returncode == 1
+    assert f"CARNATOR_DEMO_WEIGHTS={missing} does not exist" in result.stderr
+    assert "python -m carnator_core.demo.train" in result.stderr

@@ -1,0 +1,272 @@
+"""The shipped workflows (workflows/*.json, UI format, and their API twins in workflows/api/) against a live server.
+
+- every UI workflow's node types, widget values (mapped to inputs in the frontend's order) and link types
+  validate against the server's /object_info, with the official model file names present as placeholder
+  files so that the loaders' combo lists hold them;
+- every API twin is the same graph as its UI workflow (same nodes, links and values);
+- every API twin executes through /prompt on the tiny test models (substitutions: tests/support/tiny_workflows.py),
+  with one `carnator.status` event from its sampler;
+- ComfyUI's template browser lists them, with their thumbnails; a workflow naming a node this Carnator
+  does not have gets ComfyUI's normal validation error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from support.comfy_host import ComfyServer, PromptFailed, ServerFactory
+from support.tiny_workflows import (
+    DEMO_WEIGHTS,
+    FAMILY,
+    SAMPLERS,
+    WORKFLOWS,
+    api_workflow,
+    on_demo_model,
+    on_tiny_models,
+)
+
+from carnator_core.demo import world
+from carnator_core.demo.graphs import latent_size
+from carnator_core.demo.oracle import score
+from carnator_core.reuse.recorder import writer
+
+pytestmark = pytest.mark.server
+
+NAMES = sorted(FAMILY)
+FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute"}  # virtual nodes: the frontend never sends them to the server
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+LOADER_FOLDERS = {  # loader input -> model folder, for the placeholder files
+    ("UNETLoader", "unet_name"): "diffusion_models",
+    ("CLIPLoader", "clip_name"): "text_encoders",
+    ("DualCLIPLoader", "clip_name1"): "text_encoders",
+    ("DualCLIPLoader", "clip_name2"): "text_encoders",
+    ("VAELoader", "vae_name"): "vae",
+    ("CheckpointLoaderSimple", "ckpt_name"): "checkpoints",
+}
+
+
+def ui_workflow(name: str) -> dict:
+    return json.loads((WORKFLOWS / f"{name}.json").read_text())
+
+
+def _placeholders(base: Path) -> None:
+    """Empty files named like the models the workflows load (never loaded here, only listed); the demo weights the
+    pack ships are real and stay visible."""
+    for name in NAMES:
+        for node in api_workflow(name).values():
+            for (kind, field), folder in LOADER_FOLDERS.items():
+                if node["class_type"] == kind and node["inputs"][field] != DEMO_WEIGHTS:
+                    (base / "models" / folder).mkdir(parents=True, exist_ok=True)
+                    (base / "models" / folder / node["inputs"][field]).touch()
+
+
+@pytest.fixture(scope="module")
+def server(comfyui_path: Path, new_base_dir) -> Iterator[ComfyServer]:
+    factory = ServerFactory(comfyui_path, new_base_dir)
+    base = new_base_dir()
+    _placeholders(base)
+    try:
+        yield factory(base)
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def object_info(server: ComfyServer) -> dict:
+    return server.object_info()
+
+
+# ------------------------------------------------------------------ UI format vs /object_info
+def _widget_inputs(info: dict) -> list[tuple[str, list, bool]]:
+    """(name, spec, optional) of the inputs the frontend shows as widgets, in its order: required, then optional."""
+    widgets = []
+    for section in ("required", "optional"):
+        for name in info.get("input_order", {}).get(section, []):
+            spec = info["input"][section][name]
+            options = spec[1] if len(spec) > 1 else {}
+            if (isinstance(spec[0], list) or spec[0] in WIDGET_TYPES) and not options.get("forceInput"):
+                widgets.append((name, spec, section == "optional"))
+    return widgets
+
+
+def _has_control(name: str, spec: list) -> bool:
+    """Seed widgets carry a second, frontend-only value: what to do after queueing (fixed, randomize ...)."""
+    return spec[0] == "INT" and (bool(spec[1].get("control_after_generate")) or name in ("seed", "noise_seed"))
+
+
+def widget_values(node: dict, info: dict) -> dict:
+    """A UI node's widgets_values by input name; fails on too few or too many values."""
+    values = list(node.get("widgets_values") or [])
+    named = {}
+    for name, spec, optional in _widget_inputs(info):
+        if not values and optional:
+            break  # an optional input newer than the workflow: the frontend gives it its default
+        assert values, f"node {node['id']} ({node['type']}): no value for widget {name}"
+        named[name] = values.pop(0)
+        if _has_control(name, spec):
+            control = values.pop(0) if values else None
+            assert control in CONTROL_VALUES, f"node {node['id']} ({node['type']}): bad control value {control!r}"
+    assert not values, f"node {node['id']} ({node['type']}): {len(values)} widget values more than inputs: {values}"
+    return named
+
+
+def _check_value(where: str, spec: list, value) -> None:
+    kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+    if isinstance(kind, list) or kind == "COMBO":
+        choices = kind if isinstance(kind, list) else options["options"]
+        assert value in choices, f"{where}: {value!r} is not one of {choices[:12]}"
+    elif kind == "BOOLEAN":
+        assert isinstance(value, bool), f"{where}: {value!r} is not a boolean"
+    elif kind == "STRING":
+        assert isinstance(value, str), f"{where}: {value!r} is not a string"
+    else:
+        number = int if kind == "INT" else (int, float)
+        assert isinstance(value, number) and not isinstance(value, bool), f"{where}: {value!r} is not {kind}"
+        assert options.get("min", value) <= value <= options.get("max", value), f"{where}: {value} out of range"
+
+
+def _input_spec(info: dict, name: str) -> list:
+    for section in ("required", "optional"):
+        if name in info["input"].get(section, {}):
+            return info["input"][section][name]
+    raise AssertionError(f"no input {name}")
+
+
+def _types_match(output: str, wanted) -> bool:
+    if isinstance(wanted, list):  # a combo input fed by a primitive
+        return output in ("COMBO", "*")
+    return "*" in (output, wanted) or bool(set(output.split(",")) & set(wanted.split(",")))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ui_workflow_validates_against_object_info(object_info, name):
+    workflow = ui_workflow(name)
+    nodes = {node["id"]: node for node in workflow["nodes"]}
+    reuse_nodes = [n for n in nodes.values() if n["type"] in ("CarnatorReuse", "CarnatorReuseSampler")]
+    assert reuse_nodes, f"{name} has no Carnator reuse node"
+    for node in nodes.values():
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        assert node["type"] in object_info, f"{name}: node {node['id']} type {node['type']} unknown to the server"
+        info = object_info[node["type"]]
+        for field, value in widget_values(node, info).items():
+            _check_value(f"{name}: node {node['id']} ({node['type']}).{field}", _input_spec(info, field), value)
+        linked = {i["name"] for i in node.get("inputs", []) if i.get("link") is not None}
+        for field in info.get("input_order", {}).get("required", []):
+            spec = info["input"]["required"][field]
+            if not (isinstance(spec[0], list) or spec[0] in WIDGET_TYPES):
+                assert field in linked, f"{name}: node {node['id']} ({node['type']}) input {field} is not connected"
+    for link_id, origin, origin_slot, target, target_slot, link_type in workflow["links"]:
+        source, sink = nodes[origin], nodes[target]
+        output = object_info[source["type"]]["output"][origin_slot]
+        wanted = _input_spec(object_info[sink["type"]], sink["inputs"][target_slot]["name"])[0]
+        assert _types_match(output, wanted), f"{name}: link {link_id} {output} -> {sink['type']} wants {wanted}"
+        assert link_type in (output, "*"), f"{name}: link {link_id} is typed {link_type}, its source gives {output}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_api_twin_is_the_ui_workflow(object_info, name):
+    ui, api = ui_workflow(name), api_workflow(name)
+    nodes = {str(node["id"]): node for node in ui["nodes"] if node["type"] not in FRONTEND_ONLY and node["mode"] == 0}
+    assert set(api) == set(nodes), f"{name}: API twin nodes {sorted(api)} != UI nodes {sorted(nodes)}"
+    links = {(str(target), nodes[str(target)]["inputs"][slot]["name"]): [str(origin), origin_slot]
+             for _, origin, origin_slot, target, slot, _ in ui["links"] if str(target) in nodes}
+    for node_id, node in api.items():
+        assert node["class_type"] == nodes[node_id]["type"]
+        values = widget_values(nodes[node_id], object_info[node["class_type"]])
+        expected = {field: value for field, value in values.items() if (node_id, field) not in links}
+        expected.update({field: link for (target, field), link in links.items() if target == node_id})
+        info = object_info[node["class_type"]]["input"]
+        declared = {field: value for field, value in node["inputs"].items()  # not display-only widgets (PreviewAny)
+                    if any(field in info.get(section, {}) for section in ("required", "optional"))}
+        assert declared == expected, f"{name}: node {node_id} ({node['class_type']}) differs from the UI"
+
+
+# ------------------------------------------------------------------ execution on the tiny models
+@pytest.mark.parametrize("name", NAMES)
+def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
+    family = FAMILY[name]
+    graph = on_tiny_models(api_workflow(name), family, tiny_models[family].name)
+    samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
+    with server.events() as events:
+        prompt_id = server.queue_prompt(graph, events.client_id)
+        messages = events.until_finished(prompt_id)
+    history = server.wait_for(prompt_id)
+    statuses = [m["data"] for m in messages if m["type"] == "carnator.status" and m["data"]["prompt_id"] == prompt_id]
+    assert [s["node"] for s in statuses] == samplers, statuses
+    for sampler in samplers:
+        stats = history["outputs"][f"stats_{sampler}"]["latent_stats"][0]
+        assert stats["finite"] and stats["shape"][0] == 1, stats
+
+
+# ------------------------------------------------------------------ on the demo model
+def _demo_run(server: ComfyServer, graph: dict) -> tuple[dict, torch.Tensor]:
+    """Queue a demo-model graph; its (single) Carnator report and the sampled latent."""
+    history = server.run_prompt(graph)
+    report = json.loads(history["outputs"]["report"]["carnator_report"][0])[0]
+    saved = history["outputs"]["save"]["latents"][0]
+    latent = load_file(str(server.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+    return report, latent
+
+
+def test_official_wan21_template_resumes_a_reworded_prompt_on_the_demo_model(server):
+    """The Wan 2.1 template's own sampler settings (uni_pc, simple, cfg 6, shift 8, 30 steps), as shipped."""
+    template = api_workflow("carnator_wan21_t2v")
+    sampler = next(node for node in template.values() if node["class_type"] == "KSampler")["inputs"]
+    assert (sampler["sampler_name"], sampler["scheduler"], sampler["cfg"], sampler["steps"]) == ("uni_pc", "simple", 6, 30)
+    first, _ = _demo_run(server, on_demo_model(template, "a red circle moving left on a black background"))
+    assert first["hit"] is False
+    reworded, _ = _demo_run(server, on_demo_model(template, "a red ball moving to the left on a black background"))
+    assert reworded["hit"] and reworded["skipped_steps"] == 15, json.dumps(reworded["probes"])
+
+
+@pytest.mark.parametrize("workflow", ["ui", "api"])
+def test_demo_workflows_use_the_clip_size_the_demo_model_was_trained_on(workflow):
+    wanted = latent_size(world.CLIP)
+    if workflow == "ui":
+        (node,) = [n for n in ui_workflow("carnator_demo_cpu")["nodes"] if n["type"] == "EmptyHunyuanLatentVideo"]
+        width, height, length = node["widgets_values"][:3]
+    else:
+        (node,) = [n for n in api_workflow("carnator_demo_cpu").values() if n["class_type"] == "EmptyHunyuanLatentVideo"]
+        width, height, length = (node["inputs"][k] for k in ("width", "height", "length"))
+    assert {"width": width, "height": height, "length": length} == wanted
+
+
+def test_demo_workflow_as_shipped_draws_its_prompt(server):
+    """Queued as shipped (30 steps, its seed and prompt), the oracle reads the prompt back from the clip."""
+    graph = api_workflow("carnator_demo_cpu")
+    prompt = next(n for n in graph.values() if n["class_type"] == "PrimitiveStringMultiline")["inputs"]["value"]
+    graph["save"] = {"class_type": "SaveLatent", "inputs": {"samples": ["9", 0], "filename_prefix": "demo"}}
+    graph["report"] = graph.pop("12")
+    graph["8"]["inputs"]["record"] = False
+    _, latent = _demo_run(server, graph)
+    writer.flush()
+    assert tuple(latent.shape[2:]) == world.CLIP
+    result = score(prompt, world.decode(world.from_raw(latent[0].float())))
+    assert result.adherence == 1.0, (result.observed, result.expected)
+
+
+# ------------------------------------------------------------------ template browser, bad input
+def test_template_browser_lists_workflows_with_thumbnails(server):
+    listed = server.get("/api/workflow_templates").json()
+    assert sorted(listed["carnator"]) == NAMES
+    for name in NAMES:
+        response = server.get(f"/api/workflow_templates/carnator/{name}.jpg")
+        assert response.status_code == 200 and response.content.startswith(b"\xff\xd8"), name
+        assert server.get(f"/api/workflow_templates/carnator/{name}.json").json() == ui_workflow(name)
+
+
+def test_workflow_with_a_node_this_version_lacks_gets_comfyuis_validation_error(server, tiny_models):
+    graph = on_tiny_models(api_workflow("carnator_wan21_t2v"), "wan", tiny_models["wan"].name)
+    reuse = next(node_id for node_id, node in graph.items() if node["class_type"] == "CarnatorReuse")
+    graph[reuse]["class_type"] = "CarnatorReuseV0"  # e.g. a node of an older Carnator
+    # the error names the node: by its type, or (newer hosts) by its title and id
+    with pytest.raises(PromptFailed, match=rf"CarnatorReuseV0|Node ID '#{reuse}'"):
+        server.queue_prompt(graph)
+    assert server.get("/system_stats").ok

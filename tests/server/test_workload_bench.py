@@ -1,0 +1,133 @@
+"""The workload benchmark: its prompt streams, its quality measures, and one end-to-end run of the command
+through a real headless ComfyUI (3 prompts, 2 steps, every configuration; figures are not asserted here,
+the JSON shape and that every configuration produced numbers are).
+
+The demo weights may not be committed yet, so the run uses a random-weight stand-in of the demo model's
+architecture (--weights), which exercises the same graphs, nodes and measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
+from carnator_core.bench.random_wan import write_random_wan
+from carnator_core.bench.streams import STREAMS, make_stream, read_prompts
+from carnator_core.bench.workload import CONFIGS, EXTRA_FIELDS, FIELDS, donor_prompt_for
+from carnator_core.demo import world
+from carnator_core.demo.wan_model import WanConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "carnator_core.bench", "workload", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_streams_are_deterministic_distinct_and_scorable(name):
+    prompts = make_stream(name, 8)
+    assert prompts == make_stream(name, 8)
+    assert len(prompts) == 8 and len(set(prompts)) == 8  # a verbatim repeat would hit ComfyUI's output cache
+    assert all(world.parse_prompt(p) is not None for p in prompts), prompts
+
+
+def test_near_dup_stream_revisits_scenes_and_unrelated_does_not():
+    def attrs(name):
+        return [world.parse_prompt(p) for p in make_stream(name, 8)]
+
+    near = attrs("near-dup")
+    assert near[0] == near[1] == near[3]  # paraphrases of one scene ...
+    assert sum(near[2][k] != near[0][k] for k in world.ATTRIBUTES) == 1  # ... and a one-word edit of it
+    unrelated = attrs("unrelated")
+    for i, a in enumerate(unrelated):
+        for b in unrelated[i + 1:]:
+            assert sum(a[k] != b[k] for k in world.ATTRIBUTES) >= 3
+
+
+def test_adversarial_pairs_differ_in_one_word_and_one_attribute():
+    prompts = make_stream("adversarial", 8)
+    for a, b in zip(prompts[::2], prompts[1::2], strict=True):
+        words_a, words_b = a.split(), b.split()
+        assert len(words_a) == len(words_b) and sum(x != y for x, y in zip(words_a, words_b, strict=True)) == 1
+        pa, pb = world.parse_prompt(a), world.parse_prompt(b)
+        changed = [k for k in world.ATTRIBUTES if pa[k] != pb[k]]
+        assert changed in (["motion"], ["colour"]), (a, b)
+    changes = {tuple(k for k in world.ATTRIBUTES if world.parse_prompt(a)[k] != world.parse_prompt(b)[k])
+               for a, b in zip(prompts[::2], prompts[1::2], strict=True)}
+    assert changes == {("motion",), ("colour",)}
+
+
+def test_prompts_file_and_arbitrary_donor(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("a red circle moving left on a black background\n\n  a dragon over the moon \n"
+                    "a small green box rising over white\n")
+    prompts = read_prompts(str(path))
+    assert prompts == ["a red circle moving left on a black background", "a dragon over the moon",
+                       "a small green box rising over white"]
+    donor = world.parse_prompt(donor_prompt_for(prompts))
+    for prompt in (prompts[0], prompts[2]):  # unrelated to every scorable prompt in every attribute
+        assert all(donor[k] != v for k, v in world.parse_prompt(prompt).items()), (donor, prompt)
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        read_prompts(str(tmp_path / "empty.txt"))
+
+
+def test_psnr_and_ssim():
+    clip = torch.rand(3, 5, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert psnr_from_mse(mse(clip, clip)) == PSNR_IDENTICAL and ssim(clip, clip) == pytest.approx(1.0)
+    noisy = (clip + 0.01 * torch.randn(clip.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
+    assert psnr_from_mse(mse(noisy, clip)) == pytest.approx(40.0, abs=0.5)
+    assert 0.9 < ssim(noisy, clip) < 1.0
+    assert ssim(torch.rand(clip.shape, generator=torch.Generator().manual_seed(2)), clip) < 0.2
+
+
+def test_missing_weights_names_the_train_command(tmp_path):
+    result = _bench("--n", "3", "--weights", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path))
+    assert result.returncode == 1
+    assert "python -m carnator_core.demo.train" in result.stderr and "missing.safetensors" in result.stderr
+
+
+@pytest.mark.server
+def test_workload_end_to_end_json_shape(tmp_path):
+    # three layers: the first and last stay dense by default, so the middle one gets (and borrows) masks
+    weights = write_random_wan(tmp_path / "carnator_demo_random.safetensors", WanConfig(128, 256, 3))
+    out = tmp_path / "out"
+    result = _bench("--stream", "near-dup", "--n", "3", "--steps", "2", "--json", "--out", str(out),
+                    "--weights", str(weights))
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert set(data) == {"stream", "prompts", "configs"}
+    assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
+    assert [c["name"] for c in data["configs"]] == list(CONFIGS)
+    for config in data["configs"]:
+        assert set(config) == {"name", *FIELDS, *EXTRA_FIELDS}
+        for field in FIELDS:
+            value = config[field]
+            assert isinstance(value, (int, float)) and math.isfinite(value), (config["name"], field, value)
+        assert config["cpu_speedup"] > 0, config  # the server's CPU time is readable on Linux
+    by_name = {c["name"]: c for c in data["configs"]}
+    assert by_name["plain"]["speedup"] == by_name["plain"]["cpu_speedup"] == 1.0
+    assert by_name["plain"]["psnr"] == PSNR_IDENTICAL
+    assert by_name["plain"]["model_calls"] == 2 and by_name["plain"]["hit_rate"] == 0
+    assert by_name["balanced"]["bytes_per_entry"] > 0 and by_name["plain"]["bytes_per_entry"] == 0
+    assert by_name["any-donor-masks"]["hit_rate"] > 0  # the unrelated donor's masks were offered and taken
+    saved = json.loads((out / "workload_near-dup.json").read_text())
+    assert saved["configs"] == data["configs"] and len(saved["per_prompt"]) == 3
+    probes = [(i, probe) for i, details in enumerate(saved["per_prompt"])
+              for config in details["configs"].values() for probe in config["probes"]]
+    assert all(probe["donor_prompt"] in data["prompts"][:i] for i, probe in probes), probes  # donors came earlier
+    assert (out / "workload_near-dup.md").read_text().count("\n| ") == len(CONFIGS) + 1
+    with Image.open(out / "workload_near-dup.png") as image:
+        assert image.size[0] > 0 and len(set(np.asarray(image.convert("L")).flatten().tolist())) > 2

@@ -1,0 +1,464 @@
+"""A real ComfyUI as the test host: in-process (library on CPU) and as a headless server subprocess.
+
+Both load the Carnator pack through ComfyUI's own custom-node loader from a throwaway base directory
+(`models/`, `custom_nodes/`, `user/`, `output/` ...) in which the repository is symlinked as
+`custom_nodes/carnator` next to the test-only `tests/support/harness_pack`, so no test touches the
+checkout's own folders. Nothing of the host is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HARNESS_PACK = REPO_ROOT / "tests" / "support" / "harness_pack"
+PACK_NAME = "carnator"
+HARNESS_PACK_NAME = "carnator_harness"
+BASE_SUBDIRS = ("models/diffusion_models", "custom_nodes", "input", "output", "temp", "user")
+
+
+class ComfyNotFound(RuntimeError):
+    """No usable ComfyUI checkout: integration tests cannot run and must fail, not skip."""
+
+
+class PromptFailed(RuntimeError):
+    """A prompt was rejected by validation or raised while executing; the message says where and why."""
+
+
+def _is_comfyui(path: Path) -> bool:
+    return (path / "main.py").is_file() and (path / "nodes.py").is_file() and (path / "comfy").is_dir()
+
+
+def find_comfyui(environ: dict[str, str] | None = None) -> Path:
+    """The ComfyUI checkout: $COMFYUI_PATH, else the tree this repo sits in (custom_nodes/), else ~/ComfyUI."""
+    environ = os.environ if environ is None else environ
+    explicit = environ.get("COMFYUI_PATH")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if _is_comfyui(path):
+            return path.resolve()
+        raise ComfyNotFound(f"COMFYUI_PATH={explicit} is not a ComfyUI checkout (no main.py, nodes.py, comfy/).")
+    candidates = []
+    unresolved_repo = Path(os.path.abspath(__file__)).parents[2]
+    for repo in (unresolved_repo, REPO_ROOT):
+        if repo.parent.name == "custom_nodes":
+            candidates.append(repo.parent.parent)
+    candidates.append(Path.home() / "ComfyUI")
+    for path in candidates:
+        if _is_comfyui(path):
+            return path.resolve()
+    looked = ", ".join(str(p) for p in candidates)
+    raise ComfyNotFound(
+        f"No ComfyUI checkout found (looked at {looked}). Set COMFYUI_PATH to a ComfyUI checkout "
+        "(0.3.64 or newer); the Carnator tests run the pack inside a real ComfyUI and cannot be skipped."
+    )
+
+
+def make_base_dir(base: Path, model_files: dict[str, Path] | None = None) -> Path:
+    """Lay out a ComfyUI base directory with the pack, the harness pack and `model_files` symlinked in."""
+    for sub in BASE_SUBDIRS:
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    for name, target in ((PACK_NAME, REPO_ROOT), (HARNESS_PACK_NAME, HARNESS_PACK)):
+        link = base / "custom_nodes" / name
+        if not link.exists():
+            link.symlink_to(target, target_is_directory=True)
+    for path in (model_files or {}).values():
+        link = base / "models" / "diffusion_models" / path.name
+        if not link.exists():
+            link.symlink_to(path)
+    return base
+
+
+def configure_comfy_args(comfy_path: Path, base_dir: Path) -> None:
+    """Put ComfyUI first on sys.path and set its CLI args (CPU, base directory) before the rest of it is imported.
+
+    ComfyUI reads its args once, at import, into process-global state; conftest calls this at pytest start so
+    every test that imports ComfyUI, in whatever order, gets the same CPU host on the same throwaway base dir.
+    """
+    if str(comfy_path) not in sys.path:
+        sys.path.insert(0, str(comfy_path))
+    import comfy.options  # noqa: F401  (must precede cli_args: it decides whether sys.argv is parsed)
+    from comfy.cli_args import args
+
+    if not any(Path(p).resolve().is_relative_to(comfy_path) for p in sys.modules["comfy"].__path__):
+        raise RuntimeError(f"'comfy' was imported from {list(sys.modules['comfy'].__path__)}, not from {comfy_path}")
+    args.cpu = True
+    args.base_directory = str(base_dir)
+    args.disable_auto_launch = True
+
+
+@contextlib.contextmanager
+def captured_logs(level: int = logging.WARNING) -> Iterator[list[str]]:
+    """Collect log lines emitted meanwhile; ComfyUI's loader reports a failed pack only through logging."""
+    lines: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = _Collect(level)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(handler)
+
+
+def _format_validation_error(error: dict, node_errors: dict) -> str:
+    lines = [f"{error.get('message')}: {error.get('details')}"]
+    for node_id, info in node_errors.items():
+        for reason in info.get("errors", []):
+            lines.append(f"  node {node_id} ({info.get('class_type')}): {reason.get('message')}: {reason.get('details')}")
+    return "\n".join(lines)
+
+
+def _format_execution_error(messages: list) -> str:
+    for event, data in messages:
+        if event == "execution_error":
+            trace = "".join(data.get("traceback") or [])
+            return (
+                f"node {data.get('node_id')} ({data.get('node_type')}) raised "
+                f"{data.get('exception_type')}: {data.get('exception_message')}\n{trace}"
+            )
+        if event == "execution_interrupted":
+            return f"interrupted at node {data.get('node_id')} ({data.get('node_type')})"
+    return f"execution failed without an execution_error message: {messages}"
+
+
+@dataclass
+class NodeResult:
+    """What one node call returned: its outputs (indexable like the node's output tuple) and its UI dict."""
+
+    outputs: tuple
+    ui: dict | None = None
+
+    def __getitem__(self, index: int) -> Any:
+        return self.outputs[index]
+
+
+@dataclass
+class PromptRun:
+    """One executed prompt: its id, UI outputs per node (as /history has them), events and node outputs."""
+
+    prompt_id: str
+    ui: dict[str, dict]
+    messages: list[tuple[str, dict]]
+    outputs: dict[str, list] = field(repr=False)
+
+    def output(self, node_id: str, index: int = 0) -> Any:
+        """Output `index` of node `node_id` (first list item, as a node downstream would receive it)."""
+        return self.outputs[node_id][index][0]
+
+
+class InProcessComfy:
+    """ComfyUI imported as a library on CPU, with the pack loaded by `nodes.load_custom_node`.
+
+    ComfyUI keeps global state (args, folder paths, node registry), so there is one per test session.
+    """
+
+    def __init__(self, comfy_path: Path, base_dir: Path):
+        self.comfy_path = comfy_path
+        self.base_dir = base_dir
+        self._import_host()
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.server = self._server.PromptServer(self.loop)
+        self._init_nodes()
+        self.server.add_routes()
+        self.executor = self._execution.PromptExecutor(self.server, cache_type=self._execution.CacheType.CLASSIC,
+                                                       **self._cache_arguments())
+
+    def _cache_arguments(self) -> dict:
+        """PromptExecutor's cache settings as main.py passes them, where the host takes them (RAM headroom is read
+        on every prompt by hosts that have `cache_args`)."""
+        parameters = inspect.signature(self._execution.PromptExecutor).parameters
+        if "cache_args" not in parameters:
+            return {}
+        return {"cache_args": {"lru": 0, "ram": 0.0, "ram_inactive": 0.0}}
+
+    def _cached_output(self, node_id: str) -> list | None:
+        """A node's outputs from the executor's output cache (a coroutine and a CacheEntry on newer hosts)."""
+        value = self.executor.caches.outputs.get(node_id)
+        if inspect.isawaitable(value):
+            value = self.loop.run_until_complete(value)
+        return getattr(value, "outputs", value)
+
+    def _import_host(self) -> None:
+        configure_comfy_args(self.comfy_path, self.base_dir)
+        import folder_paths
+
+        if Path(folder_paths.base_path) != self.base_dir:
+            raise RuntimeError(
+                f"ComfyUI's folder_paths was imported with base {folder_paths.base_path} before the in-process host "
+                f"was set up on {self.base_dir}: import ComfyUI in tests only after configure_comfy_args / the `comfy` fixture"
+            )
+        # ComfyUI's top-level modules, by name (the repo's nodes/ must not shadow them), in main.py's order:
+        # `utils` (a package) before `nodes`, which puts comfy/ (holding a utils.py) first on sys.path.
+        importlib.import_module("utils.extra_config")
+        import comfy.model_management as mm
+
+        execution, server, nodes = (importlib.import_module(name) for name in ("execution", "server", "nodes"))
+        if not Path(nodes.__file__).resolve().is_relative_to(self.comfy_path):
+            raise RuntimeError(f"'nodes' resolved to {nodes.__file__}, not ComfyUI's nodes.py")
+        if mm.cpu_state != mm.CPUState.CPU:
+            raise RuntimeError("in-process ComfyUI is not on CPU (comfy.model_management was imported before args.cpu)")
+        self._execution, self._nodes, self._server, self.folder_paths = execution, nodes, server, folder_paths
+
+    def _init_nodes(self) -> None:
+        import hook_breaker_ac10a0
+
+        nodes = self._nodes
+        hook_breaker_ac10a0.save_functions()
+        try:
+            self.loop.run_until_complete(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+        finally:
+            hook_breaker_ac10a0.restore_functions()
+        self.builtin_node_ids = frozenset(nodes.NODE_CLASS_MAPPINGS)
+        for name in (PACK_NAME, HARNESS_PACK_NAME):
+            self.load_custom_node(self.base_dir / "custom_nodes" / name)
+
+    def load_custom_node(self, module_path: Path) -> None:
+        """Load a node pack through ComfyUI's loader; raise with the loader's log if it refuses it."""
+        with captured_logs() as logs:
+            loaded = self.loop.run_until_complete(
+                self._nodes.load_custom_node(str(module_path), ignore=self.builtin_node_ids, module_parent="custom_nodes")
+            )
+        if not loaded:
+            raise RuntimeError(f"ComfyUI failed to load {module_path}:\n" + "\n".join(logs))
+
+    @property
+    def node_classes(self) -> dict[str, type]:
+        """ComfyUI's registry of node classes (NODE_CLASS_MAPPINGS)."""
+        return self._nodes.NODE_CLASS_MAPPINGS
+
+    def pack_node_ids(self, pack: str = PACK_NAME) -> list[str]:
+        """Ids of the nodes that `pack` (a custom_nodes folder name) registered."""
+        module = f"custom_nodes.{pack}"
+        return sorted(i for i, c in self.node_classes.items() if getattr(c, "RELATIVE_PYTHON_MODULE", None) == module)
+
+    def run_prompt(self, prompt: dict, client_id: str | None = None) -> PromptRun:
+        """Validate and execute an API-format prompt with ComfyUI's PromptExecutor, as the server's worker does."""
+        execution = self._execution
+        prompt_id = str(uuid.uuid4())
+        valid, error, outputs, node_errors = self.loop.run_until_complete(execution.validate_prompt(prompt_id, prompt, None))
+        if not valid:
+            raise PromptFailed(_format_validation_error(error, node_errors))
+        extra_data = {"client_id": client_id} if client_id else {}
+        try:
+            self.executor.execute(prompt, prompt_id, extra_data, outputs)
+        finally:
+            asyncio.set_event_loop(self.loop)  # executor.execute runs asyncio.run, which unsets the current loop
+        messages = list(self.executor.status_messages)
+        if not self.executor.success:
+            raise PromptFailed(_format_execution_error(messages))
+        cached = {node_id: self._cached_output(node_id) for node_id in prompt}
+        return PromptRun(prompt_id, dict(self.executor.history_result["outputs"]), messages, cached)
+
+    def call_node(self, class_type: str, **inputs: Any) -> NodeResult:
+        """Call one registered node directly (no graph, no validation, no hidden inputs)."""
+        cls = self.node_classes[class_type]
+        if hasattr(cls, "GET_SCHEMA"):  # V3 node: classmethod execute returning NodeOutput
+            result = cls.execute(**inputs)
+            if asyncio.iscoroutine(result):
+                result = self.loop.run_until_complete(result)
+            ui = result.ui if result.ui is None or isinstance(result.ui, dict) else result.ui.as_dict()
+            return NodeResult(tuple(result.args), ui)
+        result = getattr(cls(), cls.FUNCTION)(**inputs)
+        if asyncio.iscoroutine(result):
+            result = self.loop.run_until_complete(result)
+        if isinstance(result, dict):
+            return NodeResult(tuple(result.get("result", ())), result.get("ui"))
+        return NodeResult(tuple(result))
+
+    def drain_events(self) -> list[tuple[str, Any, str | None]]:
+        """Events sent through `PromptServer.instance.send_sync` since the last drain: (event, data, client id)."""
+        self.loop.run_until_complete(asyncio.sleep(0))
+        events = []
+        while not self.server.messages.empty():
+            events.append(self.server.messages.get_nowait())
+        return events
+
+    def unload_models(self) -> None:
+        """Drop loaded models and cached node outputs, so the next prompt starts cold."""
+        import comfy.model_management
+
+        comfy.model_management.unload_all_models()
+        self.executor.reset()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ComfyServer:
+    """A headless `main.py` subprocess on CPU; stopped by its PID."""
+
+    def __init__(self, comfy_path: Path, base_dir: Path, extra_args: tuple[str, ...] = (), env: dict | None = None):
+        self.comfy_path = comfy_path
+        self.base_dir = base_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = base_dir / f"server-{self.port}.log"
+        command = [
+            sys.executable, str(comfy_path / "main.py"), "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+            "--base-directory", str(base_dir), "--database-url", "sqlite:///:memory:", "--disable-auto-launch",
+            *extra_args,
+        ]
+        process_env = {**os.environ, **(env or {})}
+        process_env.setdefault("OMP_NUM_THREADS", "1")
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=base_dir, env=process_env, stdout=log, stderr=subprocess.STDOUT)
+        self.pid = self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 120.0) -> ComfyServer:
+        """Block until the server answers /system_stats; on failure stop it and show its log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while starting:\n{self.log()}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{self.url}/system_stats", timeout=2).ok:
+                    return self
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"ComfyUI did not answer on {self.url} within {timeout:.0f} s:\n{self.log()}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Terminate the server's PID, then kill it if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return requests.get(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30), **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> requests.Response:
+        return requests.post(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30), **kwargs)
+
+    def object_info(self) -> dict:
+        response = self.get("/object_info")
+        response.raise_for_status()
+        return response.json()
+
+    def queue_prompt(self, prompt: dict, client_id: str | None = None) -> str:
+        """POST /prompt; raise PromptFailed with the node errors when validation rejects it."""
+        body: dict[str, Any] = {"prompt": prompt}
+        if client_id:
+            body["client_id"] = client_id
+        response = self.post("/prompt", json=body)
+        data = response.json()
+        if response.status_code != 200:
+            raise PromptFailed(_format_validation_error(data.get("error", {}), data.get("node_errors", {})))
+        return data["prompt_id"]
+
+    def wait_for(self, prompt_id: str, timeout: float = 300.0) -> dict:
+        """Poll /history until the prompt finished; returns its history entry, raises PromptFailed on error."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.get(f"/history/{prompt_id}").json().get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None:
+                status = entry["status"]
+                if status.get("status_str") != "success":
+                    raise PromptFailed(_format_execution_error([tuple(m) for m in status.get("messages", [])]))
+                return entry
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while running {prompt_id}:\n{self.log()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout:.0f} s")
+
+    def run_prompt(self, prompt: dict, timeout: float = 300.0) -> dict:
+        """Queue a prompt and wait for it; returns the /history entry (its "outputs" hold each node's UI)."""
+        return self.wait_for(self.queue_prompt(prompt), timeout)
+
+    @contextlib.contextmanager
+    def events(self) -> Iterator[EventStream]:
+        """A websocket session on /ws; queue prompts with its `client_id` to receive their events."""
+        stream = EventStream(self.url.replace("http://", "ws://"))
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+
+class EventStream:
+    """ComfyUI's websocket (/ws?clientId=...): JSON events such as executing, progress, carnator.status."""
+
+    def __init__(self, ws_base: str):
+        import websocket
+
+        self.client_id = uuid.uuid4().hex
+        self._ws = websocket.create_connection(f"{ws_base}/ws?clientId={self.client_id}", timeout=30)
+        self.received: list[dict] = []
+
+    def collect_until(self, done: Callable[[dict], bool], timeout: float = 300.0) -> list[dict]:
+        """Read JSON messages (binary previews are skipped) until `done(message)`; returns all read so far."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._ws.settimeout(max(0.1, deadline - time.monotonic()))
+            frame = self._ws.recv()
+            if isinstance(frame, bytes):
+                continue
+            message = json.loads(frame)
+            self.received.append(message)
+            if done(message):
+                return self.received
+        raise TimeoutError(f"websocket condition not met within {timeout:.0f} s; got {len(self.received)} messages")
+
+    def until_finished(self, prompt_id: str, timeout: float = 300.0) -> list[dict]:
+        """Messages up to the prompt's execution_success / execution_error / execution_interrupted."""
+        ends = {"execution_success", "execution_error", "execution_interrupted"}
+        return self.collect_until(
+            lambda m: m.get("type") in ends and m.get("data", {}).get("prompt_id") == prompt_id, timeout
+        )
+
+    def close(self) -> None:
+        self._ws.close()
+
+
+class ServerFactory:
+    """Starts servers (several, one after another, possibly on one base dir) and stops them all at teardown."""
+
+    def __init__(self, comfy_path: Path, new_base_dir: Callable[[], Path]):
+        self.comfy_path = comfy_path
+        self.new_base_dir = new_base_dir
+        self.started: list[ComfyServer] = []
+
+    def __call__(
+        self, base_dir: Path | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None,
+        timeout: float = 120.0,
+    ) -> ComfyServer:
+        server = ComfyServer(self.comfy_path, base_dir or self.new_base_dir(), extra_args, env)
+        self.started.append(server)
+        return server.wait_ready(timeout)
+
+    def stop_all(self) -> None:
+        for server in reversed(self.started):
+            server.stop()

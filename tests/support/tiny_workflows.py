@@ -1,0 +1,105 @@
+"""The shipped API-format workflows (workflows/api/) made runnable on the tiny test models.
+
+The shipped workflows name the official models (Wan 2.1 1.3B, HunyuanVideo 720p, LTX-Video 2B) with
+their text encoders and VAEs, or the embedded demo model. The tests run them on the random-weight tiny
+models instead, changing only what cannot exist at test size, by node type:
+
+- UNETLoader / CheckpointLoaderSimple        -> UNETLoader of the tiny model of the workflow's family
+- CLIPLoader, DualCLIPLoader, VAELoader       -> removed (no encoders or VAEs at test size)
+- CLIPTextEncode(text, clip)                  -> HarnessTextConditioning(text, family): same text, same socket
+- VAEDecode(Tiled), CreateVideo, SaveVideo    -> removed; HarnessLatentStats reads each sampler's latent
+- empty latent video size and step counts     -> small (seconds on a CPU)
+- optional `reuse` overrides                  -> set on every Carnator reuse node (e.g. probe thresholds: a
+                                                 random-weight model has no semantics, so near-duplicate
+                                                 prompts need lower structure thresholds to pass its probe)
+
+Everything else — Carnator nodes, samplers, schedulers, guiders, the demo text encoder and decoder (they
+work on any Wan-family latent), primitives, links — runs as shipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from carnator_core.demo.graphs import latent_size
+
+WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
+FAMILY = {  # shipped workflow -> tiny model family it runs on
+    "carnator_wan21_t2v": "wan",
+    "carnator_hunyuan_video_t2v": "hunyuan_video",
+    "carnator_ltxv_t2v": "ltxv",
+    "carnator_demo_cpu": "wan",
+    "carnator_explicit_control": "wan",
+}
+SAMPLERS = ("KSampler", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
+REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
+_REMOVED = ("CLIPLoader", "DualCLIPLoader", "VAELoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
+_LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9)}
+_STEPS = {"KSampler": "steps", "CarnatorKSampler": "steps", "BasicScheduler": "steps", "LTXVScheduler": "steps"}
+
+
+DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
+
+
+def api_workflow(name: str) -> dict:
+    return json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
+
+
+def on_tiny_models(graph: dict, family: str, unet_name: str, *, steps: int = 4, reuse: dict | None = None) -> dict:
+    """A copy of an API-format workflow that runs on the tiny `family` model (see the module docstring)."""
+    graph = copy.deepcopy(graph)
+    for node_id, node in list(graph.items()):
+        kind, inputs = node["class_type"], node["inputs"]
+        if kind in _REMOVED:
+            del graph[node_id]
+        elif kind in ("UNETLoader", "CheckpointLoaderSimple"):
+            graph[node_id] = {"class_type": "UNETLoader", "inputs": {"unet_name": unet_name, "weight_dtype": "default"}}
+        elif kind == "CLIPTextEncode":
+            graph[node_id] = {"class_type": "HarnessTextConditioning",
+                              "inputs": {"text": inputs["text"], "family": family, "seed": 0}}
+        elif kind in _LATENT_SIZE:
+            inputs["width"], inputs["height"], inputs["length"] = _LATENT_SIZE[kind]
+        if kind in _STEPS:
+            inputs[_STEPS[kind]] = steps
+        if kind in REUSE_NODES and reuse:
+            inputs.update(reuse)
+    for node_id in [n for n, node in graph.items() if node["class_type"] in SAMPLERS]:
+        graph[f"stats_{node_id}"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": [node_id, 0]}}
+    for node_id, node in graph.items():
+        for name, value in node["inputs"].items():
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0] not in graph:
+                raise ValueError(f"node {node_id}.{name} links to removed node {value[0]}: extend on_tiny_models")
+    return graph
+
+
+def on_demo_model(graph: dict, prompt: str) -> dict:
+    """A copy of a Wan-family API workflow on the embedded demo model, its sampler settings kept as shipped.
+
+    The loader loads the demo weights, text encoders become CarnatorDemoTextEncode (the positive prompt set to
+    `prompt`), the latent takes the demo clip's size, VAEDecode becomes CarnatorDemoDecode, and every Carnator
+    reuse node is told the prompt. Returns the graph with a SaveLatent ("save") and a CarnatorReport
+    ("report") on the first sampler's output.
+    """
+    graph = copy.deepcopy(graph)
+    sampler = next(node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS)
+    positive = graph[sampler]["inputs"]["positive"][0]
+    for node_id, node in list(graph.items()):
+        kind, inputs = node["class_type"], node["inputs"]
+        if kind in ("CLIPLoader", "VAELoader", "CreateVideo", "SaveVideo"):
+            del graph[node_id]
+        elif kind == "UNETLoader":
+            inputs["unet_name"] = DEMO_WEIGHTS
+        elif kind == "CLIPTextEncode":
+            text = prompt if node_id == positive else inputs["text"]
+            graph[node_id] = {"class_type": "CarnatorDemoTextEncode", "inputs": {"text": text}}
+        elif kind == "EmptyHunyuanLatentVideo":
+            inputs.update(latent_size())
+        elif kind == "VAEDecode":
+            graph[node_id] = {"class_type": "CarnatorDemoDecode", "inputs": {"samples": inputs["samples"], "scale": 8}}
+        elif kind in REUSE_NODES:
+            inputs["prompt"] = prompt
+    graph["save"] = {"class_type": "SaveLatent", "inputs": {"samples": [sampler, 0], "filename_prefix": "demo"}}
+    graph["report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [sampler, 0]}}
+    return graph

@@ -1,0 +1,229 @@
+"""Block-sparse attention paths (CPU, FlexAttention, dispatch) against the dense reference.
+
+The Triton kernel has its own module (tests/unit/test_triton_kernel.py) because it must run under
+TRITON_INTERPRET=1, which Triton reads once at import.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels.cpu
+from kernels import BlockLayout, block_sparse_attention, dispatch, reference_attention
+from kernels.cpu import cpu_block_sparse_attention
+from kernels.flex import flex_available, flex_block_sparse_attention
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+# (batch, heads, tokens, head_dim, block_size); 300 tokens leave a ragged last block.
+SHAPES = [(2, 3, 320, 64, 64), (2, 3, 300, 64, 64), (1, 2, 300, 64, 128)]
+
+
+def _flex(q, k, v, layout, scale=None):
+    if not flex_available():
+        pytest.fail("FlexAttention must compile on the test machine (C++ compiler present)")
+    out = flex_block_sparse_attention(q, k, v, layout, scale)
+    assert out is not None, "FlexAttention failed to compile"
+    return out
+
+
+PATHS = {"cpu": cpu_block_sparse_attention, "flex": _flex}
+
+
+def random_layout(groups_b: int, heads: int, n: int, block_size: int, seed: int = 0) -> BlockLayout:
+    """Each head its own density (0.2 .. 0.8); some rows may attend nothing."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks = -(-n // block_size)
+    density = torch.linspace(0.2, 0.8, heads)[None, :, None, None]
+    mask = torch.rand(groups_b, heads, blocks, blocks, generator=generator) < density
+    return BlockLayout.from_dense(mask, block_size, n)
+
+
+def inputs(batch: int, heads: int, n: int, dim: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, n, dim, generator=generator).to(dtype) for _ in range(3)]
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    error = (actual.float() - expected.float()).abs().max().item()
+    assert error <= TOLERANCE[dtype], f"max abs error {error} > {TOLERANCE[dtype]}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=["even", "ragged64", "ragged128"])
+def test_random_masks_match_reference(path: str, shape: tuple[int, ...]) -> None:
+    batch, heads, n, dim, block_size = shape
+    q, k, v = inputs(batch, heads, n, dim)
+    layout = random_layout(batch, heads, n, block_size)
+    assert len(set(layout.kv_counts.sum(dim=(0, 2)).tolist())) == heads, "heads should differ in density"
+    assert_close(PATHS[path](q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
+
+
+def banded_layout(n: int, heads: int, block_size: int, width: int) -> BlockLayout:
+    """Per head a band of `width` blocks at its own offset, plus global columns: rows of equal and of
+    varying counts, consecutive and scattered."""
+    blocks = -(-n // block_size)
+    i, j = torch.arange(blocks)[:, None], torch.arange(blocks)[None, :]
+    mask = torch.stack([((j - i - h) >= -width // 2) & ((j - i - h) < width - width // 2) for h in range(heads)])
+    mask[:, :, 0] = True
+    mask[1:, ::3, blocks // 2] = True
+    return BlockLayout.from_dense(mask[None], block_size, n)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 64 << 10, kernels.cpu.CHUNK_BYTES], ids=["one-row", "small", "default"])
+@pytest.mark.parametrize("n", [24 * 64, 24 * 64 - 37], ids=["even", "ragged"])
+def test_cpu_chunking_matches_reference(chunk_bytes: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands, global columns and random rows, split into calls of one, a few or many query blocks (both the
+    sliced and the index-copied output paths), equal one softmax over the row."""
+    monkeypatch.setattr(kernels.cpu, "CHUNK_BYTES", chunk_bytes)
+    q, k, v = inputs(2, 3, n, 16, seed=7)
+    for layout in (banded_layout(n, 3, 64, 10), random_layout(2, 3, n, 64, seed=7), BlockLayout.full(n, 64)):
+        assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_matches_reference(path: str) -> None:
+    batch, heads, n, dim, block_size = SHAPES[1]
+    q, k, v = inputs(batch, heads, n, dim, torch.bfloat16)
+    layout = random_layout(1, heads, n, block_size, seed=3)
+    out = PATHS[path](q, k, v, layout)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, reference_attention(q, k, v, layout), torch.bfloat16)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=["even", "ragged64"])
+def test_full_mask_equals_dense_sdpa(path: str, shape: tuple[int, ...]) -> None:
+    batch, heads, n, dim, block_size = shape
+    q, k, v = inputs(batch, heads, n, dim, seed=1)
+    out = PATHS[path](q, k, v, BlockLayout.full(n, block_size))
+    assert_close(out, F.scaled_dot_product_attention(q, k, v), torch.float32)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rows_without_key_blocks_are_zero(path: str) -> None:
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim)
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    mask[0, 0, 2] = False
+    out = PATHS[path](q, k, v, BlockLayout.from_dense(mask, block_size, n))
+    assert torch.equal(out[:, :, 128:192], torch.zeros_like(out[:, :, 128:192]))
+    assert out[:, :, :128].abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "flex"])
+def test_nan_and_inf_propagate_like_dense(backend: str) -> None:
+    """A poisoned query row is NaN only in its own row; a poisoned key only where it is attended."""
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim, seed=2)
+    q[0, 0, 10] = float("nan")
+    k[0, 1, 200] = float("inf")  # key block 3
+    layout = random_layout(batch, heads, n, block_size, seed=4)
+    out = block_sparse_attention(q, k, v, layout, backend=backend)
+    expected = reference_attention(q, k, v, layout)
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert out.isnan().any()
+    finite = ~expected.isnan()
+    assert_close(out[finite], expected[finite], torch.float32)
+    # With every block attended the result is dense attention's, NaNs included.
+    full = block_sparse_attention(q, k, v, BlockLayout.full(n, block_size), backend=backend)
+    assert torch.equal(full.isnan(), F.scaled_dot_product_attention(q, k, v).isnan())
+
+
+def test_flex_declines_non_finite_inputs() -> None:
+    """FlexAttention drops NaN scores, so the dispatcher must not hand it poisoned inputs."""
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim)
+    k[0, 0, 3, 0] = float("nan")
+    assert flex_block_sparse_attention(q, k, v, BlockLayout.full(n, block_size)) is None
+
+
+def test_batch_groups_give_cond_and_uncond_their_own_masks() -> None:
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim)
+    layout = random_layout(batch, heads, n, block_size, seed=5)
+    assert not torch.equal(layout.kv_counts[0], layout.kv_counts[1])
+    out = block_sparse_attention(q, k, v, layout)
+    assert_close(out, reference_attention(q, k, v, layout), torch.float32)
+
+
+def test_packed_comfy_layout_matches_split_heads() -> None:
+    """(B, N, H*D) with `heads` is ComfyUI's convention; the result comes back in it."""
+    batch, heads, n, dim, block_size = SHAPES[1]
+    q, k, v = inputs(batch, heads, n, dim)
+    layout = random_layout(1, heads, n, block_size)
+    packed = [x.transpose(1, 2).reshape(batch, n, heads * dim) for x in (q, k, v)]
+    out = block_sparse_attention(*packed, layout, heads=heads)
+    assert out.shape == (batch, n, heads * dim)
+    expected = reference_attention(q, k, v, layout).transpose(1, 2).reshape(batch, n, heads * dim)
+    assert_close(out, expected, torch.float32)
+
+
+def test_dispatch_scale_matches_reference() -> None:
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim)
+    layout = random_layout(1, heads, n, block_size, seed=6)
+    assert_close(block_sparse_attention(q, k, v, layout, scale=0.3), reference_attention(q, k, v, layout, 0.3),
+                 torch.float32)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["cross_attention", "token_count", "head_groups", "triton_head_dim"],
+)
+def test_unsupported_inputs_fall_back_to_dense_with_one_log_line(
+    case: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim)
+    layout = random_layout(1, heads, n, block_size)
+    backend = "auto"
+    if case == "cross_attention":
+        k, v = k[:, :, :77], v[:, :, :77]
+    elif case == "token_count":
+        layout = random_layout(1, heads, n - 64, block_size)
+    elif case == "head_groups":
+        layout = random_layout(1, heads + 1, n, block_size)
+    else:
+        q, k, v = (x[..., :48] for x in (q, k, v))
+        backend = "triton"
+    monkeypatch.setattr(dispatch, "_logged", set())  # forget reasons logged by earlier tests
+    with caplog.at_level(logging.WARNING, logger="kernels.dispatch"):
+        first = block_sparse_attention(q, k, v, layout, backend=backend)
+        second = block_sparse_attention(q, k, v, layout, backend=backend)
+    dense = F.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(first, dense) and torch.equal(second, dense)
+    assert len([r for r in caplog.records if "using dense attention" in r.getMessage()]) == 1
+
+
+def test_layout_round_trips_dense_masks() -> None:
+    mask = torch.rand(2, 3, 7, 7, generator=torch.Generator().manual_seed(0)) < 0.4
+    layout = BlockLayout.from_dense(mask, 64, 7 * 64 - 5)
+    assert torch.equal(layout.to_dense(), mask)
+    assert layout.density() == pytest.approx(mask.float().mean().item())
+    for row in range(7):
+        listed = layout.kv_indices[1, 2, row, : layout.kv_counts[1, 2, row]]
+        assert torch.equal(listed, mask[1, 2, row].nonzero()[:, 0].int())
+    assert layout.fits(2, 3, 7 * 64 - 5) and not layout.fits(2, 3, 7 * 64) and not layout.fits(4, 3, 7 * 64 - 5)
+
+
+def test_layout_rejects_inconsistent_shapes() -> None:
+    with pytest.raises(ValueError):
+        BlockLayout(torch.zeros(1, 1, 4, 4, dtype=torch.int32), torch.zeros(1, 1, 4, dtype=torch.int32), 64, 100)
+    with pytest.raises(ValueError):
+        BlockLayout.from_dense(torch.ones(1, 1, 3, 4, dtype=torch.bool), 64, 200)
+
+
+def test_a_reused_layout_plans_each_input_shape_apart() -> None:
+    """Layouts are reused across steps and calls (and cond/uncond batches); their cached work plans must
+    follow the batch, head count and dtype of every call."""
+    layout = random_layout(1, 1, 300, 64)
+    for batch, heads, dtype in ((1, 2, torch.float32), (2, 3, torch.float32), (1, 2, torch.bfloat16), (1, 2, torch.float32)):
+        q, k, v = inputs(batch, heads, 300, 64, dtype, seed=batch + heads)
+        assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), dtype)
+    computed_in_bf16 = kernels.cpu._fast_bfloat16(torch.bfloat16)  # else bf16 runs in fp32, sharing its plan
+    assert len(layout.plans) == (3 if computed_in_bf16 else 2)

@@ -1,0 +1,218 @@
+"""The probe plan and probing: which donor checkpoints get the limited probe budget, in which order."""
+
+from __future__ import annotations
+
+import torch
+
+from carnator_core.lookup.fingerprint import noise_fingerprint
+from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.planner import RequestFacts, plan_probes
+from carnator_core.reuse.recorder import RunRecorder
+from carnator_core.reuse.run import ReuseRun
+from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.tensor_codec import encode_tensors
+
+SHAPE = (1, 16, 2, 8, 8)
+FACTS = RequestFacts(schedule="schedule", latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10)
+
+
+KEY = HardKey("model", (2, 4, 4), "schedule")
+
+
+def _donor(store: ReuseStore, name: str, steps: list[int], tensors: dict | None = None,
+           extrapolated: tuple[int, ...] = (), lineage: dict | None = None, start: str | None = None) -> Candidate:
+    """A stored donor with checkpoints at `steps`; with `start` also its step-0 prediction (tensors' "x0_0") made at
+    the state of that fingerprint."""
+    checkpoints = [{"step": s, "sigma": 1 - s / 10, "guidance": False, "evaluated": s not in extrapolated}
+                   for s in steps]
+    if start is not None:
+        checkpoints.insert(0, {"step": 0, "sigma": 1.0, "guidance": False, "evaluated": True, "start": start})
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name, lineage=lineage or {},
+                     latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10, checkpoints=checkpoints)
+    tensors = tensors or {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in steps for kind in ("x", "x0")}
+    store.put(meta, {"checkpoints": encode_tensors(tensors)},
+              IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
+    return Candidate(entry_id=meta.entry_id, prompt=name, score=1.0, cond_similarity=1.0, text_similarity=None)
+
+
+States = dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]  # (donor, step) -> (x, x0)
+
+
+def _random_states(steps: dict[str, tuple[int, ...]], seed: int) -> States:
+    generator = torch.Generator().manual_seed(seed)
+    return {(name, step): (torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator))
+            for name, donor_steps in steps.items() for step in donor_steps}
+
+
+def _blob(states: States, name: str) -> dict[str, torch.Tensor]:
+    return {f"{kind}_{step}": pair[i] for (owner, step), pair in states.items() if owner == name
+            for i, kind in enumerate(("x", "x0"))}
+
+
+def _probed(states: States, x: torch.Tensor) -> tuple[tuple[str, int], torch.Tensor]:
+    """Which donor checkpoint a probe call evaluates (by its state), and that donor's prediction there."""
+    key, (_, x0) = next((key, pair) for key, pair in states.items() if torch.equal(pair[0], x.float()))
+    return key, x0
+
+
+def _run(store: ReuseStore, mode: str = "balanced") -> ReuseRun:
+    """A 10-step run of `mode` with three probe calls, against `store`."""
+    return ReuseRun(settings=ReuseSettings(mode=mode, max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
+                    noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
+                    cfg=1.0, seed=0)
+
+
+def test_every_donor_is_probed_at_depth_before_any_is_probed_shallower(tmp_path):
+    """With three probes and two donors, the second-ranked donor gets its deepest checkpoint probed
+    (one donor's every depth would otherwise take the whole budget)."""
+    store = ReuseStore(str(tmp_path / "store"))
+    first, second = _donor(store, "first", [2, 3, 5, 8]), _donor(store, "resumed", [5])
+    targets, skipped = plan_probes(store, [first, second], FACTS, max_fraction=0.5, same_noise_only=True,
+                                   max_probes=3)
+    assert [(t.candidate.prompt, t.step) for t in targets] == [("first", 5), ("resumed", 5), ("first", 3)]
+    assert skipped == {}
+    assert all(float(t.x.flatten()[0]) == t.step and t.sigma == 1 - t.step / 10 for t in targets)
+
+
+def test_checkpoints_holding_a_step_cache_extrapolation_are_never_offered(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    partly = _donor(store, "easycache donor", [3, 5], extrapolated=(5,))
+    only = _donor(store, "all skipped", [5], extrapolated=(5,))
+    targets, skipped = plan_probes(store, [partly, only], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step) for t in targets] == [("easycache donor", 3)]
+    assert skipped == {"its checkpoints hold a step cache's extrapolation, not the model's": 1}
+
+
+def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
+    """A clear miss at one depth is a miss at every depth (calibration), so the budget goes to the next donor:
+    the right donor, ranked second and offered only shallower, is reached with the second call."""
+    store = ReuseStore(str(tmp_path / "store"))
+    states = _random_states({"wrong": (3, 5), "right": (3,)}, seed=0)
+    wrong, right = _donor(store, "wrong", [3, 5], _blob(states, "wrong")), _donor(store, "right", [3], _blob(states, "right"))
+    targets, _ = plan_probes(store, [wrong, right], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step) for t in targets] == [("wrong", 5), ("wrong", 3), ("right", 3)]
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        """The live model agrees with the right donor's prediction and not at all with the wrong one's."""
+        (owner, _), x0 = _probed(states, xs[0])
+        return [(x0 if owner == "right" else -x0, None)]
+
+    run = _run(store)
+    resume = run.probe(targets, evaluate)
+    assert resume is not None and resume.target.candidate.prompt == "right" and run.model_calls == 2
+    assert [(p["donor_prompt"], p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [
+        ("wrong", 5, False, True), ("right", 3, True, False)]
+
+
+def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
+    """Deep checkpoints of two donors fill fast's budget; the plan still ends at balanced's limit (step 5 of 10),
+    and after two failed deep calls the third goes there: a colour edit fails deep but can pass half-way."""
+    store = ReuseStore(str(tmp_path / "store"))
+    steps = {"edited": (5, 6, 8), "resumed": (8,)}
+    states = _random_states(steps, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    edited, resumed = (_donor(store, name, list(donor_steps), _blob(states, name)) for name, donor_steps in steps.items())
+    deep_only, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3)
+    deep = [("edited", 8), ("resumed", 8), ("edited", 6)]
+    assert [(t.candidate.prompt, t.step) for t in deep_only] == deep
+    targets, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3,
+                             fallback_fraction=0.5)
+    assert [(t.candidate.prompt, t.step) for t in targets] == deep + [("edited", 5)]
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        """Agrees with a donor half-way (step 5); deeper it misses the threshold, though by less than the give-up margin."""
+        (_, step), x0 = _probed(states, xs[0])
+        return [(x0 if step <= 5 else 0.9 * x0 + 0.1 * torch.randn(SHAPE, generator=generator), None)]
+
+    run = _run(store, mode="fast")
+    resume = run.probe(targets, evaluate)
+    assert [(p["step"], p["passed"]) for p in run.probes] == [(8, False), (8, False), (5, True)]
+    assert resume is not None and resume.target.step == 5 and run.model_calls == 3
+
+
+def test_a_deep_pass_counts_only_if_the_donor_agrees_at_its_shallowest_checkpoint(tmp_path):
+    """The live model agrees with both donors half-way (step 5), where it follows the state it is given, but only
+    with one at step 2, where the prompt still picks the trajectory: the other is ruled out after one more call,
+    the confirmed one resumes from step 5, and every plan target carries its donor's shallowest checkpoint."""
+    store = ReuseStore(str(tmp_path / "store"))
+    steps = {"opposite way": (2, 5), "same way": (2, 5)}
+    states = _random_states(steps, seed=3)
+    opposite, same = (_donor(store, name, list(s), _blob(states, name)) for name, s in steps.items())
+    targets, _ = plan_probes(store, [opposite, same], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step, t.anchor and t.anchor.step) for t in targets] == [
+        ("opposite way", 5, 2), ("same way", 5, 2), ("opposite way", 2, None)]
+    assert torch.equal(targets[0].anchor.x, states[("opposite way", 2)][0])
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        (owner, step), x0 = _probed(states, xs[0])
+        return [(-x0 if owner == "opposite way" and step == 2 else x0, None)]
+
+    run = _run(store)
+    resume = run.probe(targets, evaluate)
+    assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
+        ("opposite way", 5, True, False), ("opposite way", 2, False, True),
+        ("same way", 5, True, False), ("same way", 2, True, True)]
+    assert resume is not None and resume.target.candidate.prompt == "same way" and resume.target.step == 5
+    assert run.model_calls == 4  # two probe calls, each confirmed once
+
+
+def test_a_donor_that_resumed_is_confirmed_on_its_own_donors_early_checkpoint(tmp_path):
+    """A donor that resumed at step 5 recorded nothing earlier; its trajectory up to step 5 is its own donor's,
+    so a deep pass on it is confirmed at that donor's shallowest checkpoint, up the lineage."""
+    store = ReuseStore(str(tmp_path / "store"))
+    root = _donor(store, "root", [2, 5])
+    resumed = _donor(store, "resumed", [5], lineage={"donor_id": root.entry_id, "depth": 5})
+    targets, _ = plan_probes(store, [resumed], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+    anchor = targets[0].anchor
+    assert anchor is not None and anchor.step == 2 and anchor.meta.entry_id == root.entry_id
+    orphan = _donor(store, "orphan", [5])
+    targets, _ = plan_probes(store, [orphan], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+    assert targets[0].anchor is None  # no lineage: nothing shallower to confirm on
+
+
+def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_path):
+    """Donors sampled from the same noise started from the live request's first state: one evaluation there (the
+    request's own step 0) rules out the donor that disagrees before any deep probe and confirms the one that agrees,
+    whose deep pass then needs no confirmation call. A donor that started elsewhere keeps its own anchor."""
+    store = ReuseStore(str(tmp_path / "store"))
+    steps = {"other scene": (2, 5), "same scene": (2, 5), "other seed": (2, 5)}
+    states = _random_states(steps, seed=4)
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))
+    other_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(6))
+    predictions = {name: torch.randn(SHAPE, generator=torch.Generator().manual_seed(7 + i))
+                   for i, name in enumerate(steps)}
+    donors = [_donor(store, name, list(s), {**_blob(states, name), "x0_0": predictions[name]},
+                     start=noise_fingerprint(other_start if name == "other seed" else start))
+              for name, s in steps.items()]
+    targets, _ = plan_probes(store, donors, FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.candidate.prompt, t.step, t.anchor and t.anchor.step) for t in targets] == [
+        ("other scene", 5, 2), ("same scene", 5, 2), ("other seed", 5, 2)]
+    assert all(t.start is not None and torch.equal(t.start.x0, predictions[t.candidate.prompt]) for t in targets)
+    calls: list[tuple[str, int]] = []
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        if xs[0] is start:
+            calls.append(("start", 0))
+            return [(predictions["same scene"], None)]  # the live prompt predicts what "same scene" did
+        key, x0 = _probed(states, xs[0])
+        calls.append(key)
+        return [(x0, None)]
+
+    run = _run(store)
+    run.recorder = RunRecorder(set(run.settings.checkpoint_steps(run.total_steps)))
+    run.start_state = start
+    resume = run.probe(targets, evaluate)
+    assert calls == [("start", 0), ("same scene", 5)]
+    assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
+        ("other scene", 0, False, True), ("same scene", 0, True, True), ("same scene", 5, True, False)]
+    assert resume is not None and resume.target.candidate.prompt == "same scene" and run.model_calls == 2
+    assert run.start_evaluation is not None and torch.equal(run.start_evaluation[0], predictions["same scene"])
+    recorded = run.recorder.checkpoints[0]  # the screen is this request's step 0: recorded for later requests
+    assert recorded.x is None and recorded.start == noise_fingerprint(start)
+
+    run = _run(store)
+    run.start_state = start
+    run.probe([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
+    assert run.start_evaluation is None and calls[2] == ("other seed", 5)  # nothing to screen: no call at the start
