@@ -4,8 +4,8 @@
 which key blocks each query block attends. Nothing here imports the engine (`carnator_core`).
 """
 
-from kernels.dispatch import BACKENDS, block_sparse_attention
-from kernels.layout import BlockLayout
-from kernels.reference import reference_attention
+from .dispatch import BACKENDS, block_sparse_attention
+from .layout import BlockLayout
+from .reference import reference_attention
 
 __all__ = ["BACKENDS", "BlockLayout", "block_sparse_attention", "reference_attention"]

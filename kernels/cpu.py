@@ -6,19 +6,16 @@ matrix product (`torch.bmm`, i.e. the BLAS GEMM: the fastest fp32 kernel a CPU h
 in place on the score buffer, normalising after the second product (D columns instead of L). Chunks of
 query blocks are sized so that scores and gathered keys/values stay cache-sized and the buffers are reused.
 
-Why not PyTorch's fused CPU flash attention on the gathered blocks (the previous design, with long key runs
-read in place and partial results merged by log-sum-exp): at N=8192, H=12, D=128, 12.5 % density it was
-4.5x faster than dense SDPA against 5.1x for this path (`python -m carnator_core.bench attention`), because
-a flash call over 128 queries runs below the kernel's peak while the two GEMMs here run at dense SDPA's
-throughput; the copy of the gathered keys/values is ~11 % of the work.
+PyTorch's fused CPU flash attention over long key runs, with partial results merged by log-sum-exp, is
+slower: a flash call over one query block runs below the kernel's peak, while the two GEMMs here run at dense
+SDPA's throughput (`python -m carnator_core.bench attention` compares the paths; docs/measurements.md).
 
 A ragged last block is always a query block's last key block (rows are ascending) and is cut at the true
 token count. Query blocks with no key block stay zero; NaN/inf propagate as through dense attention.
-bf16 inputs are computed in bf16 where the CPU has AMX tiles (3x the fp32 GEMM throughput; the softmax
+bf16 inputs are computed in bf16 where the CPU has AMX tiles (a faster GEMM than fp32; the softmax
 still accumulates in fp32 inside ATen), other half-precision inputs in fp32; results come back in the input's
 dtype. Work plans (row order, groups, index lists) are cached on the layout, which a layer reuses for every
-call until its mask changes: on short sequences planning cost as much as the attention (320 tokens: 3.2 ms
-per call planned each time, 1.9 ms cached, 2.1 ms dense).
+call until its mask changes: on short sequences planning costs as much as the attention.
 """
 
 from __future__ import annotations
@@ -29,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.layout import BlockLayout
+from .layout import BlockLayout
 
-# Bytes of each per-call buffer (scores, gathered keys, gathered values); 4 MB each measured best among 2-8.
+# Bytes of each per-call buffer (scores, gathered keys, gathered values): large enough to amortise each GEMM,
+# small enough to stay in cache.
 CHUNK_BYTES = 4 << 20
 
 
@@ -133,7 +131,7 @@ def cpu_block_sparse_attention(
 
 class _Buffers:
     """Gathered keys, values and scores, reused by every chunk and by later calls in the same thread: fresh
-    multi-MB allocations cost page faults worth ~a third of the attention time (measured, 2 threads)."""
+    multi-MB allocations cost page faults on every call."""
 
     _local = threading.local()
 
@@ -174,12 +172,12 @@ def _attend_rows(chunk: _Chunk, scale: float, qb: torch.Tensor, kb: torch.Tensor
 
 
 def _fast_bfloat16(dtype: torch.dtype) -> bool:
-    """bf16 GEMMs run ~3x faster than fp32 on CPUs with AMX tiles (measured: 330 vs 112 GFLOP/s per core);
-    elsewhere bf16 is computed in fp32, which is faster than bf16 without them."""
+    """bf16 GEMMs beat fp32 on CPUs with AMX tiles; elsewhere bf16 is computed in fp32, which is faster than
+    bf16 without them."""
     return dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported()
 
 
 def _softmax_(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim, in place: ATen's fused CPU kernel reads a row fully (its max) before
-    writing it, so it may alias its output; 2.5x faster than `torch.softmax`, which allocates."""
+    writing it, so it may alias its output, unlike `torch.softmax`, which allocates."""
     return torch.ops.aten._softmax.out(scores, -1, False, out=scores)

@@ -1,9 +1,8 @@
 """One entry point for block-sparse attention that picks the fastest correct path for the inputs.
 
 - CUDA: our Triton kernel (fp16/bf16/fp32, head dim 64/128, blocks of 64/128).
-- CPU: `kernels.cpu` (batched GEMMs over gathered key blocks). On the 2-core test machine it ran 1.4-1.8x
-  faster than compiled FlexAttention at 12.5 % density
-  (`python -m carnator_core.bench attention --backend cpu|flex`), and it needs no compiler, so
+- CPU: `cpu.py` (batched GEMMs over gathered key blocks). It is faster than compiled FlexAttention
+  (`python -m carnator_core.bench attention --backend cpu|flex`) and needs no compiler, so
   FlexAttention is kept as an explicit `backend="flex"` only (it falls back to the CPU path itself).
 - anything unsupported (cross-attention shapes, a layout for another token count, an integer dtype, a
   head dim the Triton kernel lacks, Triton missing): dense SDPA, with one log line per distinct reason.
@@ -19,11 +18,11 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import cpu_block_sparse_attention
-from kernels.flex import flex_block_sparse_attention
-from kernels.layout import BlockLayout
+from .cpu import cpu_block_sparse_attention
+from .flex import flex_block_sparse_attention
+from .layout import BlockLayout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("carnator.kernels")
 
 BACKENDS = ("auto", "triton", "flex", "cpu", "dense")
 
@@ -54,7 +53,7 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
         backend = "triton" if q.is_cuda else "cpu"
     if backend == "triton":
         try:
-            from kernels.triton_block_sparse import triton_block_sparse_attention, triton_supports
+            from .triton_block_sparse import triton_block_sparse_attention, triton_supports
         except ImportError as error:
             _fall_back(f"Triton not importable: {error}")
             return F.scaled_dot_product_attention(q, k, v, scale=scale)

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.layout import BlockLayout
+from .layout import BlockLayout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("carnator.kernels")
 
 _compiled: Callable | None = None
 _broken: str | None = None

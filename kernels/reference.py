@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.layout import BlockLayout
+from .layout import BlockLayout
 
 
 def reference_attention(

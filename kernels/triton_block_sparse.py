@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.layout import BlockLayout
+from .layout import BlockLayout
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (64, 128)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.layout import BlockLayout
+from carnator_core.kernels.layout import BlockLayout
 
 MASK_FORMAT = "carnator.block-mask.v1"
 # 128-token blocks: the tile GPU attention kernels use, and a quarter of the bits to estimate, store and

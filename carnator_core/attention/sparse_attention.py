@@ -24,7 +24,7 @@ import torch
 
 from carnator_core.attention.hysteresis import HeadHysteresis, HeadMode
 from carnator_core.attention.masks import BlockSparseMask, estimate_block_mass, recall, select_blocks
-from kernels import BlockLayout, block_sparse_attention
+from carnator_core.kernels import BlockLayout, block_sparse_attention
 
 log = logging.getLogger("carnator.attention")
 

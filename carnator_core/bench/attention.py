@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels import BACKENDS, BlockLayout, block_sparse_attention, reference_attention
+from carnator_core.kernels import BACKENDS, BlockLayout, block_sparse_attention, reference_attention
 
 HEADS, HEAD_DIM = 12, 128
 DENSITIES = (0.1, 0.125, 0.25, 0.5)

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.cpu
-from kernels import BlockLayout, block_sparse_attention, dispatch, reference_attention
-from kernels.cpu import cpu_block_sparse_attention
-from kernels.flex import flex_available, flex_block_sparse_attention
+import carnator_core.kernels.cpu
+from carnator_core.kernels import BlockLayout, block_sparse_attention, dispatch, reference_attention
+from carnator_core.kernels.cpu import cpu_block_sparse_attention
+from carnator_core.kernels.flex import flex_available, flex_block_sparse_attention
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -74,12 +74,12 @@ def banded_layout(n: int, heads: int, block_size: int, width: int) -> BlockLayou
     return BlockLayout.from_dense(mask[None], block_size, n)
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 64 << 10, kernels.cpu.CHUNK_BYTES], ids=["one-row", "small", "default"])
+@pytest.mark.parametrize("chunk_bytes", [1, 64 << 10, carnator_core.kernels.cpu.CHUNK_BYTES], ids=["one-row", "small", "default"])
 @pytest.mark.parametrize("n", [24 * 64, 24 * 64 - 37], ids=["even", "ragged"])
 def test_cpu_chunking_matches_reference(chunk_bytes: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands, global columns and random rows, split into calls of one, a few or many query blocks (both the
     sliced and the index-copied output paths), equal one softmax over the row."""
-    monkeypatch.setattr(kernels.cpu, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(carnator_core.kernels.cpu, "CHUNK_BYTES", chunk_bytes)
     q, k, v = inputs(2, 3, n, 16, seed=7)
     for layout in (banded_layout(n, 3, 64, 10), random_layout(2, 3, n, 64, seed=7), BlockLayout.full(n, 64)):
         assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
@@ -192,7 +192,7 @@ def test_unsupported_inputs_fall_back_to_dense_with_one_log_line(
         q, k, v = (x[..., :48] for x in (q, k, v))
         backend = "triton"
     monkeypatch.setattr(dispatch, "_logged", set())  # forget reasons logged by earlier tests
-    with caplog.at_level(logging.WARNING, logger="kernels.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="carnator.kernels"):
         first = block_sparse_attention(q, k, v, layout, backend=backend)
         second = block_sparse_attention(q, k, v, layout, backend=backend)
     dense = F.scaled_dot_product_attention(q, k, v)
@@ -225,5 +225,5 @@ def test_a_reused_layout_plans_each_input_shape_apart() -> None:
     for batch, heads, dtype in ((1, 2, torch.float32), (2, 3, torch.float32), (1, 2, torch.bfloat16), (1, 2, torch.float32)):
         q, k, v = inputs(batch, heads, 300, 64, dtype, seed=batch + heads)
         assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), dtype)
-    computed_in_bf16 = kernels.cpu._fast_bfloat16(torch.bfloat16)  # else bf16 runs in fp32, sharing its plan
+    computed_in_bf16 = carnator_core.kernels.cpu._fast_bfloat16(torch.bfloat16)  # else bf16 runs in fp32, sharing its plan
     assert len(layout.plans) == (3 if computed_in_bf16 else 2)

@@ -16,7 +16,7 @@ from carnator_core.attention.masks import (
     recall,
     select_blocks,
 )
-from kernels import block_sparse_attention, reference_attention
+from carnator_core.kernels import block_sparse_attention, reference_attention
 
 BLOCK = 64
 

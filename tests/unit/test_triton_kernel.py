@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import BlockLayout, block_sparse_attention, reference_attention
+from carnator_core.kernels import BlockLayout, block_sparse_attention, reference_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -39,7 +39,7 @@ def test_cases_under_the_interpreter_in_a_subprocess() -> None:
 
 
 def _attention(q, k, v, layout, scale=None):
-    from kernels.triton_block_sparse import triton_block_sparse_attention
+    from carnator_core.kernels.triton_block_sparse import triton_block_sparse_attention
 
     return triton_block_sparse_attention(q, k, v, layout, scale)
 
