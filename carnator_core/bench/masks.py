@@ -33,8 +33,8 @@ import torch
 from carnator_core.bench.probe import load_model
 from carnator_core.demo import world
 from carnator_core.demo.attention_density import block_mass, self_attention_probs
+from carnator_core.demo.sampling import sample
 from carnator_core.demo.text import token_embeddings
-from carnator_core.demo.train import sample
 from carnator_core.demo.wan_model import WanT2V
 
 BLOCK = 16

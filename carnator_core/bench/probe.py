@@ -32,9 +32,9 @@ from safetensors.torch import load_file
 
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
+from carnator_core.demo.sampling import shifted_sigma
 from carnator_core.demo.server import DemoSetupError, demo_weights
 from carnator_core.demo.text import token_embeddings
-from carnator_core.demo.train import shifted_sigma
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from carnator_core.comfy_client import ComfyClient, ComfyError, find_comfyui, free_port, headless_server
-from carnator_core.demo.train import WEIGHTS_PATH
+from carnator_core.demo.wan_model import WEIGHTS_PATH
 
 WEIGHTS_ENV = "CARNATOR_DEMO_WEIGHTS"
 TRAIN_COMMAND = "python -m carnator_core.demo.train && python -m carnator_core.demo.train --export"

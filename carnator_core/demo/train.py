@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from carnator_core.demo import world
+from carnator_core.demo.sampling import sample, shifted_sigma
 from carnator_core.demo.text import TOKENS, token_embeddings
-from carnator_core.demo.wan_model import WanConfig, WanT2V, model_from_state_dict
+from carnator_core.demo.wan_model import WEIGHTS_PATH, WanConfig, WanT2V, model_from_state_dict
 
 DEFAULT_OUT = Path.home() / ".cache" / "carnator-demo-train"
-WEIGHTS_PATH = Path(__file__).resolve().parent / "weights" / "carnator_demo_wan21_t2v.safetensors"
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,6 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
         progress = min(1.0, (step - cfg.cooldown_start) / max(1, cfg.cooldown_steps))
         rate *= 1 - (1 - cfg.cooldown_floor) * progress
     return rate
-
-
-def shifted_sigma(u: torch.Tensor, shift: float) -> torch.Tensor:
-    """ComfyUI's time_snr_shift: the sigma a flow model with this shift assigns to timestep fraction u."""
-    return shift * u / (1 + (shift - 1) * u)
 
 
 class PromptBank:
@@ -424,22 +419,6 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Sampling and evaluation
-
-@torch.no_grad()
-def sample(model: WanT2V, context: torch.Tensor, uncond: torch.Tensor | None, noise: torch.Tensor,
-           steps: int = 30, shift: float = 3.0, cfg_scale: float = 1.0) -> torch.Tensor:
-    """Plain Euler flow sampler on ComfyUI's schedule (simple scheduler, shifted sigmas); returns denoised x0."""
-    sigmas = [float(shifted_sigma(torch.tensor(1 - i / steps), shift)) for i in range(steps)] + [0.0]
-    x = noise
-    for s, s_next in zip(sigmas[:-1], sigmas[1:], strict=True):
-        t = torch.full((x.shape[0],), s * 1000, device=x.device)
-        v = model(x, t, context)
-        if uncond is not None and cfg_scale != 1.0:
-            u = model(x, t, uncond)
-            v = u + cfg_scale * (v - u)
-        x = x + (s_next - s) * v
-    return x
-
 
 def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed: int = 1234) -> dict:
     """Sample canonical (held-in) prompts from the latest EMA weights and score them with the oracle."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,8 @@ LATENT_CHANNELS = 16
 PATCH = (1, 2, 2)
 EPS = 1e-6
 
+
+WEIGHTS_PATH = Path(__file__).resolve().parent / "weights" / "carnator_demo_wan21_t2v.safetensors"
 
 @dataclass(frozen=True)
 class WanConfig:

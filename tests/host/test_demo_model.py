@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from carnator_core.demo import world
+from carnator_core.demo.sampling import shifted_sigma
 from carnator_core.demo.text import TOKENS
 from carnator_core.demo.train import (
     PromptBank,
@@ -24,7 +25,6 @@ from carnator_core.demo.train import (
     load_ema,
     make_batch,
     save_checkpoint,
-    shifted_sigma,
     start_frame_test,
     text_separation,
 )
