@@ -61,7 +61,7 @@ from carnator_core.store.reuse_store import ReuseStore
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")
 FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
-# Beyond the issue's fields: plain's median server CPU time / this configuration's (None where unknown).
+# Plain's median server CPU time / this configuration's (None where unknown).
 EXTRA_FIELDS = ("cpu_speedup",)
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
 WARMUP_PROMPT = "a green square resting on a white background"
@@ -215,7 +215,7 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per configuration in the issue's JSON shape."""
+    """One row per configuration, with the FIELDS and EXTRA_FIELDS of the JSON report."""
     plain_time = _median([s.seconds for s in samples["plain"]])
     plain_cpu = _median([s.cpu_seconds for s in samples["plain"] if s.cpu_seconds is not None])
     rows = []

@@ -5,15 +5,11 @@
     python -m carnator_core.demo.train --sensitivity [--out DIR]               # which words the model reads
     python -m carnator_core.demo.train --branch-from RUN --out BRANCH --cooldown-start S   # a cooled-down branch
 
-Sizing (measured on the shared 2-core Xeon dev box, one thread, eager bf16 autocast): dim 256 (2 heads of
-128, the head size ComfyUI's detector assumes), FFN 768, 6 layers (7.2M parameters, 14 MB in fp16), 5 x 16 x 16
-latent clips (320 tokens), batch 8: ~1.3 s per step alone, ~1.6 s with the box busy, i.e. ~2k steps an hour.
-dim 128 (one head) x 8 layers was only ~1.6x cheaper (elementwise work and attention dominate at this size), so
-the wider model was kept. A 9 x 32 x 32 clip (2304 tokens) would cost ~10x per step, far beyond a CPU session,
-so the model is trained at 5 x 16 x 16 first; Wan's 3-axis RoPE has no fixed grid, so it can be fine-tuned at a
-larger, sparser clip later (e.g. on a lent GPU). The previous 4-layer prototype never used the motion word,
-hence: objects move >= one patch per latent frame, a foreground-weighted loss, a curriculum that starts with
-the canonical wording, 6 layers, and text dropout (empty prompt / zeros) so CFG works.
+Sizing: dim 256 (2 heads of 128, the head size ComfyUI's detector assumes), FFN 768, 6 layers, 5 x 16 x 16
+latent clips, batch 8 — small enough to train on a CPU; docs/demo-model.md has the cost per step. Wan's 3-axis
+RoPE has no fixed grid, so the model can be fine-tuned at a larger, sparser clip later. For the motion word to
+be read at all: objects move at least one patch per latent frame, the loss weights the foreground, a curriculum
+starts with the canonical wording, and text dropout (empty prompt / zeros) makes CFG work.
 
 Conventions are ComfyUI's for Wan (ModelType.FLOW, ModelSamplingDiscreteFlow, multiplier 1000): timestep =
 sigma * 1000, x_t = sigma * noise + (1 - sigma) * x0, denoised = x_t - sigma * out, so the target is

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.server
 STEPS = 8
 RESUME_STEP = 4  # balanced mode: the deepest checkpoint (recorded at steps 2..6 of 8) at most half-way
 FP16_TOLERANCE = 2e-3  # checkpoints are stored as fp16: a resumed result matches the full run to that precision
-# The fields issue 4 (section 7) requires in every `carnator.status` event and CarnatorReport entry.
+# The fields every `carnator.status` event and CarnatorReport entry carries (the frontend badge reads them).
 STATUS_FIELDS = {
     "prompt_id", "node", "hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement",
     "skipped_steps", "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s", "time_saved_s",
