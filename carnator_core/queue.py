@@ -13,14 +13,13 @@ Exit status: 0 when every prompt ran; 1 when some failed (validation error, node
 timeout, server lost) — the rest of the batch still runs and is reported; 2 when nothing could run
 (server unreachable, malformed workflow or prompts file).
 
-Only ComfyUI's public API is used (HTTP and its websocket, through aiohttp, which ComfyUI itself requires):
-no ComfyUI import, so it runs from any machine that reaches the server.
+Only ComfyUI's public API is used (HTTP and its websocket, through carnator_core.client): no ComfyUI
+import, so it runs from any machine that reaches the server.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import sys
@@ -29,15 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from carnator_core.comfy_client import ComfyClient, ComfyError
+from carnator_core.client import ComfyClient, ComfyError, ServerLost
 
 CARNATOR_PROMPT_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler", "CarnatorCompatibilityLookup")
 SEED_INPUTS = ("seed", "noise_seed")
 _CONDITIONING_INPUTS = ("positive", "guider", "conditioning")  # followed upstream from a sampler, in this order
 _TEXT_INPUTS = ("text", "value", "string")  # a text encoder's text, a primitive's value
-_ENDS = ("execution_success", "execution_error", "execution_interrupted")
 MAX_SEED = 2**50
 
 
@@ -193,12 +189,8 @@ def read_prompts(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ running
-class ServerLost(ComfyError):
-    """The server stopped answering mid-batch: the remaining prompts cannot run."""
-
-
-async def _run_one(client: ComfyClient, ws: aiohttp.ClientWebSocketResponse, graph: dict, result: PromptResult, timeout: float) -> None:
-    """Queue one graph and follow its events to the end, filling `result`."""
+def _run_one(client: ComfyClient, graph: dict, result: PromptResult, timeout: float) -> None:
+    """Queue one graph and follow its events to the end, filling `result`; ServerLost when the server is gone."""
     started = time.perf_counter()
     try:
         result.prompt_id = client.queue(graph)
@@ -207,72 +199,44 @@ async def _run_one(client: ComfyClient, ws: aiohttp.ClientWebSocketResponse, gra
             raise ServerLost(str(error)) from None
         result.error = str(error)
         return
-    executed = False
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            result.error = f"did not finish within {timeout:.0f} s"
-            return
-        try:
-            message = await ws.receive(timeout=remaining)
-        except asyncio.TimeoutError:
-            continue
-        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING,
-                            aiohttp.WSMsgType.ERROR):
-            raise ServerLost(f"ComfyUI closed the websocket while prompt {result.prompt_id} ran")
-        if message.type != aiohttp.WSMsgType.TEXT:
-            continue  # binary preview images
-        event = json.loads(message.data)
-        kind, data = event.get("type"), event.get("data") or {}
-        if not isinstance(data, dict) or data.get("prompt_id") != result.prompt_id:
-            continue
-        if kind == "carnator.status":
-            result.reports.append(data)
-        elif kind == "executing" and data.get("node") is not None:
-            executed = True
-        elif kind in _ENDS:
-            result.time_s = time.perf_counter() - started
-            if kind == "execution_error":
-                result.error = (f"node {data.get('node_id')} ({data.get('node_type')}) raised "
-                                f"{data.get('exception_type')}: {str(data.get('exception_message', '')).strip()}")
-            elif kind == "execution_interrupted":
-                result.error = f"interrupted at node {data.get('node_id')} ({data.get('node_type')})"
-            break
+    try:
+        run = client.follow(result.prompt_id, timeout)
+    except ServerLost:
+        raise
+    except ComfyError as error:  # ran past the timeout
+        result.error = str(error)
+        return
+    result.time_s = time.perf_counter() - started
+    result.error = run.error
+    result.reports = run.statuses
     if result.reports:
         result.hit = any(bool(r.get("hit")) for r in result.reports)
         result.skipped_steps = sum(int(r.get("skipped_steps") or 0) for r in result.reports)
         result.total_steps = sum(int(r.get("total_steps") or 0) for r in result.reports)
         result.time_saved_s = sum(float(r.get("time_saved_s") or 0.0) for r in result.reports)
-    result.cached = not executed and result.error is None
+    result.cached = not run.executed and result.error is None
 
 
-async def run_batch(server: str, workflow: Workflow, prompts: list[str], seed: str = "fixed",
-                    timeout: float = 3600.0, echo=print) -> list[PromptResult]:
+def run_batch(server: str, workflow: Workflow, prompts: list[str], seed: str = "fixed",
+              timeout: float = 3600.0, echo=print) -> list[PromptResult]:
     """Run every prompt in order; raises ComfyError only when the server cannot be reached at the start."""
-    client = ComfyClient(server)
-    if not client.alive():
-        raise ComfyError(f"cannot reach ComfyUI at {client.url}: is the server running (python main.py --listen ...) "
-                         "and is --server right?")
     rng = random.Random()
     results = [PromptResult(prompt) for prompt in prompts]
-    ws_url = client.url.replace("http", "ws", 1) + f"/ws?clientId={client.client_id}"
-    async with aiohttp.ClientSession() as session:
-        try:
-            ws = await session.ws_connect(ws_url, heartbeat=30)
-        except (aiohttp.ClientError, OSError) as error:
-            raise ComfyError(f"cannot open ComfyUI's websocket at {ws_url}: {error}") from None
-        async with ws:
-            for number, result in enumerate(results, 1):
-                try:
-                    await _run_one(client, ws, workflow.for_prompt(result.prompt, seed, rng), result, timeout)
-                except ServerLost as error:
-                    for rest in results[number - 1:]:
-                        rest.error = rest.error or f"not run: lost the server ({error})"
-                    echo(f"[{number}/{len(results)}] lost the server: {error}")
-                    break
-                echo(f"[{number}/{len(results)}] {result.outcome:6} {_short(result.prompt, 60)}"
-                     + (f"  ({result.error})" if result.error else ""))
+    with ComfyClient(server) as client:
+        if not client.alive():
+            raise ComfyError(f"cannot reach ComfyUI at {client.url}: is the server running (python main.py "
+                             "--listen ...) and is --server right?")
+        client.listen()
+        for number, result in enumerate(results, 1):
+            try:
+                _run_one(client, workflow.for_prompt(result.prompt, seed, rng), result, timeout)
+            except ServerLost as error:
+                for rest in results[number - 1:]:
+                    rest.error = rest.error or f"not run: lost the server ({error})"
+                echo(f"[{number}/{len(results)}] lost the server: {error}")
+                break
+            echo(f"[{number}/{len(results)}] {result.outcome:6} {_short(result.prompt, 60)}"
+                 + (f"  ({result.error})" if result.error else ""))
     return results
 
 
@@ -341,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(prompts)} prompts -> node {node_id} ({workflow.graph[node_id]['class_type']}.{name}), "
           f"seed {args.seed}, server {args.server}")
     try:
-        results = asyncio.run(run_batch(args.server, workflow, prompts, args.seed, args.timeout))
+        results = run_batch(args.server, workflow, prompts, args.seed, args.timeout)
     except ComfyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

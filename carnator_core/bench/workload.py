@@ -50,8 +50,8 @@ from carnator_core.bench import plot
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.streams import STREAMS, make_stream, read_prompts
-from carnator_core.comfy_client import ComfyClient, ComfyError, carnator_reports
-from carnator_core.comfy_events import PromptEvents, PromptRun
+from carnator_core.client import ComfyClient, ComfyError, PromptRun
+from carnator_core.comfyui_location import ComfyNotFound
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
@@ -142,8 +142,8 @@ class Sample:
 class Bench:
     """The server session: queue graphs, time them, read back latents, reports and the EasyCache log."""
 
-    def __init__(self, client: ComfyClient, events: PromptEvents, base_dir: Path) -> None:
-        self.client, self.events, self.base_dir = client, events, base_dir
+    def __init__(self, client: ComfyClient, base_dir: Path) -> None:
+        self.client, self.base_dir = client, base_dir
         self.object_info = client.object_info()
         self.log = base_dir / "comfyui.log"
         self.counter = 0
@@ -164,7 +164,7 @@ class Bench:
     def run(self, graph: dict) -> tuple[PromptRun, str]:
         """Execute `graph`; returns the run and the server log lines it produced."""
         start = self.log.stat().st_size if self.log.exists() else 0
-        run = self.events.run(graphs.complete(graph, self.object_info))
+        run = self.client.run(graphs.complete(graph, self.object_info))
         with self.log.open("rb") as handle:
             handle.seek(start)
             log = handle.read().decode(errors="replace")
@@ -176,7 +176,7 @@ class Bench:
         run, log = self.run(graph)
         saved = run.history["outputs"][graphs.SAVE_LATENT]["latents"][0]
         latent = load_file(str(self.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
-        report = (carnator_reports(run.history) or [None])[0]
+        report = (run.reports or [None])[0]
         skipped_by_easycache = sum(int(m.group(1)) for m in EASYCACHE_LINE.finditer(log))
         calls = report["model_calls"] if report and "model_calls" in report else steps
         density = report.get("attention_density") if report else None
@@ -308,7 +308,7 @@ def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
         for name in (("plain", "own-masks") if r % 2 == 0 else ("own-masks", "plain")):
             run, _ = bench.run(base if name == "plain" else graphs.with_sparse_attention(base, "own", **HEAVY_ATTENTION))
             times[name].append(run.seconds_except(graphs.SHARED_NODES))
-            reports = carnator_reports(run.history)
+            reports = run.reports
             if reports and reports[0].get("attention_density") is not None:
                 density.append(float(reports[0]["attention_density"]))
             progress(f"attention-heavy {name}: {times[name][-1]:.1f} s")
@@ -412,7 +412,7 @@ def main(argv: list[str]) -> int:
         prompts = read_prompts(args.prompts) if args.prompts else make_stream(args.stream, args.n)
         weights = demo_weights(args.weights)
         result, settings, details = _run(args, prompts, weights, say)
-    except (DemoSetupError, ComfyError, OSError, ValueError) as error:
+    except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:
         print(f"carnator workload benchmark: {error}", file=sys.stderr)
         return 1
     paths = write_outputs(args.out, result, settings, details)
@@ -435,8 +435,8 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
     seed_policy = "same-noise" if args.seed == "fixed" else "serving"
     say(f"starting ComfyUI headless (base directory {base_dir}) ...")
     try:
-        with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION) as (client, unet), PromptEvents(client) as events:
-            bench = Bench(client, events, base_dir)
+        with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION) as (client, unet):
+            bench = Bench(client, base_dir)
             samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy,
                                                      say)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None

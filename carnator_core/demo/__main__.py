@@ -22,11 +22,11 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from carnator_core.comfy_client import ComfyError, carnator_reports
-from carnator_core.comfy_events import PromptEvents, PromptRun
+from carnator_core.client import ComfyError, PromptRun
+from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
-from carnator_core.demo.server import DemoSetupError, comfyui_path, demo_server, demo_weights, pick_port
+from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights, pick_port
 
 DEFAULT_PROMPTS = (
     "a red circle moving left on a black background",
@@ -100,15 +100,14 @@ def run_demo(prompts: list[str], out: Path, steps: int, weights: Path, port: int
     started = time.perf_counter()
     rows, records = [], []
     try:
-        with demo_server(base_dir, weights, port) as (client, unet_name), PromptEvents(client) as events:
+        with demo_server(base_dir, weights, port) as (client, unet_name):
             print(f"ComfyUI ready in {time.perf_counter() - started:.0f} s; model {unet_name}, {steps} steps, "
                   f"clip {world.CLIP} latent, CarnatorReuse mode {mode}", flush=True)
             object_info = client.object_info()
             for i, prompt in enumerate(prompts):
                 graph = graphs.complete(demo_graph(unet_name, prompt, i, steps, seed, cfg, mode), object_info)
-                run = events.run(graph,
-                                 on_progress=_progress(i, len(prompts), prompt))
-                report = (carnator_reports(run.history) or [{}])[0]
+                run = client.run(graph, on_progress=_progress(i, len(prompts), prompt))
+                report = (run.reports or [{}])[0]
                 latent = load_file(str(_saved(run, graphs.SAVE_LATENT, "latents", base_dir)))["latent_tensor"]
                 oracle = score(prompt, world.decode(world.from_raw(latent[0].float())))
                 clip = out / f"{i + 1:02d}_{re.sub('[^a-z0-9]+', '_', prompt.lower()).strip('_')[:48]}.webp"
@@ -153,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             prompts = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
             if not prompts:
                 raise DemoSetupError(f"{args.prompts}: no prompts (one prompt per line)")
-        comfyui_path()
+        find_comfyui()
         weights = demo_weights(args.weights)
         rows = run_demo(prompts, args.out, args.steps, weights, args.port, args.seed, args.cfg, args.mode)
-    except (DemoSetupError, ComfyError, OSError) as error:
+    except (DemoSetupError, ComfyNotFound, ComfyError, OSError) as error:
         print(f"carnator demo: {error}", file=sys.stderr)
         return 1
     print()

@@ -1,6 +1,6 @@
 """Start a headless ComfyUI with the pack and the demo weights, for `demo run` and the workload benchmark.
 
-Why a wrapper around `comfy_client.headless_server`: both commands must fail early with a message that says
+Why a wrapper around `client.headless_server`: both commands must fail early with a message that says
 exactly what to do (which variable to set, which command trains the weights) instead of a traceback from
 inside ComfyUI, and both need the weights file visible to the stock UNETLoader under a known name.
 """
@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from carnator_core.comfy_client import ComfyClient, ComfyError, find_comfyui, free_port, headless_server
+from carnator_core.client import ComfyClient, free_port, headless_server
+from carnator_core.comfyui_location import find_comfyui
 from carnator_core.demo.wan_model import WEIGHTS_PATH
 
 WEIGHTS_ENV = "CARNATOR_DEMO_WEIGHTS"
@@ -21,21 +22,6 @@ TRAIN_COMMAND = "python -m carnator_core.demo.train && python -m carnator_core.d
 
 class DemoSetupError(RuntimeError):
     """Something the user has to provide is missing; the message says what to do."""
-
-
-def comfyui_path() -> Path:
-    """The ComfyUI checkout; an explicitly set COMFYUI_PATH that is not one is an error, not a fallback."""
-    explicit = os.environ.get("COMFYUI_PATH")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not ((path / "main.py").is_file() and (path / "comfy").is_dir()):
-            raise DemoSetupError(f"COMFYUI_PATH={explicit} is not a ComfyUI checkout (no main.py and comfy/ there). "
-                                 "Set COMFYUI_PATH to your ComfyUI directory, e.g. export COMFYUI_PATH=~/ComfyUI")
-    try:
-        return find_comfyui()
-    except ComfyError as error:
-        raise DemoSetupError(f"ComfyUI not found. Set COMFYUI_PATH to your ComfyUI directory, e.g. "
-                             f"export COMFYUI_PATH=~/ComfyUI ({error})") from error
 
 
 def demo_weights(explicit: str | Path | None = None) -> Path:
@@ -64,7 +50,7 @@ def demo_server(base_dir: Path, weights: Path, port: int | None = None,
 
     `extra_args` go to ComfyUI's command line. The server's log is `base_dir/comfyui.log`.
     """
-    comfyui_path()  # fail with the message before creating anything
+    find_comfyui()  # fail with the message before creating anything
     models = base_dir / "models" / "diffusion_models"
     models.mkdir(parents=True, exist_ok=True)
     link = models / weights.name

@@ -45,15 +45,6 @@ def _prompts(tmp_path: Path, prompts: list[str]) -> Path:
     return _write(tmp_path / "prompts.txt", "# near-duplicates\n\n" + "\n".join(prompts) + "\n")
 
 
-def _main(args: list[str]) -> int:
-    """The runner's main() on its own thread: its asyncio.run must not unset the in-process host's event loop."""
-    outcome: dict[str, int] = {}
-    thread = threading.Thread(target=lambda: outcome.update(code=main(args)))
-    thread.start()
-    thread.join(600)
-    return outcome["code"]
-
-
 def test_batch_reports_hits_on_near_duplicate_prompts(comfy_server: ComfyServer, tiny_models, tmp_path):
     report = tmp_path / "report.json"
     command = [sys.executable, "-m", "carnator_core.queue", "--server", comfy_server.url,
@@ -72,7 +63,7 @@ def test_batch_reports_hits_on_near_duplicate_prompts(comfy_server: ComfyServer,
 
 
 def test_server_down_is_a_clear_message_and_exit_2(tiny_models, tmp_path, capsys):
-    code = _main(["--server", f"http://127.0.0.1:{free_port()}", "--workflow", str(_workflow(tmp_path, tiny_models)),
+    code = main(["--server", f"http://127.0.0.1:{free_port()}", "--workflow", str(_workflow(tmp_path, tiny_models)),
                   "--prompts", str(_prompts(tmp_path, NEAR_DUPLICATES))])
     assert code == 2
     assert "cannot reach ComfyUI at http://127.0.0.1:" in capsys.readouterr().err
@@ -134,7 +125,7 @@ def test_text_node_option_and_its_errors():
 def test_validation_errors_are_reported_per_prompt_and_exit_1(comfy_server, tiny_models, tmp_path, capsys):
     workflow = _workflow(tmp_path, tiny_models, UNETLoader={"unet_name": "no_such_model.safetensors"})
     report = tmp_path / "report.json"
-    code = _main(["--server", comfy_server.url, "--workflow", str(workflow), "--prompts",
+    code = main(["--server", comfy_server.url, "--workflow", str(workflow), "--prompts",
                   str(_prompts(tmp_path, NEAR_DUPLICATES[:2])), "--json", str(report)])
     assert code == 1
     results = json.loads(report.read_text())["results"]

@@ -3,7 +3,8 @@
 Both load the Carnator pack through ComfyUI's own custom-node loader from a throwaway base directory
 (`models/`, `custom_nodes/`, `user/`, `output/` ...) in which the repository is symlinked as
 `custom_nodes/carnator` next to the test-only `tests/support/harness_pack`, so no test touches the
-checkout's own folders. Nothing of the host is mocked.
+checkout's own folders. Nothing of the host is mocked. The server is spoken to through the pack's own
+client (carnator_core.client), except `get`/`post`, which return raw responses for the route tests.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import asyncio
 import contextlib
 import importlib
 import inspect
-import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,19 @@ from typing import Any
 
 import requests
 
+from carnator_core.client import (
+    ComfyClient,
+    ComfyError,
+    ExecutionFailed,
+    RequestRefused,
+    find_failure,
+    free_port,
+    refusal,
+    server_command,
+)
+from carnator_core.comfyui_location import ComfyNotFound as ComfyNotFound  # the tests name them from here
+from carnator_core.comfyui_location import find_comfyui as find_comfyui
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_PACK = REPO_ROOT / "tests" / "support" / "harness_pack"
 PACK_NAME = "carnator"
@@ -35,41 +47,8 @@ HARNESS_PACK_NAME = "carnator_harness"
 BASE_SUBDIRS = ("models/diffusion_models", "custom_nodes", "input", "output", "temp", "user")
 
 
-class ComfyNotFound(RuntimeError):
-    """No usable ComfyUI checkout: integration tests cannot run and must fail, not skip."""
-
-
 class PromptFailed(RuntimeError):
     """A prompt was rejected by validation or raised while executing; the message says where and why."""
-
-
-def _is_comfyui(path: Path) -> bool:
-    return (path / "main.py").is_file() and (path / "nodes.py").is_file() and (path / "comfy").is_dir()
-
-
-def find_comfyui(environ: dict[str, str] | None = None) -> Path:
-    """The ComfyUI checkout: $COMFYUI_PATH, else the tree this repo sits in (custom_nodes/), else ~/ComfyUI."""
-    environ = os.environ if environ is None else environ
-    explicit = environ.get("COMFYUI_PATH")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if _is_comfyui(path):
-            return path.resolve()
-        raise ComfyNotFound(f"COMFYUI_PATH={explicit} is not a ComfyUI checkout (no main.py, nodes.py, comfy/).")
-    candidates = []
-    unresolved_repo = Path(os.path.abspath(__file__)).parents[2]
-    for repo in (unresolved_repo, REPO_ROOT):
-        if repo.parent.name == "custom_nodes":
-            candidates.append(repo.parent.parent)
-    candidates.append(Path.home() / "ComfyUI")
-    for path in candidates:
-        if _is_comfyui(path):
-            return path.resolve()
-    looked = ", ".join(str(p) for p in candidates)
-    raise ComfyNotFound(
-        f"No ComfyUI checkout found (looked at {looked}). Set COMFYUI_PATH to a ComfyUI checkout "
-        "(0.3.64 or newer); the Carnator tests run the pack inside a real ComfyUI and cannot be skipped."
-    )
 
 
 def make_base_dir(base: Path, model_files: dict[str, Path] | None = None) -> Path:
@@ -123,25 +102,9 @@ def captured_logs(level: int = logging.WARNING) -> Iterator[list[str]]:
         root.removeHandler(handler)
 
 
-def _format_validation_error(error: dict, node_errors: dict) -> str:
-    lines = [f"{error.get('message')}: {error.get('details')}"]
-    for node_id, info in node_errors.items():
-        for reason in info.get("errors", []):
-            lines.append(f"  node {node_id} ({info.get('class_type')}): {reason.get('message')}: {reason.get('details')}")
-    return "\n".join(lines)
-
-
-def _format_execution_error(messages: list) -> str:
-    for event, data in messages:
-        if event == "execution_error":
-            trace = "".join(data.get("traceback") or [])
-            return (
-                f"node {data.get('node_id')} ({data.get('node_type')}) raised "
-                f"{data.get('exception_type')}: {data.get('exception_message')}\n{trace}"
-            )
-        if event == "execution_interrupted":
-            return f"interrupted at node {data.get('node_id')} ({data.get('node_type')})"
-    return f"execution failed without an execution_error message: {messages}"
+def _execution_error(reason: str, details: dict) -> PromptFailed:
+    """A failed prompt as the tests show it: node, exception and message, then the node's traceback."""
+    return PromptFailed(f"{reason}\n{''.join(details.get('traceback') or [])}")
 
 
 @dataclass
@@ -261,7 +224,7 @@ class InProcessComfy:
         prompt_id = str(uuid.uuid4())
         valid, error, outputs, node_errors = self.loop.run_until_complete(execution.validate_prompt(prompt_id, prompt, None))
         if not valid:
-            raise PromptFailed(_format_validation_error(error, node_errors))
+            raise PromptFailed(refusal(error, node_errors))
         extra_data = {"client_id": client_id} if client_id else {}
         try:
             self.executor.execute(prompt, prompt_id, extra_data, outputs)
@@ -269,7 +232,10 @@ class InProcessComfy:
             asyncio.set_event_loop(self.loop)  # executor.execute runs asyncio.run, which unsets the current loop
         messages = list(self.executor.status_messages)
         if not self.executor.success:
-            raise PromptFailed(_format_execution_error(messages))
+            found = find_failure(messages)
+            if found is None:
+                raise PromptFailed(f"execution failed without an execution_error message: {messages}")
+            raise _execution_error(*found)
         cached = {node_id: self._cached_output(node_id) for node_id in prompt}
         return PromptRun(prompt_id, dict(self.executor.history_result["outputs"]), messages, cached)
 
@@ -305,14 +271,8 @@ class InProcessComfy:
         self.executor.reset()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ComfyServer:
-    """A headless `main.py` subprocess on CPU; stopped by its PID."""
+    """A headless `main.py` subprocess on CPU, stopped by its PID; `client` speaks to it."""
 
     def __init__(self, comfy_path: Path, base_dir: Path, extra_args: tuple[str, ...] = (), env: dict | None = None):
         self.comfy_path = comfy_path
@@ -320,16 +280,13 @@ class ComfyServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = base_dir / f"server-{self.port}.log"
-        command = [
-            sys.executable, str(comfy_path / "main.py"), "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
-            "--base-directory", str(base_dir), "--database-url", "sqlite:///:memory:", "--disable-auto-launch",
-            *extra_args,
-        ]
+        command = server_command(comfy_path, base_dir, self.port, ("--cpu", "--disable-auto-launch", *extra_args))
         process_env = {**os.environ, **(env or {})}
         process_env.setdefault("OMP_NUM_THREADS", "1")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, cwd=base_dir, env=process_env, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
+        self.client = ComfyClient(self.url, server_pid=self.pid)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -340,9 +297,8 @@ class ComfyServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while starting:\n{self.log()}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.url}/system_stats", timeout=2).ok:
-                    return self
+            if self.client.alive():
+                return self
             time.sleep(0.25)
         self.stop()
         raise RuntimeError(f"ComfyUI did not answer on {self.url} within {timeout:.0f} s:\n{self.log()}")
@@ -356,6 +312,7 @@ class ComfyServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout)
+        self.client.close()
 
     def get(self, path: str, **kwargs: Any) -> requests.Response:
         return requests.get(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30), **kwargs)
@@ -364,35 +321,26 @@ class ComfyServer:
         return requests.post(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30), **kwargs)
 
     def object_info(self) -> dict:
-        response = self.get("/object_info")
-        response.raise_for_status()
-        return response.json()
+        return self.client.object_info()
 
     def queue_prompt(self, prompt: dict, client_id: str | None = None) -> str:
-        """POST /prompt; raise PromptFailed with the node errors when validation rejects it."""
-        body: dict[str, Any] = {"prompt": prompt}
-        if client_id:
-            body["client_id"] = client_id
-        response = self.post("/prompt", json=body)
-        data = response.json()
-        if response.status_code != 200:
-            raise PromptFailed(_format_validation_error(data.get("error", {}), data.get("node_errors", {})))
-        return data["prompt_id"]
+        """POST /prompt (events to `client_id`'s websocket); raise PromptFailed with the node errors when refused."""
+        try:
+            return self.client.queue(prompt, client_id)
+        except RequestRefused as error:
+            raise PromptFailed(str(error)) from error
 
     def wait_for(self, prompt_id: str, timeout: float = 300.0) -> dict:
-        """Poll /history until the prompt finished; returns its history entry, raises PromptFailed on error."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            entry = self.get(f"/history/{prompt_id}").json().get(prompt_id)
-            if entry and entry.get("status", {}).get("completed") is not None:
-                status = entry["status"]
-                if status.get("status_str") != "success":
-                    raise PromptFailed(_format_execution_error([tuple(m) for m in status.get("messages", [])]))
-                return entry
+        """The prompt's history entry once it finished; PromptFailed on a node error, with its traceback."""
+        try:
+            return self.client.wait(prompt_id, timeout)
+        except ExecutionFailed as error:
+            raise _execution_error(str(error), error.details) from error
+        except ComfyError:
             if self.process.poll() is not None:
-                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while running {prompt_id}:\n{self.log()}")
-            time.sleep(0.2)
-        raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout:.0f} s")
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while running {prompt_id}:\n"
+                                   f"{self.log()}") from None
+            raise
 
     def run_prompt(self, prompt: dict, timeout: float = 300.0) -> dict:
         """Queue a prompt and wait for it; returns the /history entry (its "outputs" hold each node's UI)."""
@@ -400,8 +348,8 @@ class ComfyServer:
 
     @contextlib.contextmanager
     def events(self) -> Iterator[EventStream]:
-        """A websocket session on /ws; queue prompts with its `client_id` to receive their events."""
-        stream = EventStream(self.url.replace("http://", "ws://"))
+        """A websocket of its own; queue prompts with its `client_id` to follow them with `until_finished`."""
+        stream = EventStream(self.url)
         try:
             yield stream
         finally:
@@ -409,38 +357,19 @@ class ComfyServer:
 
 
 class EventStream:
-    """ComfyUI's websocket (/ws?clientId=...): JSON events such as executing, progress, carnator.status."""
+    """ComfyUI's websocket (/ws?clientId=...), open from the start: JSON events such as executing, carnator.status."""
 
-    def __init__(self, ws_base: str):
-        import websocket
-
-        self.client_id = uuid.uuid4().hex
-        self._ws = websocket.create_connection(f"{ws_base}/ws?clientId={self.client_id}", timeout=30)
-        self.received: list[dict] = []
-
-    def collect_until(self, done: Callable[[dict], bool], timeout: float = 300.0) -> list[dict]:
-        """Read JSON messages (binary previews are skipped) until `done(message)`; returns all read so far."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._ws.settimeout(max(0.1, deadline - time.monotonic()))
-            frame = self._ws.recv()
-            if isinstance(frame, bytes):
-                continue
-            message = json.loads(frame)
-            self.received.append(message)
-            if done(message):
-                return self.received
-        raise TimeoutError(f"websocket condition not met within {timeout:.0f} s; got {len(self.received)} messages")
+    def __init__(self, url: str):
+        self._client = ComfyClient(url)
+        self._client.listen()
+        self.client_id = self._client.client_id
 
     def until_finished(self, prompt_id: str, timeout: float = 300.0) -> list[dict]:
-        """Messages up to the prompt's execution_success / execution_error / execution_interrupted."""
-        ends = {"execution_success", "execution_error", "execution_interrupted"}
-        return self.collect_until(
-            lambda m: m.get("type") in ends and m.get("data", {}).get("prompt_id") == prompt_id, timeout
-        )
+        """The prompt's events, up to its execution_success / execution_error / execution_interrupted."""
+        return self._client.follow(prompt_id, timeout).events
 
     def close(self) -> None:
-        self._ws.close()
+        self._client.close()
 
 
 class ServerFactory:
