@@ -23,13 +23,12 @@ import torch
 from carnator_core.attention.masks import BlockSparseMask
 from carnator_core.attention.sparse_attention import (
     INACTIVE,
-    MASKS_TOO_FULL,
     SparseAttentionRun,
     SparseAttentionSettings,
     masks_from_blob,
 )
 from carnator_core.lookup.fingerprint import token_grid
-from carnator_core.reuse.run import plain_run_report
+from carnator_core.reuse.report import RunReport
 from carnator_core.store.reuse_store import ReuseStore
 
 from .host import (
@@ -105,8 +104,8 @@ def attention_outer_sample(executor, *args, **kwargs):
         if reason:  # attention stays dense; the reuse wrapper, when there is one, reports the run
             if REUSE_SETTINGS_KEY not in options:
                 log.warning("Carnator: dense attention for this run: %s", reason)
-                publish(plain_run_report(f"attention/{options[SETTINGS_KEY].source}", reason,
-                                         steps_of(call["sigmas"]), 0, 0.0))
+                publish(RunReport.plain(f"attention/{options[SETTINGS_KEY].source}", reason,
+                                        steps_of(call["sigmas"]), 0, 0.0))
             return executor(*args, **kwargs)
         patcher = guider.model_patcher
         sigmas = call["sigmas"]
@@ -123,7 +122,7 @@ def attention_outer_sample(executor, *args, **kwargs):
         output = executor(*args, **kwargs)
         settle(run, patcher)
         if not run.reported_by_reuse:
-            publish(attention_report(run, time.perf_counter() - started))
+            publish(RunReport.of_sparse_attention(run, time.perf_counter() - started))
         return output
 
 
@@ -147,20 +146,6 @@ def attention_patcher(diffusion_model) -> str:
     optimized = getattr(comfy.ldm.modules.attention, "optimized_attention", None)
     origin = getattr(optimized, "__module__", "") or ""
     return os.path.basename(origin) if origin and not origin.startswith("comfy.") else "a patch outside the hook"
-
-
-def attention_report(run: SparseAttentionRun, elapsed: float) -> dict:
-    """The report of a run that used sparse attention without the reuse engine."""
-    summary = run.summary()
-    reason = run.inactive
-    if not reason and not summary["borrowed_sparse_calls"]:
-        reason = MASKS_TOO_FULL if summary["heads_reuse"] else "no donor masks adopted"
-    return {"hit": bool(summary["borrowed_sparse_calls"]), "mode": f"attention/{run.settings.source}", "donor_id": None,
-            "donor_prompt": None, "text_similarity": None, "agreement": None, "skipped_steps": 0,
-            "total_steps": run.total_steps, "attention_density": summary["density"],
-            "heads_reuse": summary["heads_reuse"], "heads_own": summary["heads_own"], "time_s": elapsed,
-            "time_saved_s": 0.0, "reason": reason,
-            "attention": summary}
 
 
 def load_donor_masks(store: ReuseStore, entry_id: str) -> dict[int, BlockSparseMask]:

@@ -8,6 +8,8 @@ from typing import Any
 
 from comfy_execution.utils import get_executing_context
 
+from carnator_core.reuse.report import RunReport
+
 log = logging.getLogger("carnator")
 
 _reports: dict[str, list[dict[str, Any]]] = {}  # prompt_id -> reports of its sampling runs
@@ -15,10 +17,11 @@ _lock = threading.Lock()
 _KEEP_PROMPTS = 64
 
 
-def publish(report: dict[str, Any]) -> dict[str, Any]:
+def publish(run_report: RunReport) -> None:
     """Tag a run report with its prompt and node, keep it, log it, and send it to the frontend."""
     context = get_executing_context()
-    report = dict(report, prompt_id=context.prompt_id if context else None, node=context.node_id if context else None)
+    report = dict(run_report.as_dict(), prompt_id=context.prompt_id if context else None,
+                  node=context.node_id if context else None)
     with _lock:
         _reports.setdefault(report["prompt_id"] or "", []).append(report)
         while len(_reports) > _KEEP_PROMPTS:
@@ -27,10 +30,9 @@ def publish(report: dict[str, Any]) -> dict[str, Any]:
     try:
         from server import PromptServer
     except ImportError:  # ComfyUI used as a library without its server
-        return report
+        return
     if getattr(PromptServer, "instance", None) is not None:
         PromptServer.instance.send_sync("carnator.status", report)
-    return report
 
 
 def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:

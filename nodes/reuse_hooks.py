@@ -29,7 +29,8 @@ import torch
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError, noise_fingerprint
-from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun, plain_run_report
+from carnator_core.reuse.report import RunReport
+from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
 from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import preview_png
@@ -172,9 +173,9 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         if run is not None:
             publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
         else:
-            publish(plain_run_report(settings.mode, reason, steps_of(call["sigmas"]), state.model_calls,
-                                     time.perf_counter() - started, attention.summary() if attention is not None else None,
-                                     notes))
+            publish(RunReport.plain(settings.mode, reason, steps_of(call["sigmas"]), state.model_calls,
+                                    time.perf_counter() - started, attention.summary() if attention is not None else None,
+                                    notes))
         return output
 
 

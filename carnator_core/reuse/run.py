@@ -22,6 +22,7 @@ from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.reuse.planner import ProbeTarget, RequestFacts, last_step_within, plan_probes
 from carnator_core.reuse.probe import ProbeSignals, probe_signals
 from carnator_core.reuse.recorder import PendingEntry, RunRecorder, writer
+from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
@@ -246,7 +247,7 @@ class ReuseRun:
 
     # ------------------------------------------------------------------ after sampling
     def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
-               thumbnail: bytes | None = None) -> dict[str, Any]:
+               thumbnail: bytes | None = None) -> RunReport:
         """Submit the entry for background writing and return the report."""
         self.model_calls += model_calls
         if attention is not None:
@@ -284,7 +285,7 @@ class ReuseRun:
                          extra={"sigmas": [round(s, 6) for s in self.sigmas]})
         writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector))
 
-    def report(self, elapsed: float) -> dict[str, Any]:
+    def report(self, elapsed: float) -> RunReport:
         best = self.resume.target if self.resume is not None else None
         candidate = best.candidate if best is not None else (self.match.best if self.match else None)
         skipped_steps = best.step if best is not None else 0
@@ -293,32 +294,29 @@ class ReuseRun:
             reason = self._miss_reason()
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
         signals = self.resume.signals if self.resume is not None else None
-        return {
-            "hit": best is not None or bool(self.attention.get("borrowed_sparse_calls")),
-            "mode": self.settings.mode,
-            "donor_id": best.meta.entry_id if best else None,
-            "donor_prompt": best.meta.prompt if best else None,
-            "text_similarity": candidate.text_similarity if candidate else None,
-            "agreement": signals.raw_agreement if signals else None,
-            "structure_agreement": signals.structure_agreement if signals else None,
-            "guidance_cosine": signals.guidance_cosine if signals else None,
-            "skipped_steps": skipped_steps,
-            "total_steps": self.total_steps,
-            "attention_density": self.attention.get("density"),
-            "attention": self.attention,
-            "heads_reuse": self.attention.get("heads_reuse", 0),
-            "heads_own": self.attention.get("heads_own", 0),
-            "model_calls": self.model_calls,
-            "time_s": elapsed,
-            "time_saved_s": per_step * skipped_steps,
-            "reason": reason,
-            "probes": self.probes,
-            "candidates": [{"entry_id": c.entry_id, "prompt": c.prompt, "score": c.score}
-                           for c in (self.match.candidates if self.match else [])],
-            "filtered": dict(self.match.filtered) if self.match else {},
-            "skipped_donors": dict(self.skipped),
-            "notes": self._notes(),
-        }
+        return RunReport(
+            hit=best is not None or bool(self.attention.get("borrowed_sparse_calls")),
+            mode=self.settings.mode,
+            donor_id=best.meta.entry_id if best else None,
+            donor_prompt=best.meta.prompt if best else None,
+            text_similarity=candidate.text_similarity if candidate else None,
+            agreement=signals.raw_agreement if signals else None,
+            structure_agreement=signals.structure_agreement if signals else None,
+            guidance_cosine=signals.guidance_cosine if signals else None,
+            skipped_steps=skipped_steps,
+            total_steps=self.total_steps,
+            attention=self.attention,
+            model_calls=self.model_calls,
+            time_s=elapsed,
+            time_saved_s=per_step * skipped_steps,
+            reason=reason,
+            probes=self.probes,
+            candidates=[{"entry_id": c.entry_id, "prompt": c.prompt, "score": c.score}
+                        for c in (self.match.candidates if self.match else [])],
+            filtered=dict(self.match.filtered) if self.match else {},
+            skipped_donors=dict(self.skipped),
+            notes=self._notes(),
+        )
 
     def _notes(self) -> list[str]:
         notes = list(self.match.notes if self.match else [])
@@ -347,17 +345,3 @@ class ReuseRun:
             return "filtered: " + ", ".join(sorted(self.skipped))
         return "no candidate"
 
-
-def plain_run_report(mode: str, reason: str, total_steps: int, model_calls: int, elapsed: float,
-                     attention: dict[str, Any] | None = None, notes: list[str] | None = None) -> dict[str, Any]:
-    """The report of a run Carnator could not take part in (nothing looked up, probed or recorded): the same
-    fields as `ReuseRun.report`, so the node, the badge and the logs read it the same way."""
-    attention = attention or {}
-    return {
-        "hit": False, "mode": mode, "donor_id": None, "donor_prompt": None, "text_similarity": None,
-        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
-        "total_steps": total_steps, "attention_density": attention.get("density"), "attention": attention,
-        "heads_reuse": attention.get("heads_reuse", 0), "heads_own": attention.get("heads_own", 0),
-        "model_calls": model_calls, "time_s": elapsed, "time_saved_s": 0.0, "reason": reason, "probes": [],
-        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": notes if notes is not None else [reason],
-    }

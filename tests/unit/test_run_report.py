@@ -1,0 +1,131 @@
+"""The JSON of every kind of run report: the fields the CarnatorReport node, `carnator.status` and the badge read."""
+
+from __future__ import annotations
+
+import torch
+
+from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
+from carnator_core.lookup.compatible import Match
+from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.planner import ProbeTarget
+from carnator_core.reuse.probe import ProbeSignals
+from carnator_core.reuse.report import RunReport
+from carnator_core.reuse.run import STORE_UNAVAILABLE, Resume, ReuseRun
+from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.reuse_store import ReuseStore
+
+KEY = HardKey("model", (2, 4, 4), "schedule")
+SHAPE = (1, 16, 2, 8, 8)
+FULL_FIELDS = ["hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "structure_agreement",
+               "guidance_cosine", "skipped_steps", "total_steps", "attention_density", "attention", "heads_reuse",
+               "heads_own", "model_calls", "time_s", "time_saved_s", "reason", "probes", "candidates", "filtered",
+               "skipped_donors", "notes"]
+ATTENTION_FIELDS = ["hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "skipped_steps",
+                    "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s", "time_saved_s", "reason",
+                    "attention"]
+ATTENTION_SUMMARY = {"density": 0.25, "sparse_calls": 6, "dense_calls": 2, "borrowed_sparse_calls": 0,
+                     "heads_reuse": 3, "heads_own": 1}
+CANDIDATE = Candidate(entry_id="donor-1", prompt="a red ball", score=0.9, cond_similarity=0.8, text_similarity=0.95)
+
+
+def _run(tmp_path, **settings) -> ReuseRun:
+    return ReuseRun(settings=ReuseSettings(prompt="a red ball", **settings), store=ReuseStore(str(tmp_path / "store")),
+                    hard_key=KEY, latent_shape=SHAPE, noise_fingerprint="noise", cond_vector=torch.ones(256),
+                    sigmas=[1 - s / 10 for s in range(11)], cfg=5.0, seed=3)
+
+
+def _match(**changes) -> Match:
+    return Match(store_directory="store", request=None, candidates=[CANDIDATE], **changes)
+
+
+def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
+    run = _run(tmp_path)
+    run.match = _match(filtered={"other model": 2}, notes=["a note"])
+    meta = EntryMeta(entry_id="donor-1", hard_key=KEY, prompt="a red ball", latent_shape=SHAPE,
+                     noise_fingerprint="noise", total_steps=10)
+    target = ProbeTarget(candidate=CANDIDATE, meta=meta, step=5, sigma=0.5, x=torch.zeros(SHAPE),
+                         x0=torch.zeros(SHAPE), guidance=None)
+    signals = ProbeSignals(depth=0.5, raw_agreement=0.97, structure_agreement=0.99, guidance_cosine=0.93)
+    run.resume = Resume(target=target, signals=signals, x0=None)
+    run.probes = [{"donor_id": "donor-1", "step": 5, "passed": True}]
+    run.skipped = {"other initial noise (seed)": 1}
+    run.model_calls = 6
+    run.attention = ATTENTION_SUMMARY
+    data = run.report(elapsed=2.0).as_dict()
+    assert list(data) == FULL_FIELDS
+    assert data == {
+        "hit": True, "mode": "balanced", "donor_id": "donor-1", "donor_prompt": "a red ball", "text_similarity": 0.95,
+        "agreement": 0.97, "structure_agreement": 0.99, "guidance_cosine": 0.93, "skipped_steps": 5,
+        "total_steps": 10, "attention_density": 0.25, "attention": ATTENTION_SUMMARY, "heads_reuse": 3,
+        "heads_own": 1, "model_calls": 6, "time_s": 2.0, "time_saved_s": 2.0, "reason": "",
+        "probes": [{"donor_id": "donor-1", "step": 5, "passed": True}],
+        "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
+        "filtered": {"other model": 2}, "skipped_donors": {"other initial noise (seed)": 1},
+        "notes": ["a note", "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"],
+    }
+
+
+def test_a_reuse_miss_says_why(tmp_path):
+    run = _run(tmp_path)
+    run.match = _match()
+    run.probes = [{"donor_id": "donor-1", "step": 0, "passed": False}]
+    run.model_calls = 10
+    data = run.report(elapsed=4.0).as_dict()
+    assert list(data) == FULL_FIELDS
+    assert data == {
+        "hit": False, "mode": "balanced", "donor_id": None, "donor_prompt": None, "text_similarity": 0.95,
+        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
+        "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
+        "model_calls": 10, "time_s": 4.0, "time_saved_s": 0.0, "reason": "probe rejected",
+        "probes": [{"donor_id": "donor-1", "step": 0, "passed": False}],
+        "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
+        "filtered": {}, "skipped_donors": {}, "notes": [],
+    }
+
+
+def test_a_reuse_run_without_its_store_reports_it_unavailable(tmp_path):
+    run = _run(tmp_path)
+    run.store_problem = "connection refused"
+    run.model_calls = 10
+    data = run.report(elapsed=1.0).as_dict()
+    assert list(data) == FULL_FIELDS
+    assert data["reason"] == STORE_UNAVAILABLE and data["hit"] is False
+    assert data["notes"] == ["store unavailable, generating without reuse: connection refused"]
+    assert (data["candidates"], data["filtered"], data["probes"], data["donor_id"]) == ([], {}, [], None)
+
+
+def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
+    data = RunReport.plain("balanced", "denoise mask (inpainting)", 10, 10, 3.0).as_dict()
+    assert list(data) == FULL_FIELDS
+    assert data == {
+        "hit": False, "mode": "balanced", "donor_id": None, "donor_prompt": None, "text_similarity": None,
+        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
+        "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
+        "model_calls": 10, "time_s": 3.0, "time_saved_s": 0.0, "reason": "denoise mask (inpainting)", "probes": [],
+        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": ["denoise mask (inpainting)"],
+    }
+    unavailable = RunReport.plain("fast", STORE_UNAVAILABLE, 8, 8, 1.0, ATTENTION_SUMMARY,
+                                  ["store unavailable, generating without reuse: closed port"]).as_dict()
+    assert list(unavailable) == FULL_FIELDS
+    assert unavailable["notes"] == ["store unavailable, generating without reuse: closed port"]
+    assert (unavailable["attention"], unavailable["attention_density"], unavailable["heads_reuse"],
+            unavailable["heads_own"]) == (ATTENTION_SUMMARY, 0.25, 3, 1)
+
+
+def test_a_sparse_attention_only_run_reports_the_attention_fields_only():
+    attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed"), video_tokens=256,
+                                   first_frame_tokens=64, num_layers=4, total_steps=10)
+    data = RunReport.of_sparse_attention(attention, elapsed=1.5).as_dict()
+    assert list(data) == ATTENTION_FIELDS
+    assert data == {
+        "hit": False, "mode": "attention/borrowed", "donor_id": None, "donor_prompt": None, "text_similarity": None,
+        "agreement": None, "skipped_steps": 0, "total_steps": 10, "attention_density": None, "heads_reuse": 0,
+        "heads_own": 0, "time_s": 1.5, "time_saved_s": 0.0, "reason": "no donor masks adopted",
+        "attention": attention.summary(),
+    }
+    attention.inactive = "sparse attention inactive: attention is patched by sageattention"
+    assert RunReport.of_sparse_attention(attention, 0.0).as_dict()["reason"] == attention.inactive
+    attention.borrowed_sparse_calls = 4
+    hit = RunReport.of_sparse_attention(attention, 0.0).as_dict()
+    assert hit["hit"] is True and hit["reason"] == attention.inactive
