@@ -1,11 +1,12 @@
-"""ComfyUI sampling wrappers that run a `carnator_core.run.ReuseRun` around any sampler.
+"""ComfyUI sampling wrappers that run a `carnator_core.reuse.run.ReuseRun` around any sampler.
 
 Modelled on ComfyUI's built-in EasyCache: supported `add_wrapper_with_key` hooks only,
 per-run state created in OUTER_SAMPLE on a clone of the guider's model options and dropped
 in `finally`. The wrappers translate between ComfyUI objects and the engine; every decision
 is made in carnator_core.
 
-- OUTER_SAMPLE    builds the run (fingerprints, lookup), records and reports afterwards
+- OUTER_SAMPLE    opens the run (fingerprints) and samples it under `reuse_lifecycle`, which records and
+                  reports it afterwards (the reuse sampler runs its SAMPLER under the same lifecycle)
 - SAMPLER_SAMPLE  probes donors with the loaded model, resumes from the accepted state
 - PREDICT_NOISE   serves the accepted probe as the first evaluation after the resume (or, without
                   one, the probing's step-0 evaluation as step 0), counts model calls, applies the
@@ -94,9 +95,13 @@ class CachedEvaluation:
 class HostState:
     """Host-side companions of a ReuseRun: tensors on the device and counters."""
 
-    def __init__(self, run: ReuseRun | None, settings: ReuseSettings) -> None:
+    def __init__(self, run: ReuseRun | None, settings: ReuseSettings, plain_reason: str = "",
+                 plain_notes: list[str] | None = None) -> None:
         self.run = run
         self.settings = settings
+        # without a run: why the run samples plain, and the report's notes when other than the reason
+        self.plain_reason = plain_reason
+        self.plain_notes = plain_notes
         self.model_calls = 0
         self.cached_eval: CachedEvaluation | None = None
         self.capture_guidance = False
@@ -145,38 +150,65 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     return run
 
 
+def open_run(guider, settings: ReuseSettings, call: dict) -> HostState:
+    """The state of a run the model wrapper takes: with its ReuseRun, or without one and why (it then samples plain
+    and reports that)."""
+    reason, notes = unsupported_latent(call), None
+    if not reason:
+        try:
+            run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
+                            call.get("denoise_mask"), call.get("seed"))
+            return HostState(run, settings)
+        except StoreError as error:
+            reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
+        except (FingerprintError, ValueError) as error:
+            reason = str(error)
+    log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
+    return HostState(None, settings, reason, notes)
+
+
+@contextlib.contextmanager
+def reuse_lifecycle(guider, state: HostState, sigmas: torch.Tensor, run_options: dict,
+                    *shared_options: dict) -> Iterator[None]:
+    """One sampling run under Carnator, for the model wrapper and the reuse sampler alike.
+
+    While the body samples, the hooks find `state` in `run_options` (the run's own transformer options) and in
+    `shared_options`; afterwards the attention is settled and the run recorded and reported, once. The state is
+    dropped in `finally`, so an aborted run leaves nothing behind and reports nothing.
+    """
+    holders = (run_options, *shared_options)
+    for options in holders:
+        options[RUN_KEY] = state
+    started = time.perf_counter()
+    try:
+        yield
+        attention: SparseAttentionRun | None = run_options.get(ATTENTION_RUN_KEY)
+        if attention is not None:
+            settle(attention, guider.model_patcher)
+            attention.reported_by_reuse = True  # this run's report includes it
+        publish(_finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention))
+    finally:
+        for options in holders:
+            options.pop(RUN_KEY, None)
+
+
+def _finish(state: HostState, guider, total_steps: int, elapsed: float,
+            attention: SparseAttentionRun | None) -> RunReport:
+    """Record the run and return its report; without a ReuseRun, the plain run's report."""
+    if state.run is not None:
+        return state.run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0))
+    return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
+                           attention.summary() if attention is not None else None, state.plain_notes)
+
+
 def outer_sample_wrapper(executor, *args, **kwargs):
-    """Build the run, sample, then record and report; arguments the host adds later are passed on untouched."""
+    """Open the run and sample under its lifecycle; arguments the host adds later are passed on untouched."""
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as transformer_options:
-        settings: ReuseSettings = transformer_options[SETTINGS_KEY]
-        run, reason, notes = None, unsupported_latent(call), None
-        if not reason:
-            try:
-                run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
-                                call.get("denoise_mask"), call.get("seed"))
-            except StoreError as error:
-                reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
-            except (FingerprintError, ValueError) as error:
-                reason = str(error)
-        if run is None:
-            log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
-        state = HostState(run, settings)
-        transformer_options[RUN_KEY] = state
-        started = time.perf_counter()
-        output = executor(*args, **kwargs)
-        attention: SparseAttentionRun | None = transformer_options.get(ATTENTION_RUN_KEY)
-        if attention is not None:
-            settle(attention, guider.model_patcher)
-            attention.reported_by_reuse = True  # this wrapper's report includes it
-        if run is not None:
-            publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
-        else:
-            publish(RunReport.plain(settings.mode, reason, steps_of(call["sigmas"]), state.model_calls,
-                                    time.perf_counter() - started, attention.summary() if attention is not None else None,
-                                    notes))
-        return output
+        state = open_run(guider, transformer_options[SETTINGS_KEY], call)
+        with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
+            return executor(*args, **kwargs)
 
 
 def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:

@@ -12,9 +12,7 @@ from comfy_api.latest import io
 from carnator_core.lookup.fingerprint import FingerprintError
 from carnator_core.store.backend import StoreError
 
-from .attention_hooks import settle
 from .host import per_run_options
-from .reports import publish
 from .reuse_hooks import (
     RUN_KEY,
     WRAPPER_KEY,
@@ -22,8 +20,8 @@ from .reuse_hooks import (
     build_run,
     calc_cond_batch_wrapper,
     predict_noise_wrapper,
+    reuse_lifecycle,
     sample_with_run,
-    thumbnail_png,
 )
 from .reuse_nodes import install_from_inputs, model_level_inputs, probe_batch_input, reuse_inputs, settings_from_inputs
 from .types import MatchType
@@ -87,28 +85,19 @@ class ReuseSampler(comfy.samplers.Sampler):
         wrappers = comfy.patcher_extension.WrappersMP
         comfy.patcher_extension.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper,
                                                      model_options, is_model_options=True)
-        try:
-            with per_run_options(guider) as guider_options:
-                comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY,
-                                                             predict_noise_wrapper, guider.model_options,
-                                                             is_model_options=True)
-                try:
-                    run = build_run(guider, self.settings, noise, latent_image, sigmas, denoise_mask,
-                                    extra_args.get("seed"))
-                except (StoreError, FingerprintError, ValueError) as error:
-                    log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
-                    return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image,
-                                             denoise_mask, disable_pbar)
-                state = HostState(run, self.settings)
-                model_options["transformer_options"][RUN_KEY] = guider_options[RUN_KEY] = state
-                output = sample_with_run(self.inner.sample, self.inner, state, guider, sigmas, extra_args, callback,
-                                         noise, latent_image, denoise_mask, disable_pbar, match=self.match)
-                if state.attention is not None:
-                    settle(state.attention, guider.model_patcher)
-                publish(run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0)))
-                return output
-        finally:
-            model_options.get("transformer_options", {}).pop(RUN_KEY, None)
+        with per_run_options(guider) as guider_options:
+            comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper,
+                                                         guider.model_options, is_model_options=True)
+            try:
+                run = build_run(guider, self.settings, noise, latent_image, sigmas, denoise_mask, extra_args.get("seed"))
+            except (StoreError, FingerprintError, ValueError) as error:
+                log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
+                return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
+                                         disable_pbar)
+            state = HostState(run, self.settings)
+            with reuse_lifecycle(guider, state, sigmas, guider_options, model_options["transformer_options"]):
+                return sample_with_run(self.inner.sample, self.inner, state, guider, sigmas, extra_args, callback,
+                                       noise, latent_image, denoise_mask, disable_pbar, match=self.match)
 
 
 class CarnatorReuseSampler(io.ComfyNode):
