@@ -20,16 +20,14 @@ import comfy.ldm.modules.attention
 import comfy.patcher_extension
 import torch
 
-from carnator_core.attention.masks import BlockSparseMask
+from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import (
     INACTIVE,
     SparseAttentionRun,
     SparseAttentionSettings,
-    masks_from_blob,
 )
 from carnator_core.lookup.fingerprint import token_grid
 from carnator_core.reuse.report import RunReport
-from carnator_core.store.reuse_store import ReuseStore
 
 from .host import (
     REUSE_SETTINGS_KEY,
@@ -121,7 +119,7 @@ def attention_outer_sample(executor, *args, **kwargs):
         started = time.perf_counter()
         output = executor(*args, **kwargs)
         settle(run, patcher)
-        if not run.reported_by_reuse:
+        if run.reports_itself:
             publish(RunReport.of_sparse_attention(run, time.perf_counter() - started))
         return output
 
@@ -146,15 +144,6 @@ def attention_patcher(diffusion_model) -> str:
     optimized = getattr(comfy.ldm.modules.attention, "optimized_attention", None)
     origin = getattr(optimized, "__module__", "") or ""
     return os.path.basename(origin) if origin and not origin.startswith("comfy.") else "a patch outside the hook"
-
-
-def load_donor_masks(store: ReuseStore, entry_id: str) -> dict[int, BlockSparseMask]:
-    """A donor entry's recorded masks; missing or corrupt masks are a clean miss (empty dict)."""
-    meta = store.get_meta(entry_id)
-    tensors = store.get_tensors(entry_id, "masks") if meta is not None and meta.masks else None
-    if tensors is None:
-        return {}
-    return masks_from_blob(meta.masks, tensors)
 
 
 def _step_index(options: dict, run: SparseAttentionRun) -> int:

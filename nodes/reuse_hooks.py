@@ -30,6 +30,7 @@ import torch
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError, noise_fingerprint
+from carnator_core.reuse.applicability import latent_reuse_refusal
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
@@ -37,7 +38,7 @@ from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import preview_png
 
 from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
-from .attention_hooks import install_sparse_attention, load_donor_masks, settle
+from .attention_hooks import install_sparse_attention, settle
 from .host import (
     REUSE_SETTINGS_KEY,
     hard_key,
@@ -137,17 +138,11 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
         raise ValueError("the positive conditioning carries no cross-attention tensor")
     sigma_list = [float(s) for s in sigmas.flatten().tolist()]
     key = hard_key(guider.model_patcher, noise, sigmas)
-    run = ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
-                   noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
-                   sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed)
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
-    if denoise_mask is not None:
-        run.latent_reuse_allowed, run.latent_reuse_note = False, "denoise mask (inpainting): latent reuse off"
-    elif latent_image is not None and torch.count_nonzero(latent_image) > 0:
-        run.latent_reuse_allowed, run.latent_reuse_note = False, "input latent is not empty: latent reuse off"
-    elif sigma_list[0] < sigma_max * 0.999:
-        run.latent_reuse_allowed, run.latent_reuse_note = False, "denoise < 1: latent reuse off"
-    return run
+    return ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
+                    noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
+                    sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
+                    latent_reuse_refusal=latent_reuse_refusal(denoise_mask, latent_image, sigma_list[0], sigma_max))
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> HostState:
@@ -185,7 +180,7 @@ def reuse_lifecycle(guider, state: HostState, sigmas: torch.Tensor, run_options:
         attention: SparseAttentionRun | None = run_options.get(ATTENTION_RUN_KEY)
         if attention is not None:
             settle(attention, guider.model_patcher)
-            attention.reported_by_reuse = True  # this run's report includes it
+            attention.defer_report()
         publish(_finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention))
     finally:
         for options in holders:
@@ -304,8 +299,8 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
     targets = run.plan(match, batch_limit)
     state.attention = extra_args["model_options"]["transformer_options"].get(ATTENTION_RUN_KEY)
     if state.attention is not None:
-        state.attention.reported_by_reuse = True
-    state.checkpoint_sigmas = {sigma_values[s] for s in run.recorder.checkpoint_steps}
+        state.attention.defer_report()
+    state.checkpoint_sigmas = run.checkpoint_sigmas
     batch = noise.shape[0]
 
     def evaluate(states: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -341,7 +336,7 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
             x0, guidance = run.start_evaluation
             state.cached_eval = CachedEvaluation(run.start_state, sigma_values[0], x0, guidance, exact=True)
 
-    _borrow_masks(state, run)
+    run.lend_masks(state.attention)
 
     def step_callback(step, x0, x, total_steps):
         state.last_x0 = x0
@@ -386,18 +381,6 @@ def _step_cache_skipped(model_options: dict) -> bool:
     holder's flag, reset at the start of every evaluation); False without a step cache."""
     holder = model_options["transformer_options"].get(STEP_CACHE_KEY)
     return bool(getattr(holder, "skip_current_step", False))
-
-
-def _borrow_masks(state: HostState, run: ReuseRun) -> None:
-    """Sparsity reuse: hand the attention run the masks of the resumed donor, else of the best candidate."""
-    attention = state.attention
-    if attention is None or attention.settings.source == "own" or attention.borrowed:
-        return
-    donor = run.resume.target.meta.entry_id if run.resume is not None else None
-    if donor is None and run.match is not None and run.match.best is not None:
-        donor = run.match.best.entry_id
-    if donor is not None:
-        attention.borrowed = load_donor_masks(run.store, donor)
 
 
 def _first_sigma(timestep) -> float:

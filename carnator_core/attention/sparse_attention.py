@@ -89,7 +89,7 @@ class SparseAttentionRun:
     borrowed_sparse_calls: int = 0  # sparse calls that used a donor's mask for at least one head: a masks hit
     self_attention_calls: int = 0  # video self-attention calls that reached the override, sparse or dense
     inactive: str = ""  # why no video self-attention reached the override (another patch replaced it), if so
-    reported_by_reuse: bool = False  # a reuse run includes this summary in its report
+    _report_deferred: bool = field(default=False, init=False, repr=False)  # see `defer_report`
     step_cache: tuple[Any, int] | None = None  # (host's sigma object, step): the host's per-evaluation cache
     # Context under which tensors kept across model calls (masks, kernel layouts) are made: a host that records its
     # allocations into a replayed graph (ComfyUI's model compiler) must not own them.
@@ -207,6 +207,20 @@ class SparseAttentionRun:
         return blocks
 
     # ------------------------------------------------------------------ reporting and recording
+    def defer_report(self) -> None:
+        """The run's report is the reuse run's around it, which includes this summary: publish none of its own."""
+        self._report_deferred = True
+
+    @property
+    def reports_itself(self) -> bool:
+        """Whether this run publishes its own report (no reuse run's report includes it)."""
+        return not self._report_deferred
+
+    @property
+    def wants_donor_masks(self) -> bool:
+        """Whether a donor's masks would be used and none are borrowed yet."""
+        return self.settings.source != "own" and not self.borrowed
+
     def summary(self) -> dict[str, Any]:
         densities = [s.density for s in self.layers.values()]
         counts = self.hysteresis.counts() if self.hysteresis.heads else {"heads_reuse": 0, "heads_own": 0}

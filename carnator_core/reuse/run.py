@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.fingerprint import noise_fingerprint
@@ -65,8 +66,7 @@ class ReuseRun:
     sigmas: list[float]
     cfg: float
     seed: int | None
-    latent_reuse_allowed: bool = True
-    latent_reuse_note: str = ""
+    latent_reuse_refusal: str = ""  # why latent reuse does not apply to this request ("" when it does)
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
     probes: list[dict[str, Any]] = field(default_factory=list)
@@ -107,7 +107,7 @@ class ReuseRun:
                 self.match.notes.append(note)
         self.store_problem = self.store.unavailable
         self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
-        if not self.latent_reuse_allowed or self.settings.max_resume_fraction <= 0:
+        if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
             return []
         facts = RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
                              noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps)
@@ -245,6 +245,27 @@ class ReuseRun:
     def wants_step(self, step: int) -> bool:
         return self.recorder is not None and self.recorder.wants(step)
 
+    @property
+    def checkpoint_sigmas(self) -> set[float]:
+        """The sigmas of the steps this run records (empty before `plan`)."""
+        return {self.sigmas[step] for step in self.recorder.checkpoint_steps} if self.recorder is not None else set()
+
+    @property
+    def mask_donor(self) -> str | None:
+        """The entry that lends this run its attention masks: the donor it resumed from, else its best candidate."""
+        if self.resume is not None:
+            return self.resume.target.meta.entry_id
+        best = self.match.best if self.match is not None else None
+        return best.entry_id if best is not None else None
+
+    def lend_masks(self, attention: SparseAttentionRun | None) -> None:
+        """Sparsity reuse: hand `attention` the masks of `mask_donor`, when it takes a donor's and has none yet."""
+        if attention is None or not attention.wants_donor_masks:
+            return
+        donor = self.mask_donor
+        if donor is not None:
+            attention.borrowed = load_donor_masks(self.store, donor)
+
     # ------------------------------------------------------------------ after sampling
     def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
                thumbnail: bytes | None = None) -> RunReport:
@@ -331,8 +352,8 @@ class ReuseRun:
     def _miss_reason(self) -> str:
         if self.store_problem:
             return STORE_UNAVAILABLE
-        if not self.latent_reuse_allowed:
-            return self.latent_reuse_note or "latent reuse not applicable"
+        if self.latent_reuse_refusal:
+            return self.latent_reuse_refusal
         if self.settings.max_resume_fraction <= 0:
             return "mode 'safe': latent reuse off"
         if self.match is None or not self.match.candidates:
