@@ -90,10 +90,11 @@ class PendingEntry:
     blobs: dict[str, bytes]
     cond_vector: torch.Tensor | None
     on_written: Callable[[EntryMeta | None], None] | None = None
+    text_vector: torch.Tensor | None = None  # the prompt's text vector when the lookup computed it; else embedded here
 
 
 class _Writer:
-    """One daemon thread per process that embeds prompts and writes entries, in order."""
+    """One daemon thread per process that writes entries in order, embedding prompts the lookup did not."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[PendingEntry] = queue.Queue()
@@ -131,8 +132,8 @@ class _Writer:
 
     @staticmethod
     def _write(pending: PendingEntry) -> None:
-        text = None
-        if pending.meta.prompt.strip():
+        text = pending.text_vector
+        if text is None and pending.meta.prompt.strip():
             try:
                 text = text_embedder().embed([pending.meta.prompt])[0]
             except EmbeddingError as error:

@@ -77,6 +77,8 @@ class ReuseRun:
     candidate_checkpoints: int = 0
     attention: dict[str, Any] = field(default_factory=dict)
     store_problem: str | None = None  # why the store could not be used during this run
+    # The prompt's text vector as the lookup computed it, recorded with the entry (None: the writer embeds the prompt)
+    text_vector: torch.Tensor | None = None
     # The live request's own step-0 evaluation (x0, guidance) when probing made it (`_screen`): without a resume the
     # sampler's first call is served from it, so the screen costs a miss nothing.
     start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
@@ -92,16 +94,19 @@ class ReuseRun:
     # ------------------------------------------------------------------ before sampling
     def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
         """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing:
-        enough for `max_probes` calls of `batch_limit` states each.
+        enough for `max_probes` calls of `batch_limit` states each. The prompt's text vector the lookup used (a
+        match's, when made for this prompt) is kept for the entry this run records.
 
         Empty when latent reuse is off for this run.
         """
         if match is not None:
             self.match = match
+            if match.request is not None and match.request.prompt == self.settings.prompt:
+                self.text_vector = match.request.text_vector
         else:
-            text_vector, note = embed_prompt(self.settings.prompt)
+            self.text_vector, note = embed_prompt(self.settings.prompt)
             request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector,
-                                    prompt=self.settings.prompt, text_vector=text_vector)
+                                    prompt=self.settings.prompt, text_vector=self.text_vector)
             self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
             if note:
                 self.match.notes.append(note)
@@ -304,7 +309,8 @@ class ReuseRun:
                          cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
                          sample_seconds=full_seconds, checkpoints=listing, masks=masks_meta, lineage=lineage,
                          extra={"sigmas": [round(s, 6) for s in self.sigmas]})
-        writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector))
+        writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector,
+                                   text_vector=self.text_vector))
 
     def report(self, elapsed: float) -> RunReport:
         best = self.resume.target if self.resume is not None else None
