@@ -3,6 +3,8 @@
 - `comfyui_path`          the ComfyUI checkout (fails, never skips, when there is none)
 - `comfy`                 session-wide InProcessComfy (ComfyUI as a library on CPU, pack loaded)
 - `tiny_models`           family -> TinyModel(spec, path, name) for "wan", "hunyuan_video", "ltxv"
+- `current_model`         factory: family -> TinyModel for "wan22", "hunyuan_video15", "ltxav" (newer hosts' models),
+                          written on first use; skips the test where the host lacks the model's config class
 - `new_base_dir`          factory: a fresh ComfyUI base directory with pack + tiny models linked in
 - `comfy_server`          one headless server per test module
 - `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
@@ -33,7 +35,7 @@ from support.comfy_host import (
     make_base_dir,
 )
 from support.redis_host import RedisNotFound, RedisServer
-from support.tiny_models import SPECS, TinyModelSpec, write_tiny_model
+from support.tiny_models import CURRENT_SPECS, SPECS, TinyModelSpec, host_lacks, write_tiny_model
 
 _INPROCESS_BASE = pytest.StashKey[Path]()
 
@@ -84,6 +86,24 @@ def tiny_models(comfy: InProcessComfy) -> dict[str, TinyModel]:
     """Written once into the in-process base dir; other base dirs link to the same files."""
     directory = comfy.base_dir / "models" / "diffusion_models"
     return {family: TinyModel(spec, write_tiny_model(family, directory)) for family, spec in SPECS.items()}
+
+
+@pytest.fixture(scope="session")
+def current_model(comfy: InProcessComfy) -> Callable[[str], TinyModel]:
+    """Only the tests of these models pay for writing them, each model once per session."""
+    directory = comfy.base_dir / "models" / "diffusion_models"
+    written: dict[str, TinyModel] = {}
+
+    def model(family: str) -> TinyModel:
+        spec = CURRENT_SPECS[family]
+        reason = host_lacks(spec)
+        if reason:
+            pytest.skip(reason)
+        if family not in written:
+            written[family] = TinyModel(spec, write_tiny_model(family, directory))
+        return written[family]
+
+    return model
 
 
 @pytest.fixture(scope="session")

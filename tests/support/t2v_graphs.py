@@ -1,8 +1,17 @@
-"""API-format prompts shaped like ComfyUI's three official text-to-video templates, at test size.
+"""API-format prompts shaped like ComfyUI's official text-to-video templates, at test size.
 
 - Wan 2.1:      UNETLoader -> ModelSamplingSD3 -> KSampler                        (EmptyHunyuanLatentVideo)
 - HunyuanVideo: UNETLoader -> ModelSamplingSD3 -> BasicGuider(FluxGuidance) -> SamplerCustomAdvanced
 - LTX-Video:    UNETLoader -> SamplerCustom with LTXVConditioning and LTXVScheduler (EmptyLTXVLatentVideo)
+
+and, for the models of newer hosts (`CURRENT_GRAPHS`), the templates of Wan 2.2 TI2V 5B, HunyuanVideo 1.5 and LTX-2:
+
+- Wan 2.2 5B:   the Wan 2.1 chain on a 48-channel Wan22ImageToVideoLatent (no start image: the VAE it takes is
+                not read, so the pixel-space VAE stands in for Wan 2.2's)
+- HunyuanVideo 1.5: SamplerCustomAdvanced with CFGGuider (positive and negative) on EmptyHunyuanVideo15Latent
+- LTX-2:        the LTX-Video chain on LTXVConcatAVLatent(video, audio), split again by LTXVSeparateAVLatent; the
+                empty audio latent is a LoadLatent of `LTX2_AUDIO_LATENT` (a file of zeros, as LTXVEmptyLatentAudio
+                makes, shaped `ltx2_audio_latent_shape`), since there is no audio VAE at test size
 
 Text encoders are replaced by the harness pack's `HarnessTextConditioning`; every graph ends in
 `HarnessLatentStats` so the executor and /history report the sampled latent. Node ids are names,
@@ -10,6 +19,8 @@ so a test can splice a Carnator node in: `g[SAMPLER]["inputs"]["model"] = ["carn
 """
 
 from __future__ import annotations
+
+import math
 
 MODEL = "model"  # UNETLoader
 POSITIVE = "positive"
@@ -96,3 +107,48 @@ def ltxv_t2v(
 
 
 GRAPHS = {"wan": wan_t2v, "hunyuan_video": hunyuan_video_t2v, "ltxv": ltxv_t2v}
+
+
+def wan22_ti2v(unet_name: str, *, width: int = 64, height: int = 64, length: int = 5, **options) -> dict:
+    """Wan 2.2 TI2V 5B text-to-video template: `wan_t2v`'s sampler on a 48-channel latent (16x spatial)."""
+    graph = wan_t2v(unet_name, **options)
+    graph["vae"] = _node("VAELoader", vae_name="pixel_space")
+    graph[LATENT] = _node("Wan22ImageToVideoLatent", vae=["vae", 0], width=width, height=height, length=length,
+                          batch_size=1)
+    return graph
+
+
+def hunyuan_video15_t2v(unet_name: str, *, negative: str = "blurry", cfg: float = 6.0, **options) -> dict:
+    """HunyuanVideo 1.5 T2V template: CFG with a negative (no guidance distillation) on a 32-channel latent
+    (16x spatial); otherwise `hunyuan_video_t2v`'s SamplerCustomAdvanced chain."""
+    graph = hunyuan_video_t2v(unet_name, **options)
+    del graph["guidance"]
+    graph[NEGATIVE] = _text(negative, "hunyuan_video", 0)
+    graph["guider"] = _node("CFGGuider", model=["model_sampling", 0], positive=[POSITIVE, 0],
+                            negative=[NEGATIVE, 0], cfg=cfg)
+    graph[LATENT]["class_type"] = "EmptyHunyuanVideo15Latent"
+    return graph
+
+
+LTX2_AUDIO_LATENT = "tiny_ltx2_audio.latent"  # in ComfyUI's input directory
+
+
+def ltx2_audio_latent_shape(length: int = 9, frame_rate: float = 25.0, batch_size: int = 1) -> tuple[int, ...]:
+    """What LTXVEmptyLatentAudio gives for `length` video frames with LTX-2's audio VAE: 8 channels x 16 frequency
+    bins, 25 latents per second."""
+    return batch_size, 8, math.ceil(length / frame_rate * 25), 16
+
+
+def ltx2_av_t2v(unet_name: str, *, audio_latent: str = LTX2_AUDIO_LATENT, **options) -> dict:
+    """LTX-2 audio+video T2V template: `ltxv_t2v`'s sampler on the video and audio latents packed into one; STATS
+    reports the video half."""
+    graph = ltxv_t2v(unet_name, **options)
+    graph["audio_latent"] = _node("LoadLatent", latent=audio_latent)
+    graph["av_latent"] = _node("LTXVConcatAVLatent", video_latent=[LATENT, 0], audio_latent=["audio_latent", 0])
+    graph[SAMPLER]["inputs"]["latent_image"] = ["av_latent", 0]
+    graph["separate"] = _node("LTXVSeparateAVLatent", av_latent=[SAMPLER, 0])
+    graph[STATS] = _node("HarnessLatentStats", latent=["separate", 0])
+    return graph
+
+
+CURRENT_GRAPHS = {"wan22": wan22_ti2v, "hunyuan_video15": hunyuan_video15_t2v, "ltxav": ltx2_av_t2v}

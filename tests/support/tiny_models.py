@@ -6,11 +6,18 @@ tensor from a seeded generator. Taking the key set from the host's model class (
 hand-written key list) keeps the files loadable when upstream adds or renames a layer, and
 leaves no key for the loader to skip (a skipped key would stay uninitialised memory).
 
+`SPECS` are the models every host has (the `tiny_models` fixture writes them all); `CURRENT_SPECS` are models of
+newer hosts (Wan 2.2 TI2V 5B, HunyuanVideo 1.5, LTX-2 audio+video), written one at a time on first use, and only
+where the host has the model config class (`host_lacks`).
+
 Requires ComfyUI to be importable and configured (the in-process host does that).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +29,7 @@ from safetensors.torch import save_file
 class TinyModelSpec:
     """What a tiny model file is and what a test needs to drive it."""
 
-    family: str  # "wan", "hunyuan_video" or "ltxv"
+    family: str  # "wan", "hunyuan_video", "ltxv"; "wan22", "hunyuan_video15", "ltxav"
     filename: str
     model_config_class: str  # class name in comfy.supported_models that detection must pick
     text_dim: int  # width of the CONDITIONING tensor the model consumes
@@ -37,37 +44,61 @@ HUNYUAN_VIDEO = TinyModelSpec(
 LTXV = TinyModelSpec("ltxv", "tiny_ltxv_t2v.safetensors", "LTXV", text_dim=4096, latent_channels=128)
 SPECS: dict[str, TinyModelSpec] = {s.family: s for s in (WAN, HUNYUAN_VIDEO, LTXV)}
 
+WAN22 = TinyModelSpec("wan22", "tiny_wan22_ti2v.safetensors", "WAN22_T2V", text_dim=4096, latent_channels=48)
+HUNYUAN_VIDEO15 = TinyModelSpec(
+    "hunyuan_video15", "tiny_hunyuan_video15_t2v.safetensors", "HunyuanVideo15", text_dim=4096, latent_channels=32
+)
+# text_dim: LTX-2 takes its text already through the embeddings connectors, video and audio halves side by side.
+LTXAV = TinyModelSpec("ltxav", "tiny_ltx2_av.safetensors", "LTXAV", text_dim=4096, latent_channels=128)
+CURRENT_SPECS: dict[str, TinyModelSpec] = {s.family: s for s in (WAN22, HUNYUAN_VIDEO15, LTXAV)}
 
-def _wan_module() -> torch.nn.Module:
-    """Wan 2.1 T2V: head size is fixed at 128 by detection (num_heads = dim // 128)."""
+
+def host_lacks(spec: TinyModelSpec) -> str:
+    """Why this host cannot load `spec` ("" when it can): its model config class is not in comfy.supported_models."""
+    import comfy.supported_models
+
+    if hasattr(comfy.supported_models, spec.model_config_class):
+        return ""
+    return f"this ComfyUI has no comfy.supported_models.{spec.model_config_class} (the {spec.family} model)"
+
+
+def _wan_module(channels: int = 16) -> torch.nn.Module:
+    """Wan T2V (2.1: 16 latent channels; 2.2 TI2V 5B: 48, its VAE's): detection fixes head size 128
+    (num_heads = dim // 128)."""
     from comfy.ldm.wan.model import WanModel
 
     return WanModel(
-        model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256, freq_dim=256,
-        text_dim=4096, out_dim=16, num_heads=1, num_layers=2, device="meta", operations=_ops(),
+        model_type="t2v", patch_size=(1, 2, 2), in_dim=channels, dim=128, ffn_dim=256, freq_dim=256,
+        text_dim=4096, out_dim=channels, num_heads=1, num_layers=2, device="meta", operations=_ops(),
     )
 
 
-# HunyuanVideoParams fields that newer hosts require, with the values detection gives a plain T2V model.
-_HUNYUAN_VIDEO_PLAIN_T2V = {"use_cond_type_embedding": False, "vision_in_dim": None, "meanflow_sum": False}
+# HunyuanVideo T2V: detection fixes head size 128 (axes 16+56+56); 1.0 has the CLIP-L pooled vector and guidance
+# input. HunyuanVideoParams fields that newer hosts require get the values detection gives a 1.0 model.
+_HUNYUAN_VIDEO_T2V = {
+    "in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096, "hidden_size": 128,
+    "mlp_ratio": 4.0, "num_heads": 1, "depth": 1, "depth_single_blocks": 1, "axes_dim": [16, 56, 56], "theta": 256,
+    "patch_size": [1, 2, 2], "qkv_bias": True, "guidance_embed": True, "byt5": False, "meanflow": False,
+    "use_cond_type_embedding": False, "vision_in_dim": None, "meanflow_sum": False,
+}
+# HunyuanVideo 1.5 T2V: 32-channel latent plus the image-condition channels and mask (65 in), patch 1, double blocks
+# only, no pooled vector or guidance input, the SigLIP vision input (1152, which detection requires) and the
+# condition-type embedding. Its ByT5 glyph input is optional to detection and left out (the tests pass no ByT5 text).
+_HUNYUAN_VIDEO15_T2V = {
+    **_HUNYUAN_VIDEO_T2V, "in_channels": 65, "out_channels": 32, "vec_in_dim": None, "depth": 2,
+    "depth_single_blocks": 0, "patch_size": [1, 1, 1], "guidance_embed": False, "use_cond_type_embedding": True,
+    "vision_in_dim": 1152, "meanflow_sum": True,
+}
 
 
-def _hunyuan_video_module() -> torch.nn.Module:
-    """HunyuanVideo T2V: detection fixes head size 128 (axes 16+56+56), CLIP-L pooled vector and guidance input.
-
-    Optional fields are passed only where the host's HunyuanVideoParams declares them (it grows over releases).
-    """
-    import dataclasses
-
+def _hunyuan_video_module(params: dict) -> torch.nn.Module:
+    """HunyuanVideo with `params`; fields the host's HunyuanVideoParams does not declare (it grows over releases)
+    are left out."""
     from comfy.ldm.hunyuan_video.model import HunyuanVideo, HunyuanVideoParams
 
     declared = {field.name for field in dataclasses.fields(HunyuanVideoParams)}
-    extra = {name: value for name, value in _HUNYUAN_VIDEO_PLAIN_T2V.items() if name in declared}
-    return HunyuanVideo(
-        in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=128, mlp_ratio=4.0,
-        num_heads=1, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56], theta=256, patch_size=[1, 2, 2],
-        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False, device="meta", operations=_ops(), **extra,
-    )
+    return HunyuanVideo(**{name: value for name, value in params.items() if name in declared}, device="meta",
+                        operations=_ops())
 
 
 def _ltxv_module() -> torch.nn.Module:
@@ -80,7 +111,32 @@ def _ltxv_module() -> torch.nn.Module:
     )
 
 
-_MODULES = {"wan": _wan_module, "hunyuan_video": _hunyuan_video_module, "ltxv": _ltxv_module}
+# LTX-2's transformer settings that detection cannot read from the weights; like the released checkpoints, the file
+# carries them in its safetensors metadata ("config" -> "transformer"). Audio stream 8 heads x 8; text arrives
+# processed (2 x caption_channels wide), so the embeddings connectors are present but small.
+_LTXAV_TRANSFORMER = {
+    "audio_num_attention_heads": 8, "audio_attention_head_dim": 8, "audio_cross_attention_dim": 64,
+    "caption_channels": 2048, "connector_num_attention_heads": 1, "connector_attention_head_dim": 16,
+    "connector_num_layers": 1,
+}
+
+
+def _ltxav_module() -> torch.nn.Module:
+    """LTX-2 audio+video: video stream as detection reads it (32 heads, head size from attn2.to_k), 2 blocks."""
+    from comfy.ldm.lightricks.av_model import LTXAVModel
+
+    return LTXAVModel(
+        in_channels=128, cross_attention_dim=128, attention_head_dim=4, num_attention_heads=32, num_layers=2,
+        device="meta", operations=_ops(), **_LTXAV_TRANSFORMER,
+    )
+
+
+_MODULES = {
+    "wan": _wan_module, "hunyuan_video": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO_T2V),
+    "ltxv": _ltxv_module, "wan22": functools.partial(_wan_module, 48),
+    "hunyuan_video15": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_T2V), "ltxav": _ltxav_module,
+}
+_METADATA = {"ltxav": {"config": json.dumps({"transformer": _LTXAV_TRANSFORMER})}}
 
 
 def _ops():
@@ -110,8 +166,8 @@ def tiny_state_dict(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
 def write_tiny_model(family: str, directory: Path, seed: int = 0, filename: str | None = None) -> Path:
     """Write a tiny `family` model as safetensors into `directory` (e.g. models/diffusion_models)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / (filename or SPECS[family].filename)
-    save_file(tiny_state_dict(family, seed), str(path))
+    path = directory / (filename or {**SPECS, **CURRENT_SPECS}[family].filename)
+    save_file(tiny_state_dict(family, seed), str(path), metadata=_METADATA.get(family))
     return path
 
 
