@@ -265,7 +265,7 @@ class ComfyClient:
         if self._ws is not None:
             await self._ws.close()
         if self._reader is not None:
-            await self._reader
+            await asyncio.gather(self._reader, return_exceptions=True)  # a failed reader ended as a lost server
         await self._session.close()
 
     async def _fetch(self, path: str, payload: dict | None) -> Any:
