@@ -14,7 +14,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,22 +29,6 @@ pytestmark = pytest.mark.server
 BAD_IDS = ["abc", "0" * 31, "0" * 33, "A" * 32, "g" * 32, "%2e%2e%2f%2e%2e%2fcache.db", "..%2Fcache.db",
            "%2e%2e", "0" * 32 + "%00", "0" * 32 + ".png"]
 MISSING_ID = "0123456789abcdef0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def server(comfy_server: ComfyServer) -> ComfyServer:
-    return comfy_server
-
-
-@pytest.fixture
-def store(server: ComfyServer) -> Iterator[ReuseStore]:
-    """The server's default store, emptied after the test."""
-    store = ReuseStore(str(server.base_dir / "user" / "carnator" / "store"))
-    try:
-        yield store
-    finally:
-        store.clear()
-        store.close()
 
 
 @pytest.fixture

@@ -19,8 +19,6 @@ import requests
 from support.comfy_host import ComfyServer
 from support.route_helpers import add_entry, json_answer, state
 
-from carnator_core.store.reuse_store import ReuseStore
-
 pytestmark = pytest.mark.server
 
 TEXTS = ["", "\x00", "a\x00b", "../../etc/passwd", "..\\..\\boot.ini", "/etc", "%2e%2e%2f", "x" * 5000, "é" * 40,
@@ -130,21 +128,6 @@ def _is_carnator_answer_or_hosts(response: requests.Response) -> bool:
     if response.headers.get("Content-Type", "").startswith("application/json"):
         return bool(json_answer(response).get("error"))
     return (response.status_code == 403 and not response.content) or response.status_code in (400, 404, 405, 431)
-
-
-@pytest.fixture(scope="module")
-def server(comfy_server: ComfyServer) -> ComfyServer:
-    return comfy_server
-
-
-@pytest.fixture
-def store(server: ComfyServer) -> Iterator[ReuseStore]:
-    store = ReuseStore(str(server.base_dir / "user" / "carnator" / "store"))
-    try:
-        yield store
-    finally:
-        store.clear()
-        store.close()
 
 
 def test_hostile_values_on_every_route_are_refused_cleanly(server, store):
