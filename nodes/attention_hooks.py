@@ -7,6 +7,9 @@
   gets a `patches_replace["dit"]` entry that sets the index (chaining to an existing entry).
 - An OUTER_SAMPLE wrapper creates the run's `SparseAttentionRun` on a clone of the model
   options and drops it in `finally`.
+- The engine takes joint text+video attention video first; for a model that puts the text
+  first (HunyuanVideo's double and single blocks on newer hosts) the override moves the text
+  behind the video for the call and the output back.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from carnator_core.reuse.report import RunReport
 
 from .host import (
     REUSE_SETTINGS_KEY,
+    joint_attention_text_first,
     missing_hooks,
     outer_sample_arguments,
     patch_size,
@@ -50,6 +54,7 @@ BLOCK_KEY = "carnator_block"
 PREVIOUS_OVERRIDE_KEY = "carnator_previous_attention_override"
 DONOR_KEY = "carnator_attention_donor"  # (store directory, entry id) to borrow masks from, set by a lookup match
 WRAPPER_KEY = "carnator_attention"
+TEXT_FIRST_KEY = "carnator_text_first"  # the model's joint attention puts text before video
 
 
 def _block_lists(diffusion_model) -> list[tuple[str, int]]:
@@ -84,6 +89,7 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
         options[PREVIOUS_OVERRIDE_KEY] = previous
     options["optimized_attention_override"] = carnator_attention_override
     options[SETTINGS_KEY] = settings
+    options[TEXT_FIRST_KEY] = joint_attention_text_first(model.get_model_object("diffusion_model"))
     if donor is not None:
         options[DONOR_KEY] = donor
     existing = options.get("patches_replace", {}).get("dit", {})
@@ -177,6 +183,17 @@ def _block_index(options: dict) -> int | None:
     return options.get("block_index") if index is None else index
 
 
+def _attend_video_first(run: SparseAttentionRun, options: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        heads: int, step: int, key_valid: torch.Tensor | None, scale) -> torch.Tensor | None:
+    """`run.attend` on (B, H, N, D) tensors with the video tokens first, where the engine expects them."""
+    text = q.shape[2] - run.video_tokens if options.get(TEXT_FIRST_KEY) else 0
+    if text > 0:
+        q, k, v = (x.roll(-text, dims=2) for x in (q, k, v))
+        key_valid = None if key_valid is None else key_valid.roll(-text)
+    out = run.attend(q, k, v, heads, _block_index(options), step, key_valid, scale)
+    return out.roll(text, dims=2) if out is not None and text > 0 else out
+
+
 def carnator_attention_override(func, *args, **kwargs):
     options = kwargs.get("transformer_options") or {}
     run: SparseAttentionRun | None = options.get(RUN_KEY)
@@ -212,7 +229,7 @@ def carnator_attention_override(func, *args, **kwargs):
     key_valid = _key_validity(kwargs.get("mask"), k4.shape[2])
     if key_valid is False:
         return dense()
-    out = run.attend(q4, k4, v4, heads, _block_index(options), step, key_valid, kwargs.get("scale"))
+    out = _attend_video_first(run, options, q4, k4, v4, heads, step, key_valid, kwargs.get("scale"))
     if out is None:
         return dense()
     if kwargs.get("skip_output_reshape", False):

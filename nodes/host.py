@@ -142,6 +142,17 @@ def patch_size(model_patcher) -> tuple[int, ...] | int:
     return int(size) if isinstance(size, int) else tuple(int(v) for v in size)
 
 
+def joint_attention_text_first(diffusion_model) -> bool:
+    """Whether the model's joint text+video attention puts the text tokens before the video tokens.
+
+    ComfyUI's flux-style double blocks (HunyuanVideo) concatenate text, then video, unless built `flipped_img_txt`
+    (a HunyuanVideo that puts the video first, in its single blocks too). Models without them (Wan, LTX) attend
+    the video alone in self-attention.
+    """
+    blocks = getattr(diffusion_model, "double_blocks", None)
+    return bool(blocks) and not getattr(blocks[0], "flipped_img_txt", False)
+
+
 def hard_key(model_patcher, latent: torch.Tensor, sigmas: torch.Tensor | None = None) -> HardKey:
     """Model fingerprint, token grid and (when known) schedule of a request."""
     return HardKey(model=fingerprint(model_patcher), grid=token_grid(latent.shape, patch_size(model_patcher)),
