@@ -1,0 +1,245 @@
+"""The models of current hosts sampled with Carnator in real ComfyUI: Wan 2.2 TI2V 5B (48-channel latent), HunyuanVideo
+1.5 (CFG, joint text+video attention) and LTX-2 (audio and video packed into one latent).
+
+Each model is a tiny random-weight file written on first use (`current_model`); a host without the model's config
+class skips its tests. On a plain video latent a miss is the plain sampler's output bit for bit and a second request
+with the same prompt and seed resumes from the first; LTX-2's packed audio+video latent is a clean miss that says why.
+Block-sparse attention takes video self-attention only: traced call by call, text, audio and audio-video cross
+attention stay dense, and the text rows of joint attention are exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections import Counter
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from support.comfy_host import PACK_NAME
+from support.reuse_graphs import with_reuse
+from support.t2v_graphs import (
+    CURRENT_GRAPHS,
+    LTX2_AUDIO_LATENT,
+    MODEL,
+    SAMPLER,
+    hunyuan_video15_t2v,
+    ltx2_audio_latent_shape,
+    ltx2_av_t2v,
+    ltxv_t2v,
+    wan22_ti2v,
+)
+
+from carnator_core.reuse.recorder import writer
+
+STEPS = 10
+PROMPT = "a red ball rolls left"  # the graphs' default positive text
+_stores = itertools.count()
+
+
+@pytest.fixture
+def store_path() -> str:
+    return f"stores/current-{next(_stores)}"
+
+
+@pytest.fixture(scope="module")
+def audio_latent(comfy) -> None:
+    """The empty LTX-2 audio latent the graphs load (zeros, as LTXVEmptyLatentAudio makes them)."""
+    tensors = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
+    save_file(tensors, str(comfy.base_dir / "input" / LTX2_AUDIO_LATENT))
+
+
+def _pack_module(comfy, name: str):
+    return sys.modules[f"{comfy.base_dir / 'custom_nodes' / PACK_NAME}.nodes.{name}"]
+
+
+def _graph(current_model, family: str, **options) -> dict:
+    return CURRENT_GRAPHS[family](current_model(family).name, **{"steps": STEPS, "sampler_name": "euler", **options})
+
+
+def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
+    """Run a graph from a cold cache: ComfyUI would otherwise serve an identical prompt without sampling."""
+    comfy.unload_models()
+    run = comfy.run_prompt(graph)
+    reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
+    writer.flush()
+    return run.output(SAMPLER)["samples"], reports
+
+
+@pytest.mark.parametrize("family", ["wan22", "hunyuan_video15", "ltxav"])
+def test_the_loader_detects_the_models_config_class(comfy, current_model, family):
+    tiny = current_model(family)
+    model = comfy.call_node("UNETLoader", unet_name=tiny.name, weight_dtype="default")[0]
+    assert type(model.model.model_config).__name__ == tiny.spec.model_config_class
+    assert model.model.latent_format.latent_channels == tiny.spec.latent_channels
+
+
+@pytest.mark.parametrize("family", ["wan22", "hunyuan_video15"])
+def test_a_plain_video_latent_resumes_from_the_same_prompt_and_seed(comfy, current_model, store_path, family):
+    graph = _graph(current_model, family, seed=7)
+    plain, _ = _sample(comfy, graph)
+    first, first_reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    channels = current_model(family).spec.latent_channels
+    assert tuple(first.shape) == (1, channels, 2, 4, 4)  # 64 x 64 x 5 frames, 16x spatial, 4x temporal
+    assert not first_reports[0]["hit"] and torch.equal(first, plain)
+    attention = first_reports[0]["attention"]
+    assert attention["self_attention_calls"] > 0 and not attention["inactive"], attention  # the override sees video
+
+    second, reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    report = reports[0]
+    assert report["hit"] and report["skipped_steps"] == 5, json.dumps(report)
+    assert report["model_calls"] == STEPS - 5 + 1 < first_reports[0]["model_calls"] == STEPS
+    # the probe's signals on this latent: same state, same prediction (fp16 checkpoints), CFG guidance compared
+    assert report["structure_agreement"] == pytest.approx(1.0, abs=1e-3)
+    assert report["guidance_cosine"] == pytest.approx(1.0, abs=1e-2)
+    assert float((second - first).norm() / first.norm()) < 2e-3
+
+    store = _pack_module(comfy, "host").store_from_path(store_path)
+    entries = list(store.entry_ids())
+    assert len(entries) == 2  # both requests recorded, with checkpoints and a preview of the latent
+    for entry_id in entries:
+        meta = store.get_meta(entry_id)
+        assert tuple(meta.latent_shape) == tuple(first.shape) and "thumb" in meta.blob_bytes
+        checkpoints = store.get_tensors(entry_id, "checkpoints")
+        assert {tensor.shape[1] for name, tensor in checkpoints.items() if not name.startswith("g_")} == {channels}
+
+
+def test_ltx2_audio_and_video_is_a_clean_miss_identical_to_plain(comfy, current_model, store_path, audio_latent):
+    graph = _graph(current_model, "ltxav", seed=3, steps=4)
+    plain, _ = _sample(comfy, graph)
+    for _ in range(2):  # nothing is recorded, so the second request misses the same way
+        reused, reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+        (report,) = reports
+        assert not report["hit"] and report["skipped_steps"] == 0 and report["model_calls"] == 4
+        assert report["reason"] == "packed multi-latent (2 latents, e.g. audio + video): not supported, sampled plain"
+        video, audio = reused.unbind()
+        assert tuple(video.shape) == (1, 128, 2, 2, 2) and tuple(audio.shape) == ltx2_audio_latent_shape()
+        assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
+    assert not list(_pack_module(comfy, "host").store_from_path(store_path).entry_ids())
+
+
+# Every video self-attention call may go sparse: no dense steps or edge blocks, own masks at most half full.
+SPARSE_EVERYWHERE = {
+    "source": "own", "block_size": "64", "tau": 0.5, "min_density": 0.1, "max_density": 0.5, "dense_fraction": 0.0,
+    "dense_first_blocks": 0, "dense_last_blocks": 0, "refresh_every": 2, "recheck_every": 2, "enter_recall": 0.9,
+    "exit_recall": 0.75, "backend": "auto", "dense_above": 1.0,
+}
+
+
+class AttentionTrace:
+    """Every attention call of a run as Carnator's override handles it: (query tokens, key tokens) -> how many went
+    sparse and dense. With `joint`, also the largest error against dense attention of the text rows of joint
+    text+video calls that went sparse (the text is what lies outside the `img_slice` ComfyUI hands attention
+    patches)."""
+
+    def __init__(self, override, joint: bool) -> None:
+        self.override = override
+        self.joint = joint
+        self.calls: Counter[tuple[int, int, bool]] = Counter()
+        self.image_slice: list[int] | None = None
+        self.text_row_error = 0.0
+
+    def patch(self, model):
+        """`model` (already through CarnatorSparseAttention) with its override traced."""
+        model = model.clone()
+        model.model_options["transformer_options"]["optimized_attention_override"] = self
+        if self.joint:
+            model.set_model_attn1_patch(self._note_image_slice)
+        return model
+
+    def __deepcopy__(self, memo: dict) -> AttentionTrace:
+        return self  # hosts whose model clones deep-copy the model options: every clone records here
+
+    def _note_image_slice(self, q, k, v, extra_options, **_) -> dict:
+        self.image_slice = extra_options["img_slice"]
+        return {}
+
+    def __call__(self, func, *args, **kwargs):
+        dense = []
+
+        def traced(*a, **k):
+            dense.append(True)
+            return func(*a, **k)
+
+        out = self.override(traced, *args, **kwargs)
+        q, k, v = args[:3]
+        axis = 2 if kwargs.get("skip_reshape", False) else 1
+        self.calls[(q.shape[axis], k.shape[axis], not dense)] += 1
+        if self.joint and not dense and self.image_slice is not None and self.image_slice[1] == q.shape[axis]:
+            start, end = self.image_slice
+            text = torch.cat([torch.arange(start), torch.arange(end, q.shape[2])])
+            reference = torch.nn.functional.scaled_dot_product_attention(q, k, v)[:, :, text]
+            rows = out.view(q.shape[0], q.shape[2], q.shape[1], -1).transpose(1, 2)[:, :, text]
+            self.text_row_error = max(self.text_row_error, float((rows - reference).abs().max()))
+        return out
+
+    def by_kind(self, kinds: dict[tuple[int, int], str]) -> dict[str, tuple[int, int]]:
+        """kind -> (sparse calls, dense calls), naming each (query, key) token count by `kinds`."""
+        counts: dict[str, list[int]] = {}
+        for (queries, keys, sparse), n in self.calls.items():
+            counts.setdefault(kinds[(queries, keys)], [0, 0])[0 if sparse else 1] += n
+        return {kind: (sparse, dense) for kind, (sparse, dense) in counts.items()}
+
+
+def _traced_sample(comfy, graph: dict, trace: AttentionTrace) -> None:
+    """Sample `graph` node by node (call_node, under inference mode as ComfyUI's executor runs nodes), its model
+    through CarnatorSparseAttention and `trace`."""
+    outputs: dict[str, object] = {}
+
+    def output(node_id: str):
+        if node_id not in outputs:
+            node = graph[node_id]
+            inputs = {name: output(value[0])[value[1]] if isinstance(value, list) else value
+                      for name, value in node["inputs"].items()}
+            result = comfy.call_node(node["class_type"], **inputs)
+            if node_id == MODEL:
+                result = (trace.patch(comfy.call_node("CarnatorSparseAttention", model=result[0],
+                                                      **SPARSE_EVERYWHERE)[0]),)
+            outputs[node_id] = result
+        return outputs[node_id]
+
+    with torch.inference_mode():
+        output(SAMPLER)
+
+
+def _kinds(video: int, audio: int, joint: bool) -> dict[tuple[int, int], str]:
+    """(query, key) token counts -> kind of attention, for the graphs' positive (5 words) and negative (1) texts."""
+    kinds = {(video, video): "video self"}
+    for text in (5, 1):
+        if joint:  # HunyuanVideo: the token refiner's text self-attention, then text and video attended together
+            kinds |= {(text, text): "text self", (text + video, text + video): "joint text+video"}
+        else:
+            kinds |= {(video, text): "video-text"} | ({(audio, text): "audio-text"} if audio else {})
+    if audio:
+        kinds |= {(audio, audio): "audio self", (video, audio): "audio-to-video", (audio, video): "video-to-audio"}
+    return kinds
+
+
+# model, graph, its size, video tokens, audio tokens, expected (sparse, dense) calls per kind (2 steps, 2 blocks,
+# cond and uncond apart)
+TRACES = {
+    "wan22": ("wan22", wan22_ti2v, {"width": 512, "height": 512}, 2 * 16 * 16, 0,
+              {"video self": (8, 0), "video-text": (0, 8)}),
+    "hunyuan_video15": ("hunyuan_video15", hunyuan_video15_t2v, {"width": 256, "height": 256}, 2 * 16 * 16, 0,
+                        {"joint text+video": (8, 0), "text self": (0, 8)}),
+    # LTX-2 on a video latent alone: its audio stream is empty and never attends
+    "ltxav-video": ("ltxav", ltxv_t2v, {"width": 512, "height": 512}, 2 * 16 * 16, 0,
+                    {"video self": (8, 0), "video-text": (0, 8)}),
+    # packed audio+video at 64 x 64: more audio tokens (9) than video tokens (8), and no call goes sparse
+    "ltxav-audio+video": ("ltxav", ltx2_av_t2v, {}, 2 * 2 * 2, 9,
+                          {"video self": (0, 8), "video-text": (0, 8), "audio self": (0, 8), "audio-text": (0, 8),
+                           "audio-to-video": (0, 8), "video-to-audio": (0, 8)}),
+}
+
+
+@pytest.mark.parametrize("case", list(TRACES))
+def test_sparse_attention_takes_video_self_attention_only(comfy, current_model, audio_latent, case):
+    family, graph, size, video, audio, expected = TRACES[case]
+    joint = "joint text+video" in expected
+    trace = AttentionTrace(_pack_module(comfy, "attention_hooks").carnator_attention_override, joint)
+    _traced_sample(comfy, graph(current_model(family).name, steps=2, seed=1, **size), trace)
+    assert trace.by_kind(_kinds(video, audio, joint)) == expected
+    if joint:
+        assert trace.image_slice is not None and trace.text_row_error < 1e-5, trace.text_row_error
