@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from carnator_core.attention.hysteresis import check_recall_thresholds
 from carnator_core.attention.sparse_attention import MASK_SOURCES, SparseAttentionSettings
 
 from .attention_hooks import install_sparse_attention
 from .types import MatchType, expert
 
 SPARSE_CHOICES = ("off",) + MASK_SOURCES
-_DEFAULTS = SparseAttentionSettings()
+ATTENTION = SparseAttentionSettings()  # the defaults every attention input shows
+
+
+def attention_settings(source: str, **inputs) -> SparseAttentionSettings | None:
+    """Sparse-attention settings from a node's inputs; None for source 'off'. Recall thresholds that cannot keep a
+    head from flapping are refused either way (ValueError naming both inputs), when the node runs."""
+    check_recall_thresholds(inputs["enter_recall"], inputs["exit_recall"])
+    return None if source == "off" else SparseAttentionSettings(source=source, **inputs)
 
 
 def attention_choice_input(default: str) -> io.Input:
@@ -23,10 +31,10 @@ def attention_choice_input(default: str) -> io.Input:
 
 def recall_inputs() -> list[io.Input]:
     return [
-        io.Float.Input("enter_recall", **expert(), default=_DEFAULTS.enter_recall, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("enter_recall", **expert(), default=ATTENTION.enter_recall, min=0.0, max=1.0, step=0.01,
                        tooltip="A head borrows the donor mask only while the mask covers at least this share of the "
                                "live attention mass (and re-enters after two consecutive checks at this level)."),
-        io.Float.Input("exit_recall", **expert(), default=_DEFAULTS.exit_recall, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("exit_recall", **expert(), default=ATTENTION.exit_recall, min=0.0, max=1.0, step=0.01,
                        tooltip="A borrowing head falls back to its own mask when recall drops below this "
                                "(must be lower than enter_recall: the gap prevents flapping)."),
     ]
@@ -46,31 +54,31 @@ class CarnatorSparseAttention(io.ComfyNode):
                 io.Model.Input("model", tooltip="The video model to patch."),
                 MatchType.Input("match", optional=True, tooltip="Borrow the recorded masks of the best candidate "
                                                                 "of a Carnator Compatibility Lookup."),
-                io.Combo.Input("source", options=list(MASK_SOURCES), default="own",
+                io.Combo.Input("source", options=list(MASK_SOURCES), default=ATTENTION.source,
                                tooltip="own: online masks. borrowed: donor masks only (dense without a donor). "
                                        "borrowed+own: donor masks where they fit, own masks elsewhere."),
-                io.Combo.Input("block_size", options=["64", "128"], default=str(_DEFAULTS.block_size),
+                io.Combo.Input("block_size", options=["64", "128"], default=str(ATTENTION.block_size),
                                tooltip="Tokens per mask block (128 suits large GPUs, 64 finer masks)."),
-                io.Float.Input("tau", default=_DEFAULTS.tau, min=0.5, max=1.0, step=0.01,
+                io.Float.Input("tau", default=ATTENTION.tau, min=0.5, max=1.0, step=0.01,
                                tooltip="Estimated share of each query block's attention its key blocks must keep."),
-                io.Float.Input("min_density", default=_DEFAULTS.min_density, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("min_density", default=ATTENTION.min_density, min=0.0, max=1.0, step=0.01,
                                tooltip="Floor on the share of key blocks each query block attends."),
-                io.Float.Input("max_density", default=_DEFAULTS.max_density, min=0.01, max=1.0, step=0.01,
+                io.Float.Input("max_density", default=ATTENTION.max_density, min=0.01, max=1.0, step=0.01,
                                tooltip="Cap on the share of key blocks each query block attends."),
-                io.Float.Input("dense_fraction", default=_DEFAULTS.dense_fraction, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("dense_fraction", default=ATTENTION.dense_fraction, min=0.0, max=1.0, step=0.01,
                                tooltip="The first share of steps stays dense (layout forms early)."),
-                io.Int.Input("dense_first_blocks", default=_DEFAULTS.dense_first_blocks, min=0, max=100,
+                io.Int.Input("dense_first_blocks", default=ATTENTION.dense_first_blocks, min=0, max=100,
                              tooltip="How many first transformer blocks stay dense."),
-                io.Int.Input("dense_last_blocks", default=_DEFAULTS.dense_last_blocks, min=0, max=100,
+                io.Int.Input("dense_last_blocks", default=ATTENTION.dense_last_blocks, min=0, max=100,
                              tooltip="How many last transformer blocks stay dense."),
-                io.Int.Input("refresh_every", default=_DEFAULTS.refresh_every, min=1, max=100,
+                io.Int.Input("refresh_every", default=ATTENTION.refresh_every, min=1, max=100,
                              tooltip="Steps between re-estimates of the online masks."),
-                io.Int.Input("recheck_every", default=_DEFAULTS.recheck_every, min=1, max=100,
+                io.Int.Input("recheck_every", default=ATTENTION.recheck_every, min=1, max=100,
                              tooltip="Steps between recall checks of borrowed masks (hysteresis)."),
             ] + recall_inputs() + [
-                io.Combo.Input("backend", options=["auto", "triton", "flex", "cpu", "dense"], default="auto",
+                io.Combo.Input("backend", options=["auto", "triton", "flex", "cpu", "dense"], default=ATTENTION.backend,
                                tooltip="Kernel: auto picks Triton on CUDA and the fastest CPU path elsewhere."),
-                io.Float.Input("dense_above", default=_DEFAULTS.dense_above, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("dense_above", default=ATTENTION.dense_above, min=0.0, max=1.0, step=0.01,
                                optional=True,
                                tooltip="A layer whose mask keeps more than this share of key blocks runs dense: "
                                        "block-sparse attention is not faster there. 1.0 runs every mask sparse."),
@@ -80,9 +88,7 @@ class CarnatorSparseAttention(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, source: str, block_size: str, match=None, **knobs) -> io.NodeOutput:
-        if knobs.get("exit_recall", 0.0) >= knobs.get("enter_recall", 1.0):
-            raise ValueError("Carnator Sparse Attention: exit_recall must be lower than enter_recall")
-        settings = SparseAttentionSettings(source=source, block_size=int(block_size), **knobs)
+        settings = attention_settings(source=source, block_size=int(block_size), **knobs)
         donor = None
         if match is not None and match.best is not None and source != "own":
             donor = (match.store_directory, match.best.entry_id)

@@ -7,6 +7,7 @@ from comfy_api.latest import io
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError
+from carnator_core.reuse.settings import input_default, input_range
 from carnator_core.store.backend import StoreError
 
 from .host import conditioning_tensor, hard_key, store_from_path
@@ -28,16 +29,17 @@ class CarnatorCompatibilityLookup(io.ComfyNode):
                 io.Model.Input("model", tooltip="The model that will sample this request (after LoRAs/patches)."),
                 io.Conditioning.Input("positive", tooltip="Positive conditioning of the new request."),
                 io.Latent.Input("latent", tooltip="Initial latent of the new request; fixes the token grid."),
-                io.String.Input("prompt", default="", multiline=True, optional=True,
+                io.String.Input("prompt", default=input_default("prompt"), multiline=True, optional=True,
                                 tooltip="Prompt text, for text similarity. Leave empty to match on the "
                                         "conditioning tensor alone."),
                 StoreType.Input("store", optional=True, tooltip="Reuse store; the default store when not connected."),
                 io.Sigmas.Input("sigmas", optional=True,
                                 tooltip="Sampling schedule, to filter candidates by schedule already here. "
                                         "Without it the sampler checks the schedule."),
-                io.Int.Input("top_k", default=4, min=1, max=64,
+                io.Int.Input("top_k", default=input_default("top_k"), **input_range("top_k"),
                              tooltip="How many candidates to pass on for verification by the model."),
-                io.Float.Input("min_similarity", default=0.5, min=-1.0, max=1.0, step=0.01,
+                io.Float.Input("min_similarity", default=input_default("min_similarity"), **input_range("min_similarity"),
+                               step=0.01,
                                tooltip="Candidates scoring below this cosine similarity are dropped."),
             ],
             outputs=[MatchType.Output(display_name="match"), io.String.Output(display_name="report")],

@@ -6,52 +6,56 @@ import json
 
 from comfy_api.latest import io
 
-from carnator_core.attention.sparse_attention import SparseAttentionSettings
-from carnator_core.reuse.probe import ProbeThresholds
-from carnator_core.reuse.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings
+from carnator_core.reuse.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings, input_default, input_range
 
-from .attention_node import attention_choice_input, recall_inputs
+from .attention_node import attention_choice_input, attention_settings, recall_inputs
 from .reports import reports_for
 from .reuse_hooks import install
 from .types import StoreType, expert
+
+
+def _setting(name: str) -> dict:
+    """Schema default, min and max of the numeric reuse input `name`, as `ReuseSettings` defines them."""
+    return {"default": input_default(name), **input_range(name)}
 
 
 def reuse_inputs() -> list[io.Input]:
     """The Carnator options shared by every reuse entry point (one definition, several nodes)."""
     return [
         StoreType.Input("store", optional=True, tooltip="Reuse store; the default store when not connected."),
-        io.String.Input("prompt", default="", multiline=True, optional=True,
+        io.String.Input("prompt", default=input_default("prompt"), multiline=True, optional=True,
                         tooltip="Prompt text of this request, for text similarity and the store listing. "
                                 "Leave empty to match on the conditioning tensor alone."),
-        io.Combo.Input("mode", options=list(MODES), default="balanced",
+        io.Combo.Input("mode", options=list(MODES), default=input_default("mode"),
                        tooltip="safe: borrow attention masks only. balanced: also resume from a verified donor "
                                "state up to half-way. fast: resume up to 80% of the way (its last probe tries half-way "
                                "if every deeper one failed)."),
-        io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default="same-noise",
+        io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default=input_default("seed_policy"),
                        tooltip="same-noise: resume only from donors with identical initial noise (same seed), the "
                                "prompt-editing loop. serving: any compatible donor (throughput first)."),
-        io.Int.Input("top_k", **expert(), default=4, min=1, max=64, tooltip="Candidates shortlisted by similarity."),
-        io.Float.Input("min_similarity", **expert(), default=0.5, min=-1.0, max=1.0, step=0.01,
+        io.Int.Input("top_k", **expert(), **_setting("top_k"), tooltip="Candidates shortlisted by similarity."),
+        io.Float.Input("min_similarity", **expert(), **_setting("min_similarity"), step=0.01,
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
-        io.Int.Input("max_probes", **expert(), default=3, min=0, max=16,
+        io.Int.Input("max_probes", **expert(), **_setting("max_probes"),
                      tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
                              "states). Not counted here: the step-0 check of same-seed donors (the run's own first "
                              "step) and, for other donors, one call confirming a pass at their earliest checkpoint."),
-        io.Float.Input("structure_threshold", **expert(), default=ProbeThresholds.structure, min=-1.0, max=1.0, step=0.01,
+        io.Float.Input("structure_threshold", **expert(), **_setting("structure_threshold"), step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope."),
-        io.Float.Input("guidance_threshold", **expert(), default=ProbeThresholds.guidance, min=-1.0, max=1.0, step=0.01,
+        io.Float.Input("guidance_threshold", **expert(), **_setting("guidance_threshold"), step=0.01,
                        tooltip="Cosine between the new and the donor guidance direction (cond - uncond) needed "
                                "at depth 0 (CFG only); rises with depth by depth_slope."),
-        io.Float.Input("depth_slope", **expert(), default=ProbeThresholds.structure_slope, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("depth_slope", **expert(), **_setting("depth_slope"), step=0.01,
                        tooltip="How much stricter both thresholds get per unit of depth (fraction of steps skipped)."),
-        io.Float.Input("guidance_boost", **expert(), default=0.0, min=0.0, max=2.0, step=0.05,
+        io.Float.Input("guidance_boost", **expert(), **_setting("guidance_boost"), step=0.05,
                        tooltip="Extra CFG (as a fraction of cfg) for the first steps after a resume. 0 = off."),
-        io.Int.Input("guidance_boost_steps", **expert(), default=0, min=0, max=20,
+        io.Int.Input("guidance_boost_steps", **expert(), **_setting("guidance_boost_steps"),
                      tooltip="How many steps after a resume get the guidance boost."),
-        io.Boolean.Input("record", default=True,
+        io.Boolean.Input("record", default=input_default("record"),
                          tooltip="Record this run in the store so later requests can reuse it."),
-        io.Combo.Input("verification", **expert(), options=list(VERIFICATIONS), default="model", optional=True,
+        io.Combo.Input("verification", **expert(), options=list(VERIFICATIONS), default=input_default("verification"),
+                       optional=True,
                        tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "
                                "depth from prompt similarity alone, unverified (a baseline for comparison)."),
     ]
@@ -59,26 +63,15 @@ def reuse_inputs() -> list[io.Input]:
 
 def probe_batch_input() -> io.Input:
     """Last input of every reuse node, so workflows saved before it existed keep their widget order."""
-    return io.Int.Input("probe_batch", **expert(), default=0, min=0, max=16, optional=True,
+    return io.Int.Input("probe_batch", **expert(), **_setting("probe_batch"), optional=True,
                         tooltip="Donor states probed in one model call (other donors' checkpoints at the same "
                                 "step). 0 = auto: as many as fit in free GPU memory, up to 4; 1 on CPU, where a "
                                 "batched call costs as much as the separate ones it replaces.")
 
 
-def settings_from_inputs(store=None, prompt: str = "", mode: str = "balanced", seed_policy: str = "same-noise",
-                         top_k: int = 4, min_similarity: float = 0.5, max_probes: int = 3,
-                         structure_threshold: float = ProbeThresholds.structure,
-                         guidance_threshold: float = ProbeThresholds.guidance,
-                         depth_slope: float = ProbeThresholds.structure_slope, guidance_boost: float = 0.0,
-                         guidance_boost_steps: int = 0, record: bool = True,
-                         verification: str = "model", probe_batch: int = 0) -> ReuseSettings:
-    thresholds = ProbeThresholds(structure=structure_threshold, structure_slope=depth_slope,
-                                 guidance=guidance_threshold, guidance_slope=depth_slope)
-    return ReuseSettings(mode=mode, store_directory=store.directory if store is not None else "",
-                         prompt=prompt or "", top_k=top_k, min_similarity=min_similarity, max_probes=max_probes,
-                         seed_policy=seed_policy, thresholds=thresholds, record=record,
-                         guidance_boost=guidance_boost, guidance_boost_steps=guidance_boost_steps,
-                         verification=verification, probe_batch=probe_batch)
+def settings_from_inputs(store=None, **inputs) -> ReuseSettings:
+    """The `ReuseSettings` of a reuse node's inputs (`store` is the connected store, if any)."""
+    return ReuseSettings.from_inputs(store_directory=store.directory if store is not None else "", **inputs)
 
 
 def model_level_inputs() -> list[io.Input]:
@@ -86,15 +79,9 @@ def model_level_inputs() -> list[io.Input]:
     return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs() + [probe_batch_input()]
 
 
-def install_from_inputs(model, sparse_attention: str = "borrowed", enter_recall: float = 0.9,
-                        exit_recall: float = 0.75, **options):
+def install_from_inputs(model, sparse_attention: str, enter_recall: float, exit_recall: float, **options):
     """The model patched for reuse (and sparse attention unless 'off') from a node's inputs."""
-    if exit_recall >= enter_recall:
-        raise ValueError("Carnator: exit_recall must be lower than enter_recall")
-    attention = None
-    if sparse_attention != "off":
-        attention = SparseAttentionSettings(source=sparse_attention, enter_recall=enter_recall,
-                                            exit_recall=exit_recall)
+    attention = attention_settings(sparse_attention, enter_recall=enter_recall, exit_recall=exit_recall)
     return install(model, settings_from_inputs(**options), attention)
 
 

@@ -9,6 +9,7 @@ import math
 from comfy_api.latest import io
 
 from carnator_core.store.backend import StoreError
+from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT
 
 from .host import configured_store, store_from_path
 from .types import StoreType
@@ -49,7 +50,7 @@ class CarnatorStore(io.ComfyNode):
                                 "ComfyUI base directory and must stay inside it; Redis URLs must name this machine "
                                 "or the configured server (the server may allow others with "
                                 "CARNATOR_ALLOW_STORE_OUTSIDE_BASE=1)."),
-                io.Float.Input("size_limit_gb", default=20.0, min=0.01, max=100000.0, step=0.5,
+                io.Float.Input("size_limit_gb", default=DEFAULT_SIZE_LIMIT / _GIB, min=0.01, max=100000.0, step=0.5,
                                tooltip="Bound on the store's size; the least valuable entries (hits x saved "
                                        "time / bytes, then oldest) are evicted beyond it. Pinned entries stay."),
             ],

@@ -23,12 +23,18 @@ class HeadState:
     history: list[tuple[int, float, str]] = field(default_factory=list)  # (step, recall, mode after the check)
 
 
+def check_recall_thresholds(enter_recall: float, exit_recall: float) -> None:
+    """Refuse recall thresholds without a gap between them (the gap is what stops flapping) or outside [0, 1]."""
+    if not 0.0 <= exit_recall < enter_recall <= 1.0:
+        raise ValueError(f"exit_recall must be lower than enter_recall, both between 0 and 1; got exit_recall "
+                         f"{exit_recall} and enter_recall {enter_recall}")
+
+
 class HeadHysteresis:
     """The REUSE/OWN state of every (layer, head) of one sampling run."""
 
-    def __init__(self, enter_recall: float = 0.9, exit_recall: float = 0.75, confirm_checks: int = 2) -> None:
-        if not 0.0 <= exit_recall < enter_recall <= 1.0:
-            raise ValueError(f"need 0 <= exit_recall < enter_recall <= 1, got {exit_recall} and {enter_recall}")
+    def __init__(self, enter_recall: float, exit_recall: float, confirm_checks: int = 2) -> None:
+        check_recall_thresholds(enter_recall, exit_recall)
         if confirm_checks < 1:
             raise ValueError("confirm_checks must be at least 1")
         self.enter_recall = enter_recall

@@ -1,4 +1,8 @@
-"""Reuse settings: the three modes and every threshold a user can override."""
+"""Reuse settings: the three modes and every threshold a user can override.
+
+The reuse nodes read their widgets' defaults and ranges from here (`input_default`, `input_range`) and build
+settings through `ReuseSettings.from_inputs`, so a node input is defined, defaulted and checked in one place.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,22 @@ RESUME_LIMITS = {"safe": 0.0, "balanced": 0.5, "fast": 0.8}  # how deep into the
 MAX_AUTO_PROBE_BATCH = 4  # donor states per probe call when the host picks the number
 SEED_POLICIES = ("same-noise", "serving")
 VERIFICATIONS = ("model", "text-only")
+
+# Node inputs that set a `ProbeThresholds` field, by input name; depth_slope sets both slopes.
+THRESHOLD_INPUTS = {"structure_threshold": "structure", "guidance_threshold": "guidance",
+                    "depth_slope": "structure_slope"}
+# The range of every numeric node input, by input name: the schemas offer it and `from_inputs` enforces it.
+INPUT_RANGES: dict[str, tuple[float, float]] = {
+    "top_k": (1, 64),
+    "min_similarity": (-1.0, 1.0),
+    "max_probes": (0, 16),
+    "structure_threshold": (-1.0, 1.0),
+    "guidance_threshold": (-1.0, 1.0),
+    "depth_slope": (0.0, 1.0),
+    "guidance_boost": (0.0, 2.0),
+    "guidance_boost_steps": (0, 20),
+    "probe_batch": (0, 16),
+}
 
 
 @dataclass
@@ -44,13 +64,28 @@ class ReuseSettings:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.seed_policy not in SEED_POLICIES:
-            raise ValueError(f"seed policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
+            raise ValueError(f"seed_policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
         if self.verification not in VERIFICATIONS:
             raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}")
-        if self.probe_batch < 0:
-            raise ValueError(f"probe batch must be 0 (auto) or positive, got {self.probe_batch}")
         if any(not 0.0 < f < 1.0 for f in self.checkpoint_fractions):
             raise ValueError("checkpoint fractions must lie strictly between 0 and 1")
+
+    @classmethod
+    def from_inputs(cls, store_directory: str = "", prompt: str | None = "", **inputs) -> ReuseSettings:
+        """Settings from a reuse node's inputs, by the names the node declares; an input left out takes its default.
+
+        Raises ValueError naming the input when a number lies outside its range (`INPUT_RANGES`) or a choice is
+        not one the node offers.
+        """
+        for name, (low, high) in INPUT_RANGES.items():
+            value = inputs.get(name, input_default(name))
+            if not low <= value <= high:  # NaN fails too
+                raise ValueError(f"{name} must lie between {low} and {high}, got {value!r}")
+        slope = inputs.pop("depth_slope", input_default("depth_slope"))
+        thresholds = ProbeThresholds(structure=inputs.pop("structure_threshold", input_default("structure_threshold")),
+                                     guidance=inputs.pop("guidance_threshold", input_default("guidance_threshold")),
+                                     structure_slope=slope, guidance_slope=slope)
+        return cls(store_directory=store_directory, prompt=prompt or "", thresholds=thresholds, **inputs)
 
     @property
     def max_resume_fraction(self) -> float:
@@ -61,8 +96,8 @@ class ReuseSettings:
     def fallback_resume_fraction(self) -> float | None:
         """Where a run's last probe goes when none has been as shallow yet: balanced's limit, for fast.
 
-        Why: a one-word colour edit fails deep probes (appearance is settled there) yet may pass half-way.
-        Spending the whole budget deep, fast once ran such a request in full where balanced resumed it.
+        Why: a one-word colour edit fails deep probes (appearance is settled there) yet may pass half-way, so a
+        fast run that spent its whole budget deep would sample in full what balanced resumes.
         """
         balanced = RESUME_LIMITS["balanced"]
         return balanced if self.max_resume_fraction > balanced else None
@@ -77,3 +112,16 @@ class ReuseSettings:
 
     def replace(self, **changes) -> ReuseSettings:
         return dataclasses.replace(self, **changes)
+
+
+def input_default(name: str):
+    """The default of the reuse node input `name`: the field's default here, or in `ProbeThresholds`."""
+    if name in THRESHOLD_INPUTS:
+        return getattr(ProbeThresholds, THRESHOLD_INPUTS[name])
+    return next(f.default for f in dataclasses.fields(ReuseSettings) if f.name == name)
+
+
+def input_range(name: str) -> dict[str, float]:
+    """The schema's `min` and `max` of the numeric reuse node input `name`."""
+    low, high = INPUT_RANGES[name]
+    return {"min": low, "max": high}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from carnator_core.attention.hysteresis import HeadHysteresis, HeadMode
+from carnator_core.attention.hysteresis import HeadHysteresis, HeadMode, check_recall_thresholds
 
 
 def test_head_switches_exactly_at_the_thresholds_without_flapping():
@@ -36,3 +36,9 @@ def test_adoption_needs_enter_recall():
 def test_inconsistent_thresholds_are_refused(enter, exit_):
     with pytest.raises(ValueError):
         HeadHysteresis(enter_recall=enter, exit_recall=exit_)
+
+
+def test_refused_thresholds_name_both_inputs():
+    with pytest.raises(ValueError, match="exit_recall must be lower than enter_recall"):
+        check_recall_thresholds(enter_recall=0.75, exit_recall=0.9)
+    check_recall_thresholds(enter_recall=1.0, exit_recall=0.0)
