@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,10 +54,10 @@ class ProbeTarget:
     x0: torch.Tensor
     guidance: torch.Tensor | None
     # The donor's shallowest checkpoint, when shallower than this one (for a donor that itself resumed, its own
-    # donor's: see anchor_for in plan_probes). Early in the schedule the prompt still decides layout and motion;
-    # later the model mostly follows the state it is given, so a deeper probe can agree with a donor whose
-    # trajectory the new prompt would not have taken (measured: a motion word's opposite at half-way,
-    # structure agreement 0.92-0.99). ReuseRun.probe confirms a deep pass here, unless `start` already did.
+    # donor's: see `_anchor_for`). Early in the schedule the prompt still decides layout and motion; later the
+    # model mostly follows the state it is given, so a deeper probe can agree with a donor whose trajectory the
+    # new prompt would not have taken (a motion word's opposite can pass half-way). ReuseRun.probe confirms a
+    # deep pass here, unless `start` already did.
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for ReuseRun._screen
 
@@ -79,6 +79,21 @@ def _usable(tensor: torch.Tensor | None, shape: tuple[int, ...] | None) -> bool:
     return tensor is not None and (shape is None or tuple(tensor.shape) == shape) and bool(torch.isfinite(tensor).all())
 
 
+@dataclass
+class _Reads:
+    """What one plan has read from the store (each donor's checkpoint blob, once) and why it skipped donors."""
+
+    store: ReuseStore
+    facts: RequestFacts
+    skipped: dict[str, int] = field(default_factory=dict)
+    blobs: dict[str, dict[str, torch.Tensor] | None] = field(default_factory=dict)
+
+    def skip(self, reason: str, meta: EntryMeta | None = None) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if meta is not None:
+            log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
+
+
 def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
                 same_noise_only: bool, max_probes: int, fallback_fraction: float | None = None,
                 fallback_targets: int = 1) -> tuple[list[ProbeTarget], dict[str, int]]:
@@ -87,126 +102,151 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     of the deepest checkpoints that do are appended, for the run's last probe call (`ReuseRun.probe`).
 
     Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
-    the wrong one (seen on the near-dup stream: three probes of a different-colour donor at 15, 10 and 6
-    steps, while the right donor, ranked second, passed at 15). Checkpoints recorded at a step EasyCache or
-    LazyCache skipped are never offered: their x0 is the cache's extrapolation, which no probe of the live
-    model can confirm. Checkpoint blobs are read only for the donors the plan keeps.
+    the wrong one, while a better donor ranked second would have passed at the first depth. Checkpoints
+    recorded at a step EasyCache or LazyCache skipped are never offered: their x0 is the cache's extrapolation,
+    which no probe of the live model can confirm. Checkpoint blobs are read only for the donors the plan keeps.
     """
-    skipped: dict[str, int] = {}
-
-    def skip(reason: str, meta: EntryMeta | None = None) -> None:
-        skipped[reason] = skipped.get(reason, 0) + 1
-        if meta is not None:
-            log.info("Carnator: donor %s skipped: %s", meta.entry_id[:8], reason)
-
-    max_step = last_step_within(max_fraction, facts.total_steps)
-    offers: list[Offer] = []
-    for rank, candidate in enumerate(candidates):
-        meta = store.get_meta(candidate.entry_id)
-        if meta is None:
-            skip("entry vanished or corrupt")
-            continue
-        if meta.hard_key.schedule != facts.schedule or meta.total_steps != facts.total_steps:
-            skip("other sigma schedule", meta)
-            continue
-        if tuple(meta.latent_shape) != tuple(facts.latent_shape):
-            skip("other latent shape (batch or size)", meta)
-            continue
-        if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
-            skip("other initial noise (seed)", meta)
-            continue
-        within = [c for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
-        evaluated = [c for c in within if c.get("evaluated", True)]
-        if not evaluated:
-            skip("no checkpoint within the mode's depth" if not within else
-                 "its checkpoints hold a step cache's extrapolation, not the model's", meta)
-            continue
-        offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in evaluated]
-    offers.sort(key=lambda offer: (-offer[0], offer[1]))
-
-    blobs: dict[str, dict[str, torch.Tensor] | None] = {}
-
-    def checkpoints_of(meta: EntryMeta) -> dict[str, torch.Tensor] | None:
-        if meta.entry_id not in blobs:
-            blobs[meta.entry_id] = store.get_tensors(meta.entry_id, "checkpoints")
-            if blobs[meta.entry_id] is None:
-                skip("checkpoint blob missing or corrupt", meta)
-        return blobs[meta.entry_id]
-
-    def load(step: int, sigma: float, candidate: Candidate, meta: EntryMeta) -> ProbeTarget | None:
-        tensors = checkpoints_of(meta)
-        if tensors is None:
-            return None
-        target = checkpoint_target(tensors, step, sigma, candidate, meta)
-        if target is None:
-            skip("checkpoint of another shape, or NaN", meta)
-            return None
-        target.anchor = anchor_for(meta, step, candidate)
-        target.start = start_for(meta)
-        return target
-
-    def lineage(meta: EntryMeta, step: int) -> Iterator[tuple[EntryMeta, int]]:
-        """(entry, step) pairs whose trajectory before that step is the donor's before `step`: the donor, and for a
-        donor that itself resumed (it recorded nothing before its resume step) its own donor, up the lineage."""
-        for _ in range(MAX_LINEAGE):
-            yield meta, step
-            parent = store.get_meta(meta.lineage["donor_id"]) if meta.lineage.get("donor_id") else None
-            if parent is None or parent.hard_key != meta.hard_key or parent.total_steps != meta.total_steps:
-                return
-            meta, step = parent, min(step, int(meta.lineage.get("depth", step)))
-
-    def anchor_for(meta: EntryMeta, step: int, candidate: Candidate) -> ProbeTarget | None:
-        """The donor's shallowest evaluated checkpoint before `step` (not step 0, which holds no state)."""
-        for owner, before in lineage(meta, step):
-            early = [c for c in owner.checkpoints if 0 < int(c["step"]) < before and c.get("evaluated", True)]
-            if early:
-                first = min(early, key=lambda c: int(c["step"]))
-                tensors = checkpoints_of(owner)
-                return None if tensors is None else checkpoint_target(
-                    tensors, int(first["step"]), float(first["sigma"]), candidate, owner)
-        return None
-
-    def start_for(meta: EntryMeta) -> StartPrediction | None:
-        """The donor's step-0 prediction and the fingerprint of the state it was made at (up the lineage)."""
-        for owner, _ in lineage(meta, meta.total_steps):
-            record = next((c for c in owner.checkpoints if int(c["step"]) == 0 and c.get("start")), None)
-            if record is None:
-                continue
-            tensors = checkpoints_of(owner)
-            x0 = None if tensors is None else tensors.get("x0_0")
-            if not _usable(x0, facts.latent_shape):
-                return None
-            guidance = tensors.get("g_0")
-            return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
-                                   guidance=guidance if _usable(guidance, None) else None)
-        return None
-
-    def checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float, candidate: Candidate,
-                          meta: EntryMeta) -> ProbeTarget | None:
-        x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
-        if not (_usable(x, facts.latent_shape) and _usable(x0, facts.latent_shape)):
-            return None
-        if guidance is not None and not _usable(guidance, None):
-            guidance = None
-        return ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0, guidance=guidance)
-
-    def collect(pool: Iterator[Offer], limit: int) -> list[ProbeTarget]:
-        """Load targets from `pool` until `limit` are usable, consuming no offer beyond the last one taken."""
-        collected: list[ProbeTarget] = []
-        if limit <= 0:
-            return collected
-        for step, _, sigma, candidate, meta in pool:
-            target = load(step, sigma, candidate, meta)
-            if target is not None:
-                collected.append(target)
-            if len(collected) >= limit:
-                break
-        return collected
-
-    remaining = iter(offers)
-    targets = collect(remaining, max_probes)
+    reads = _Reads(store, facts)
+    remaining = iter(donor_offers(reads, candidates, last_step_within(max_fraction, facts.total_steps),
+                                  same_noise_only))
+    targets = _collect(reads, remaining, max_probes)
     if fallback_fraction is not None:
         fallback_step = last_step_within(fallback_fraction, facts.total_steps)
         if not any(t.step <= fallback_step for t in targets):
-            targets += collect((offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
-    return targets, skipped
+            targets += _collect(reads, (offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
+    return targets, reads.skipped
+
+
+def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same_noise_only: bool) -> list[Offer]:
+    """Every donor checkpoint a resume could start from, by what is certain without the model, deepest first and,
+    at equal depth, the better-ranked donor first; each donor left out counts one skip reason."""
+    offers: list[Offer] = []
+    for rank, candidate in enumerate(candidates):
+        meta = reads.store.get_meta(candidate.entry_id)
+        if meta is None:
+            reads.skip("entry vanished or corrupt")
+            continue
+        reason = _incompatibility(meta, reads.facts, same_noise_only)
+        if reason is None:
+            checkpoints, reason = _resumable_checkpoints(meta, max_step)
+        if reason is not None:
+            reads.skip(reason, meta)
+            continue
+        offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in checkpoints]
+    offers.sort(key=lambda offer: (-offer[0], offer[1]))
+    return offers
+
+
+def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool) -> str | None:
+    """Why no state of this donor can continue the live request (another sigma schedule, latent shape or, when
+    only the same noise counts, initial noise), or None when its states can."""
+    if meta.hard_key.schedule != facts.schedule or meta.total_steps != facts.total_steps:
+        return "other sigma schedule"
+    if tuple(meta.latent_shape) != tuple(facts.latent_shape):
+        return "other latent shape (batch or size)"
+    if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
+        return "other initial noise (seed)"
+    return None
+
+
+def _resumable_checkpoints(meta: EntryMeta, max_step: int) -> tuple[list[dict], str | None]:
+    """The donor's checkpoints a resume may start from: past step 0, within the mode's depth and evaluated by the
+    model (not a step cache's extrapolation); with the reason when there is none."""
+    within = [c for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
+    evaluated = [c for c in within if c.get("evaluated", True)]
+    if evaluated:
+        return evaluated, None
+    if not within:
+        return [], "no checkpoint within the mode's depth"
+    return [], "its checkpoints hold a step cache's extrapolation, not the model's"
+
+
+def _collect(reads: _Reads, pool: Iterator[Offer], limit: int) -> list[ProbeTarget]:
+    """Targets loaded from `pool` until `limit` are usable, consuming no offer beyond the last one taken."""
+    collected: list[ProbeTarget] = []
+    if limit <= 0:
+        return collected
+    for step, _, sigma, candidate, meta in pool:
+        target = _load_target(reads, step, sigma, candidate, meta)
+        if target is not None:
+            collected.append(target)
+        if len(collected) >= limit:
+            break
+    return collected
+
+
+def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, meta: EntryMeta) -> ProbeTarget | None:
+    """The probe target of one offer, with its anchor and start prediction; None (a skip) when its checkpoint blob
+    or the tensors at that step are unusable."""
+    tensors = _checkpoints_of(reads, meta)
+    if tensors is None:
+        return None
+    target = _checkpoint_target(tensors, step, sigma, candidate, meta, reads.facts.latent_shape)
+    if target is None:
+        reads.skip("checkpoint of another shape, or NaN", meta)
+        return None
+    target.anchor = _anchor_for(reads, meta, step, candidate)
+    target.start = _start_for(reads, meta)
+    return target
+
+
+def _checkpoints_of(reads: _Reads, meta: EntryMeta) -> dict[str, torch.Tensor] | None:
+    """The entry's checkpoint tensors, read once per plan; a missing or corrupt blob counts one skip."""
+    if meta.entry_id not in reads.blobs:
+        reads.blobs[meta.entry_id] = reads.store.get_tensors(meta.entry_id, "checkpoints")
+        if reads.blobs[meta.entry_id] is None:
+            reads.skip("checkpoint blob missing or corrupt", meta)
+    return reads.blobs[meta.entry_id]
+
+
+def _checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float, candidate: Candidate,
+                       meta: EntryMeta, latent_shape: tuple[int, ...]) -> ProbeTarget | None:
+    """The target at `step`: None unless its state and prediction are finite and of the live latent's shape; an
+    unusable guidance field is dropped alone (the probe then compares structure only)."""
+    x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
+    if not (_usable(x, latent_shape) and _usable(x0, latent_shape)):
+        return None
+    if guidance is not None and not _usable(guidance, None):
+        guidance = None
+    return ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0, guidance=guidance)
+
+
+def _lineage(store: ReuseStore, meta: EntryMeta, step: int) -> Iterator[tuple[EntryMeta, int]]:
+    """(entry, step) pairs whose trajectory before that step is the donor's before `step`: the donor, and for a
+    donor that itself resumed (it recorded nothing before its resume step) its own donor, up the lineage."""
+    for _ in range(MAX_LINEAGE):
+        yield meta, step
+        parent = store.get_meta(meta.lineage["donor_id"]) if meta.lineage.get("donor_id") else None
+        if parent is None or parent.hard_key != meta.hard_key or parent.total_steps != meta.total_steps:
+            return
+        meta, step = parent, min(step, int(meta.lineage.get("depth", step)))
+
+
+def _anchor_for(reads: _Reads, meta: EntryMeta, step: int, candidate: Candidate) -> ProbeTarget | None:
+    """The donor's shallowest evaluated checkpoint before `step` (not step 0, which holds no state), up its
+    lineage: where a deep pass is confirmed while the prompt still decides layout and motion."""
+    for owner, before in _lineage(reads.store, meta, step):
+        early = [c for c in owner.checkpoints if 0 < int(c["step"]) < before and c.get("evaluated", True)]
+        if early:
+            first = min(early, key=lambda c: int(c["step"]))
+            tensors = _checkpoints_of(reads, owner)
+            return None if tensors is None else _checkpoint_target(
+                tensors, int(first["step"]), float(first["sigma"]), candidate, owner, reads.facts.latent_shape)
+    return None
+
+
+def _start_for(reads: _Reads, meta: EntryMeta) -> StartPrediction | None:
+    """The donor's step-0 prediction and the fingerprint of the state it was made at (up the lineage): what the
+    live request's own first evaluation screens the donor against; None when it is missing or unusable."""
+    for owner, _ in _lineage(reads.store, meta, meta.total_steps):
+        record = next((c for c in owner.checkpoints if int(c["step"]) == 0 and c.get("start")), None)
+        if record is None:
+            continue
+        tensors = _checkpoints_of(reads, owner)
+        x0 = None if tensors is None else tensors.get("x0_0")
+        if not _usable(x0, reads.facts.latent_shape):
+            return None
+        guidance = tensors.get("g_0")
+        return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
+                               guidance=guidance if _usable(guidance, None) else None)
+    return None
