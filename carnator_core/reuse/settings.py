@@ -13,6 +13,7 @@ from carnator_core.reuse.probe import ProbeThresholds
 
 MODES = ("safe", "balanced", "fast")
 RESUME_LIMITS = {"safe": 0.0, "balanced": 0.5, "fast": 0.8}  # how deep into the schedule each mode may resume
+EVERY_STEP_UP_TO = 8  # schedules this short record a checkpoint at every step
 MAX_AUTO_PROBE_BATCH = 4  # donor states per probe call when the host picks the number
 SEED_POLICIES = ("same-noise", "serving")
 VERIFICATIONS = ("model", "text-only")
@@ -106,7 +107,11 @@ class ReuseSettings:
         """Steps at which a run records (x_k, x0_k, guidance_k) for later requests.
 
         Step 0 always: it is what later requests confirm a donor on (`ReuseRun._screen`), never a resume point.
+        Few-step schedules (distilled models, LoRAs such as lightx2v) record every step: each step is a large
+        share of the run, and the fractions would leave some steps out.
         """
+        if total_steps <= EVERY_STEP_UP_TO:
+            return list(range(total_steps))
         steps = {round(f * total_steps) for f in self.checkpoint_fractions}
         return [0] + sorted(s for s in steps if 0 < s < total_steps)
 

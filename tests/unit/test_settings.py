@@ -37,3 +37,13 @@ def test_each_range_is_enforced_at_its_edges_naming_the_input(name):
 def test_an_unknown_choice_is_refused_naming_the_input(name):
     with pytest.raises(ValueError, match=name):
         ReuseSettings.from_inputs(**{name: "sideways"})
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4, 7, 8])
+def test_few_step_schedules_record_every_step(steps):
+    assert ReuseSettings().checkpoint_steps(steps) == list(range(steps))
+
+
+def test_longer_schedules_record_at_the_fractions_and_step_zero():
+    assert ReuseSettings().checkpoint_steps(30) == [0, 6, 10, 15, 20, 24]
+    assert ReuseSettings().checkpoint_steps(9) == [0, 2, 3, 4, 6, 7]

@@ -1,0 +1,26 @@
+"""Fixtures shared by the in-process host tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+
+@pytest.fixture(scope="session")
+def wan_lora(comfy, tiny_models) -> str:
+    """A LoRA on every attention projection of the tiny Wan model, in the generic lora_up/lora_down format."""
+    from comfy.sd import load_diffusion_model
+
+    patcher = load_diffusion_model(str(tiny_models["wan"].path))
+    generator = torch.Generator().manual_seed(1)
+    lora = {}
+    for name, weight in patcher.model.diffusion_model.state_dict().items():
+        if ".self_attn." in name and name.endswith(".weight") and weight.ndim == 2:
+            stem = f"diffusion_model.{name[: -len('.weight')]}"
+            lora[f"{stem}.lora_down.weight"] = torch.randn(4, weight.shape[1], generator=generator) * 0.1
+            lora[f"{stem}.lora_up.weight"] = torch.randn(weight.shape[0], 4, generator=generator) * 0.1
+    directory = comfy.base_dir / "models" / "loras"
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(lora, str(directory / "tiny_wan_lora.safetensors"))
+    return "tiny_wan_lora.safetensors"
