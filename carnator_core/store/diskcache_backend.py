@@ -2,12 +2,12 @@
 
 diskcache keeps small values in SQLite and large ones in files beside it, and its
 transactions are SQLite transactions: a writer killed mid-entry leaves no row behind. Values
-are only ever bytes, str or numbers: `SafeDisk` refuses to pickle on write and to unpickle
-on read, so a planted pickle payload is reported as corruption and never executed, and it
-reads value files only when they are regular files inside the store.
+are only ever bytes, and counters integers: `SafeDisk` refuses to pickle on write and to
+unpickle on read, so a planted pickle payload is reported as corruption and never executed,
+and it reads value files only when they are regular files inside the store.
 
 The append log is a counter (`carnator/seq`) plus one key per position (`seq/<n>`, 1-based,
-zero-padded); records are JSON objects stored as text.
+zero-padded); records are JSON objects stored as UTF-8 bytes.
 
 The directory is hostile ground: files can be truncated, deleted, replaced or planted under a
 running worker. Database failures become `StoreUnavailable` (a damaged database stays so until
@@ -86,7 +86,7 @@ def _read_value_file(directory: str, filename: str) -> bytes:
 
 
 class SafeDisk(diskcache.Disk):
-    """diskcache serialisation restricted to bytes, str and numbers: never pickle."""
+    """diskcache serialisation restricted to bytes values and integer counters (keys: str): never pickle."""
 
     def put(self, key):
         if type(key) not in (str, bytes, int, float):
@@ -99,30 +99,24 @@ class SafeDisk(diskcache.Disk):
         return super().get(key, raw)
 
     def store(self, value, read, key=diskcache.core.UNKNOWN):
-        if read or type(value) not in (str, bytes, int, float):
-            raise UnsafeValueError(f"store values must be bytes/str/numbers, not {type(value).__name__}")
+        if read or type(value) not in (bytes, int):
+            raise UnsafeValueError(f"store values must be bytes or integer counters, not {type(value).__name__}")
         return super().store(value, read, key)
 
     def fetch(self, mode, filename, value, read):
         if mode == MODE_PICKLE:
             raise UnsafeValueError("refusing to unpickle a store value")
+        if mode == MODE_TEXT:
+            raise CorruptValueError("store value is text, not bytes")
         if filename is None:
             return super().fetch(mode, filename, value, read)
-        data = _read_value_file(self._directory, filename)
-        if mode != MODE_TEXT:
-            return data
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise CorruptValueError(f"store value {filename!r} is not text: {error}") from None
+        return _read_value_file(self._directory, filename)
 
 
-def _as_bytes(value: bytes | str | int | float | None) -> bytes | None:
-    """Stored value as bytes: text (how earlier versions kept JSON) is encoded; numbers are not values."""
+def _as_bytes(value: bytes | int | float | None) -> bytes | None:
+    """A stored value, which is bytes (or absent); a counter or anything else planted under a value's key is not."""
     if value is None or isinstance(value, bytes):
         return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
     raise CorruptValueError(f"expected bytes, found {type(value).__name__}")
 
 
@@ -355,7 +349,7 @@ class DiskcacheBackend(KeyValueBackend):
             for name, amount in add.items():
                 record[name] = record.get(name, 0.0) + amount
             record.update(assign)
-            cache.set(key, json.dumps(record))
+            cache.set(key, json.dumps(record).encode())
         return True
 
     # ----------------------------------------------------------------- log and entries
@@ -401,7 +395,7 @@ class DiskcacheBackend(KeyValueBackend):
                 for key, value in values.items():
                     cache.set(key, value)
                 for key, record in records.items():
-                    cache.set(key, json.dumps(record))
+                    cache.set(key, json.dumps(record).encode())
                 for key, amount in counters.items():
                     cache.incr(key, amount)
                 cache.set(_SEQ, position)

@@ -65,7 +65,6 @@ DEFAULT_SIZE_LIMIT = 20 * 2**30
 _EVICT_TARGET = 0.9  # evict down to this share of the limit so eviction does not run on every put
 _BYTES = "carnator/bytes"
 _SCHEMA = "carnator/schema"
-_RANKED_BY = {"bytes", "sample_seconds", "created_at"}
 _T = TypeVar("_T")
 
 
@@ -410,13 +409,11 @@ class ReuseStore:
     def index_entries(self, entry_ids: Sequence[str]) -> list[IndexEntry]:
         """What the shortlist needs of several entries, in batched round trips; unreadable ones left out.
 
-        Read from the compact index records alone (vectors plus key and prompt); entries written
-        before records named their entry fall back to their metadata. Lookup re-checks the
+        Read from the compact index records alone (vectors plus key and prompt); lookup re-checks the
         metadata of the few candidates it returns.
         """
         raws = self._quietly([None] * len(entry_ids), self.backend.get_many, [f"emb/{e}" for e in entry_ids])
-        found: dict[str, IndexEntry] = {}
-        older = []
+        found: list[IndexEntry] = []
         for entry_id, raw in zip(entry_ids, raws, strict=True):
             raw = self._checked(entry_id, f"emb/{entry_id}", raw)
             vectors = self._parse_vectors(entry_id, raw)
@@ -428,15 +425,11 @@ class ReuseStore:
                                    schedule=record["schedule"])
                 if record["entry_id"] != entry_id:
                     raise ValueError("index record names another entry")
-            except (CorruptBlobError, KeyError, ValueError):
-                older.append((entry_id, vectors))
+            except (CorruptBlobError, KeyError, ValueError) as error:
+                self._warn_once(entry_id, f"index record: {error}")
                 continue
-            found[entry_id] = IndexEntry(entry_id, hard_key, record.get("prompt", ""), vectors)
-        if older:
-            for (entry_id, vectors), meta in zip(older, self.get_metas([e for e, _ in older]), strict=True):
-                if meta is not None:
-                    found[entry_id] = IndexEntry(entry_id, meta.hard_key, meta.prompt, vectors)
-        return [found[entry_id] for entry_id in entry_ids if entry_id in found]
+            found.append(IndexEntry(entry_id, hard_key, record.get("prompt", ""), vectors))
+        return found
 
     def stats(self, entry_id: str) -> EntryStats | None:
         """Usage counters; None when the entry is absent, defaults when they are unreadable (logged once)."""
@@ -524,7 +517,7 @@ class ReuseStore:
             try:
                 stats = EntryStats.from_record(record)
                 size, seconds, created = (record[name] for name in ("bytes", "sample_seconds", "created_at"))
-            except (KeyError, TypeError):  # gone meanwhile, unreadable, or without readable metadata
+            except (KeyError, TypeError):  # gone meanwhile, or its record unreadable
                 ranked.append((-1.0, 0.0, entry_id))
                 continue
             if stats.pinned:
@@ -544,17 +537,6 @@ class ReuseStore:
         return evicted
 
     def _ranking_records(self, entry_ids: Sequence[str]) -> list[dict[str, float] | None]:
-        """Stats records with each entry's bytes, sample seconds and creation time; where a record lacks them
-        (written by an older Carnator, or unreadable) they come from the entry's metadata. None: neither readable."""
+        """Stats records, which hold each entry's bytes, sample seconds and creation time; None where unreadable."""
         records = self._quietly([None] * len(entry_ids), self.backend.get_records, [f"stats/{e}" for e in entry_ids])
-        records = [self._checked(e, f"stats/{e}", record) for e, record in zip(entry_ids, records, strict=True)]
-        older = [e for e, record in zip(entry_ids, records, strict=True) if not record or not _RANKED_BY <= record.keys()]
-        metas = dict(zip(older, self.get_metas(older), strict=True))
-        merged = []
-        for entry_id, record in zip(entry_ids, records, strict=True):
-            meta = metas.get(entry_id)
-            if meta is not None:
-                record = (record or {}) | {"bytes": float(meta.total_bytes + len(meta.to_json().encode("utf-8"))),
-                                           "sample_seconds": meta.sample_seconds, "created_at": meta.created_at}
-            merged.append(record)
-        return merged
+        return [self._checked(e, f"stats/{e}", record) for e, record in zip(entry_ids, records, strict=True)]

@@ -28,7 +28,7 @@ from carnator_core.store.backend import StoreError, UnsafeValueError
 from carnator_core.store.entry import SCHEMA_VERSION, EntryMeta, HardKey
 from carnator_core.store.location import resolve_store_directory
 from carnator_core.store.redis_backend import is_redis_url
-from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.reuse_store import EntryStats, IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import decode_tensors, encode_tensors
 
 WRITER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "store_writer.py")
@@ -156,6 +156,30 @@ def test_corrupt_and_foreign_keys_are_skipped_and_others_still_served(location, 
     assert store.backend.get("someone:else") == b"another program's data"  # never touched
 
 
+def test_an_index_record_that_does_not_name_its_entry_is_left_out(location, caplog):
+    store = ReuseStore(location)
+    unnamed, named = (synthetic_entry("unnamed", n, 64) for n in range(2))
+    for entry in (unnamed, named):
+        store.put(*entry)
+    store.backend.set(f"emb/{unnamed[0].entry_id}", encode_tensors({"cond": unnamed[2].cond.half()}))
+    assert [entry.entry_id for entry in store.index_entries([unnamed[0].entry_id, named[0].entry_id])] == [
+        named[0].entry_id]
+    assert sum("skipping entry" in r.message and unnamed[0].entry_id in r.message for r in caplog.records) == 1
+
+
+def test_text_planted_in_a_local_store_is_no_value(tmp_path):
+    directory = str(tmp_path / "store")
+    store = ReuseStore(directory)
+    meta, blobs, vectors = synthetic_entry("text", 0, 64)
+    store.put(meta, blobs, vectors)
+    plant(directory, f"meta/{meta.entry_id}", meta.to_json())
+    plant(directory, f"stats/{meta.entry_id}", json.dumps({"hits": 5}))
+    plant(directory, f"blob/{meta.entry_id}/checkpoints", "x" * 100_000)  # large enough for a value file
+    assert store.get_meta(meta.entry_id) is None
+    assert store.stats(meta.entry_id) == EntryStats()
+    assert store.get_blob(meta.entry_id, "checkpoints") is None
+
+
 def test_two_processes_writing_concurrently_lose_nothing(location):
     ReuseStore(location)
     writers = [subprocess.Popen([sys.executable, WRITER, location, "60", tag], stdout=subprocess.PIPE, text=True)
@@ -201,12 +225,7 @@ def test_eviction_keeps_store_under_its_limit_and_spares_valuable_and_pinned(loc
     store.put(first_meta, blobs, vectors)
     second_meta, blobs, vectors = synthetic_entry("evict", 1, 20_000)
     store.put(second_meta, blobs, vectors)
-    # the hit entry's counters as an older Carnator wrote them (without size and age): ranked from its metadata
-    old_format = {"hits": 1, "seconds_saved": 3.0, "last_hit_at": time.time(), "pinned": 0}
-    if is_redis_url(location):
-        plant(location, f"stats/{first_meta.entry_id}", old_format)
-    else:
-        store.backend.set(f"stats/{first_meta.entry_id}", json.dumps(old_format).encode())
+    store.record_hit(first_meta.entry_id, 3.0)
     assert store.set_pinned(second_meta.entry_id, True)
     assert not store.set_pinned("0" * 32, True)
     for number in range(2, 40):
