@@ -267,14 +267,9 @@ def branch_run(source: Path, out: Path) -> Path:
     return out / "ckpt"
 
 
-RETIRED_FIELDS = ("motion_twins", "twin_blend_sigma")  # options removed with the world change (git history)
-
-
 def saved_config(ckpt: Path) -> TrainConfig:
-    """The TrainConfig a checkpoint was trained with (fields added since then take their defaults; retired ones,
-    which the checkpoints of the shipped weights' history still record, are dropped)."""
-    saved = json.loads((ckpt / "state.json").read_text())["train_config"]
-    return TrainConfig(**{k: v for k, v in saved.items() if k not in RETIRED_FIELDS})
+    """The TrainConfig a checkpoint was trained with (a field it does not record takes its default)."""
+    return TrainConfig(**json.loads((ckpt / "state.json").read_text())["train_config"])
 
 
 def load_ema(out: Path) -> tuple[WanT2V, int]:

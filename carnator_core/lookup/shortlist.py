@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from carnator_core.store.entry import HardKey
-from carnator_core.store.reuse_store import IndexEntry, IndexVectors, ReuseStore
+from carnator_core.store.reuse_store import IndexEntry, ReuseStore
 
 _RERANK_FACTOR = 8  # coarse candidates per requested candidate, re-scored exactly in fp32
 LIST_SIZE = 1024  # rows per list before it splits: one list (an exact scan) up to this size
@@ -230,9 +230,6 @@ class ShortlistIndex:
 
     def __len__(self) -> int:
         return len(self._group_of)
-
-    def add(self, entry_id: str, hard_key: HardKey, prompt: str, vectors: IndexVectors) -> None:
-        self.add_many([IndexEntry(entry_id, hard_key, prompt, vectors)])
 
     def add_many(self, entries: list[IndexEntry]) -> None:
         """Add entries (ones already indexed, or with another conditioning width than their group, are skipped)."""
