@@ -16,13 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from carnator_core.kernels.layout import BlockLayout
-
 MASK_FORMAT = "carnator.block-mask.v1"
-# 128-token blocks: the tile GPU attention kernels use, and a quarter of the bits to estimate, store and
-# compare of 64-token masks; on the 2-core CPU both sizes ran alike (bench attention, density 0.125).
-# 64 stays available where finer masks pay off (short sequences).
-DEFAULT_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -40,12 +34,6 @@ class BlockSparseMask:
                 f"in blocks of {self.block_size}; got {blocks.dtype} {tuple(blocks.shape)}"
             )
 
-    @classmethod
-    def full(cls, n_tokens: int, block_size: int, heads: int = 1) -> BlockSparseMask:
-        """Every block attended: sparse attention under this mask is dense attention."""
-        n = -(-n_tokens // block_size)
-        return cls(torch.ones(1, heads, n, n, dtype=torch.bool), block_size, n_tokens)
-
     @property
     def grid(self) -> tuple[int, int, int, int]:
         """(Bm, Hm, query blocks, key blocks)."""
@@ -55,19 +43,11 @@ class BlockSparseMask:
         """Share of (query block, key block) pairs attended, over the whole mask."""
         return float(self.blocks.float().mean())
 
-    def density_per_head(self) -> torch.Tensor:
-        """(Hm,) share of block pairs each head attends (averaged over the batch groups)."""
-        return self.blocks.float().mean(dim=(0, 2, 3))
-
     def fits(self, batch: int, heads: int, n_tokens: int) -> bool:
         """Whether this mask applies to attention over (batch, heads, n_tokens); a borrowed mask that
         does not fit is a clean miss, never an error."""
         groups_b, groups_h = self.grid[:2]
         return n_tokens == self.n_tokens and groups_b in (1, batch) and groups_h in (1, heads)
-
-    def to_layout(self) -> BlockLayout:
-        """The kernels' CSR layout of this mask (on the mask's device)."""
-        return BlockLayout.from_dense(self.blocks, self.block_size, self.n_tokens)
 
     def to_bytes(self) -> tuple[bytes, dict]:
         """Bit-packed blocks (numpy packbits, row-major over `grid`) and JSON-able metadata."""
@@ -89,15 +69,6 @@ class BlockSparseMask:
         return cls(torch.from_numpy(bits.reshape(grid)), int(meta["block_size"]), int(meta["n_tokens"]))
 
 
-def _split_heads(x: torch.Tensor, heads: int | None) -> torch.Tensor:
-    """(B, N, H*D) with `heads` -> (B, H, N, D) view; (B, H, N, D) passes through."""
-    if x.dim() == 3:
-        if heads is None:
-            raise ValueError("3-D (B, N, H*D) input needs `heads`")
-        return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
-    return x
-
-
 def pool_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
     """Mean over the tokens of each block, (B, H, N, D) -> float32 (B, H, blocks, D); the ragged last block
     averages only its real tokens. Reads strided views in place (no float32 copy of the input)."""
@@ -111,19 +82,12 @@ def pool_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
     return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
 
 
-def estimate_block_mass(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    scale: float | None = None,
-    heads: int | None = None,
-) -> torch.Tensor:
-    """Estimated share of each query block's attention that falls on each key block.
+def estimate_block_mass(q: torch.Tensor, k: torch.Tensor, block_size: int, scale: float | None = None) -> torch.Tensor:
+    """Estimated share of each query block's attention that falls on each key block, for q, k (B, H, N, D).
 
     Pooled queries score pooled keys; adding log(tokens in the key block) makes the block softmax
     approximate the sum of token probabilities. Returns float32 (B, H, nq, nk), rows summing to 1.
     """
-    q, k = _split_heads(q, heads), _split_heads(k, heads)
     n = k.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = pool_blocks(q, block_size) @ pool_blocks(k, block_size).transpose(-1, -2) * scale
@@ -136,10 +100,10 @@ def select_blocks(
     mass: torch.Tensor,
     n_tokens: int,
     block_size: int,
-    tau: float = 0.9,
-    first_frame_tokens: int = 0,
-    min_density: float = 0.05,
-    max_density: float = 1.0,
+    tau: float,
+    first_frame_tokens: int,
+    min_density: float,
+    max_density: float,
 ) -> BlockSparseMask:
     """Per query block, the smallest set of key blocks whose estimated mass reaches `tau`.
 
@@ -167,24 +131,6 @@ def select_blocks(
     keep = torch.arange(nk, device=device) < needed
     blocks = torch.zeros_like(keep).scatter(-1, order, keep) | ~finite
     return BlockSparseMask(blocks, block_size, n_tokens)
-
-
-def estimate_mask(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    tau: float = 0.9,
-    first_frame_tokens: int = 0,
-    min_density: float = 0.05,
-    max_density: float = 1.0,
-    scale: float | None = None,
-    heads: int | None = None,
-) -> tuple[BlockSparseMask, torch.Tensor]:
-    """Online mask from the live q, k ((B, H, N, D), or (B, N, H*D) with `heads`), plus the block mass
-    estimate it came from, which `recall` reuses to score borrowed masks without recomputing it."""
-    mass = estimate_block_mass(q, k, block_size, scale, heads)
-    n_tokens = _split_heads(k, heads).shape[2]
-    return select_blocks(mass, n_tokens, block_size, tau, first_frame_tokens, min_density, max_density), mass
 
 
 def recall(mask: BlockSparseMask, estimate: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from support.masks import full_mask
 from support.t2v_graphs import GRAPHS, SAMPLER
 
-from carnator_core.attention.masks import BlockSparseMask
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 
 # Large enough for several 64-token blocks: Wan/Hunyuan 2 x 16 x 16 = 512 video tokens, LTX 2 x 16 x 16 = 512.
@@ -98,7 +98,7 @@ def test_masks_too_full_to_pay_run_dense():
     assert sparse.attend(q, k, v, 2, layer=1, step=5) is not None
     # a donor's full mask is adopted by every head (recall 1.0) but runs dense: not a masks hit
     borrowing = _controller(source="borrowed", dense_above=0.6)
-    borrowing.borrowed = {1: BlockSparseMask.full(256, 64, heads=2)}
+    borrowing.borrowed = {1: full_mask(256, 64, heads=2)}
     assert borrowing.attend(q, k, v, 2, layer=1, step=5) is None
     summary = borrowing.summary()
     assert summary["heads_reuse"] == 2 and summary["borrowed_sparse_calls"] == 0
@@ -134,10 +134,10 @@ def test_borrowed_masks_drive_heads_through_hysteresis():
     q, k, v = (torch.randn(1, 2, 256, 64) for _ in range(3))
     assert run.attend(q, k, v, 2, layer=1, step=5) is None  # no donor: dense, own estimate kept for recording
     assert 1 in run.own_masks()
-    run.borrowed = {1: BlockSparseMask.full(256, 64, heads=2)}  # covers everything: recall 1.0
+    run.borrowed = {1: full_mask(256, 64, heads=2)}  # covers everything: recall 1.0
     assert run.attend(q, k, v, 2, layer=1, step=6) is not None
     assert run.summary()["heads_reuse"] == 2 and run.summary()["borrowed_sparse_calls"] == 1
-    wrong = BlockSparseMask.full(512, 64, heads=2)  # another token grid: ignored, a clean miss
+    wrong = full_mask(512, 64, heads=2)  # another token grid: ignored, a clean miss
     run.borrowed = {2: wrong}
     assert run.attend(q, k, v, 2, layer=2, step=7) is None
 

@@ -7,18 +7,27 @@ import math
 
 import pytest
 import torch
+from support.masks import full_mask
 
-from carnator_core.attention.masks import (
-    BlockSparseMask,
-    estimate_block_mass,
-    estimate_mask,
-    pool_blocks,
-    recall,
-    select_blocks,
-)
-from carnator_core.kernels import block_sparse_attention, reference_attention
+from carnator_core.attention.masks import BlockSparseMask, estimate_block_mass, pool_blocks, recall, select_blocks
+from carnator_core.attention.sparse_attention import SparseAttentionSettings
+from carnator_core.kernels import BlockLayout, block_sparse_attention, reference_attention
 
 BLOCK = 64
+ENGINE = SparseAttentionSettings()  # the knobs a test leaves alone take the engine's defaults
+
+
+def select(mass: torch.Tensor, n_tokens: int, first_frame_tokens: int = 0, **knobs) -> BlockSparseMask:
+    """`select_blocks` in blocks of BLOCK under the engine's default tau and densities, `knobs` changed."""
+    knobs = {"tau": ENGINE.tau, "min_density": ENGINE.min_density, "max_density": ENGINE.max_density, **knobs}
+    return select_blocks(mass, n_tokens, BLOCK, first_frame_tokens=first_frame_tokens, **knobs)
+
+
+def estimate_mask(q: torch.Tensor, k: torch.Tensor, first_frame_tokens: int = 0,
+                  **knobs) -> tuple[BlockSparseMask, torch.Tensor]:
+    """The online mask for q, k as the engine builds it, and the block mass estimate it came from."""
+    mass = estimate_block_mass(q, k, BLOCK)
+    return select(mass, k.shape[2], first_frame_tokens, **knobs), mass
 
 
 def video_qk(frames: int, height: int, width: int, dim: int, heads: int, seed: int, sink: float = 1.0):
@@ -62,7 +71,7 @@ def true_coverage(q: torch.Tensor, k: torch.Tensor, mask: BlockSparseMask) -> to
 @pytest.mark.parametrize("seed", [0, 1])
 def test_estimated_mask_keeps_tau_of_true_mass_on_video_like_inputs(seed: int) -> None:
     q, k, first_frame = video_qk(8, 8, 16, 64, heads=4, seed=seed)
-    mask, _ = estimate_mask(q, k, BLOCK, tau=0.9, first_frame_tokens=first_frame, min_density=0.0)
+    mask, _ = estimate_mask(q, k, tau=0.9, first_frame_tokens=first_frame, min_density=0.0)
     assert mask.density() < 0.35, "the structure should make the mask sparse"
     coverage = true_coverage(q, k, mask).mean(-1)  # per head
     assert (coverage >= 0.9).all(), coverage
@@ -71,7 +80,7 @@ def test_estimated_mask_keeps_tau_of_true_mass_on_video_like_inputs(seed: int) -
 @pytest.mark.parametrize("seed", [0, 1])
 def test_estimated_mask_keeps_tau_of_true_mass_on_content_structure(seed: int) -> None:
     q, k = partner_qk(24, 64, heads=4, seed=seed)
-    mask, _ = estimate_mask(q, k, BLOCK, tau=0.9, min_density=0.0)
+    mask, _ = estimate_mask(q, k, tau=0.9, min_density=0.0)
     assert mask.density() < 0.15
     assert (true_coverage(q, k, mask).mean(-1) >= 0.9).all()
 
@@ -79,8 +88,7 @@ def test_estimated_mask_keeps_tau_of_true_mass_on_content_structure(seed: int) -
 def test_diagonal_and_first_frame_blocks_are_always_kept() -> None:
     mass = torch.zeros(1, 2, 10, 10)
     mass[..., 9] = 1.0  # the estimate puts everything on the last key block
-    mask = select_blocks(mass, n_tokens=10 * BLOCK - 7, block_size=BLOCK, tau=0.9, first_frame_tokens=130,
-                         min_density=0.0)
+    mask = select(mass, 10 * BLOCK - 7, first_frame_tokens=130, tau=0.9, min_density=0.0)
     blocks = mask.blocks[0, 0]
     assert blocks.diagonal().all() and blocks[:, :3].all() and blocks[:, 9].all()
     assert blocks.sum(-1).max() <= 5  # diagonal + 3 first-frame blocks + the one with the mass
@@ -89,19 +97,19 @@ def test_diagonal_and_first_frame_blocks_are_always_kept() -> None:
 def test_density_floor_and_cap() -> None:
     generator = torch.Generator().manual_seed(0)
     peaked = torch.softmax(torch.randn(1, 3, 20, 20, generator=generator) * 8, dim=-1)
-    floored = select_blocks(peaked, 20 * BLOCK, BLOCK, tau=0.5, min_density=0.25)
+    floored = select(peaked, 20 * BLOCK, tau=0.5, min_density=0.25)
     assert (floored.blocks.sum(-1) >= 5).all()
     flat = torch.full((1, 3, 20, 20), 1 / 20)
-    capped = select_blocks(flat, 20 * BLOCK, BLOCK, tau=0.99, min_density=0.0, max_density=0.2)
+    capped = select(flat, 20 * BLOCK, tau=0.99, min_density=0.0, max_density=0.2)
     assert (capped.blocks.sum(-1) <= 4).all() and capped.blocks.diagonal(dim1=-2, dim2=-1).all()
-    assert select_blocks(flat, 20 * BLOCK, BLOCK, tau=0.99, min_density=0.0).blocks.sum(-1).min() == 20
+    assert select(flat, 20 * BLOCK, tau=0.99, min_density=0.0).blocks.sum(-1).min() == 20
 
 
 def test_higher_tau_keeps_a_superset() -> None:
     q, k = partner_qk(16, 64, heads=2, seed=3)
     mass = estimate_block_mass(q, k, BLOCK)
-    loose = select_blocks(mass, q.shape[2], BLOCK, tau=0.6, min_density=0.0)
-    tight = select_blocks(mass, q.shape[2], BLOCK, tau=0.97, min_density=0.0)
+    loose = select(mass, q.shape[2], tau=0.6, min_density=0.0)
+    tight = select(mass, q.shape[2], tau=0.97, min_density=0.0)
     assert (tight.blocks | loose.blocks).equal(tight.blocks) and tight.density() > loose.density()
 
 
@@ -114,31 +122,23 @@ def test_estimate_rows_are_distributions_and_ragged_blocks_pool_their_own_tokens
     assert torch.allclose(mass.sum(-1), torch.ones(2, 3, 3), atol=1e-6)
 
 
-def test_packed_input_with_heads_matches_split_heads() -> None:
-    q, k, first_frame = video_qk(4, 8, 16, 64, heads=3, seed=0)
-    packed = [x.transpose(1, 2).reshape(1, x.shape[2], -1) for x in (q, k)]
-    split, _ = estimate_mask(q, k, BLOCK, first_frame_tokens=first_frame)
-    joined, _ = estimate_mask(*packed, BLOCK, first_frame_tokens=first_frame, heads=3)
-    assert torch.equal(split.blocks, joined.blocks)
-
-
 def test_non_finite_inputs_leave_rows_dense() -> None:
     q, k = partner_qk(8, 64, heads=2, seed=0)
     q[0, 1, 70] = float("nan")  # query block 1 of head 1
-    mask, _ = estimate_mask(q, k, BLOCK, min_density=0.0)
+    mask, _ = estimate_mask(q, k, min_density=0.0)
     assert mask.blocks[0, 1, 1].all() and not mask.blocks[0, 0, 1].all()
 
 
 def test_recall_of_full_mask_is_exactly_one() -> None:
     q, k = partner_qk(12, 64, heads=3, seed=1)
     mass = estimate_block_mass(q, k, BLOCK)
-    assert torch.equal(recall(BlockSparseMask.full(q.shape[2], BLOCK, heads=3), mass), torch.ones(1, 3))
+    assert torch.equal(recall(full_mask(q.shape[2], BLOCK, heads=3), mass), torch.ones(1, 3))
 
 
 def test_recall_prefers_the_requests_own_mask_over_an_unrelated_one() -> None:
     q, k = partner_qk(16, 64, heads=2, seed=4)
-    own, mass = estimate_mask(q, k, BLOCK, tau=0.9, min_density=0.0)
-    other, _ = estimate_mask(*partner_qk(16, 64, heads=2, seed=5), BLOCK, tau=0.9, min_density=0.0)
+    own, mass = estimate_mask(q, k, tau=0.9, min_density=0.0)
+    other, _ = estimate_mask(*partner_qk(16, 64, heads=2, seed=5), tau=0.9, min_density=0.0)
     own_recall, other_recall = recall(own, mass), recall(other, mass)
     assert (own_recall >= 0.9).all() and (own_recall > other_recall + 0.3).all()
 
@@ -146,8 +146,8 @@ def test_recall_prefers_the_requests_own_mask_over_an_unrelated_one() -> None:
 def test_recall_rejects_a_mismatched_grid() -> None:
     mass = torch.softmax(torch.randn(1, 2, 8, 8), -1)
     with pytest.raises(ValueError):
-        recall(BlockSparseMask.full(10 * BLOCK, BLOCK), mass)
-    assert not BlockSparseMask.full(10 * BLOCK, BLOCK).fits(1, 2, 8 * BLOCK)
+        recall(full_mask(10 * BLOCK, BLOCK), mass)
+    assert not full_mask(10 * BLOCK, BLOCK).fits(1, 2, 8 * BLOCK)
 
 
 @pytest.mark.parametrize("grid", [(1, 1, 1, 1), (1, 3, 7, 7), (2, 5, 13, 13)])
@@ -170,11 +170,11 @@ def test_estimated_mask_drives_the_kernels() -> None:
     """mask -> layout -> sparse attention equals the reference under the same mask; density 1 = dense."""
     q, k, first_frame = video_qk(4, 8, 16, 64, heads=2, seed=2)
     v = torch.randn_like(q)
-    mask, _ = estimate_mask(q, k, BLOCK, first_frame_tokens=first_frame)
-    layout = mask.to_layout()
+    mask, _ = estimate_mask(q, k, first_frame_tokens=first_frame)
+    layout = BlockLayout.from_dense(mask.blocks, mask.block_size, mask.n_tokens)
     assert torch.equal(layout.to_dense(), mask.blocks)
     error = (block_sparse_attention(q, k, v, layout) - reference_attention(q, k, v, layout)).abs().max()
     assert error <= 1e-5
-    full = BlockSparseMask.full(q.shape[2], BLOCK).to_layout()
+    full = BlockLayout.full(q.shape[2], BLOCK)
     dense = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert (block_sparse_attention(q, k, v, full) - dense).abs().max() <= 1e-5
