@@ -62,7 +62,7 @@ def reuse_inputs() -> list[io.Input]:
 
 
 def probe_batch_input() -> io.Input:
-    """Last input of every reuse node, so workflows saved before it existed keep their widget order."""
+    """Last input of every reuse node: saved workflows hold widget values by position, so it stays last."""
     return io.Int.Input("probe_batch", **expert(), **_setting("probe_batch"), optional=True,
                         tooltip="Donor states probed in one model call (other donors' checkpoints at the same "
                                 "step). 0 = auto: as many as fit in free GPU memory, up to 4; 1 on CPU, where a "

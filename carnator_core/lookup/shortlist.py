@@ -7,10 +7,10 @@ group is one list, scanned whole. A list that outgrows `list_size` splits in two
 so a large group becomes an inverted file: a query scores the lists' centroids, then the
 rows of the nearest lists up to `probe_rows` rows, and finally re-scores the best few
 exactly in fp32. Once a group has split, its coarse stage uses compact codes (the rows
-projected on the group's CODE_DIMS principal axes, fp32: on CPUs a fp32 product over 128
-numbers costs a small fraction of a fp16 one over 640). At a million entries a query reads
-about 10 MB instead of a gigabyte. The index lives in memory, is filled from the store once
-in batches, and then follows the store's append log.
+projected on the group's CODE_DIMS principal axes, fp32: on CPUs a fp32 product over those few
+numbers costs a small fraction of a fp16 one over the whole row), so a query reads the codes of
+the probed lists rather than every row. The index lives in memory, is filled from the store
+once in batches, and then follows the store's append log.
 """
 
 from __future__ import annotations

@@ -3,17 +3,17 @@
 At a donor checkpoint (x_k, sigma_k, x0_k, guidance_k) the new request's own model, with its
 own conditioning and CFG, predicts x0_new and guidance_new. Three signals come out:
 
-- raw agreement      1 - |x0_new - x0_donor| / |x0_donor - x_k|: the issue's baseline. Late in
-                     the schedule every prompt's x0 converges on x_k, so it rises with depth
-                     whatever the prompt: it is reported, not trusted alone.
+- raw agreement      1 - |x0_new - x0_donor| / |x0_donor - x_k|. Late in the schedule every
+                     prompt's x0 converges on x_k, so it rises with depth whatever the prompt:
+                     it is reported, not trusted alone.
 - guidance cosine    cos(guidance_new, guidance_donor), guidance = x0_cond - x0_uncond: whether
                      the new prompt pushes the state in the donor prompt's direction.
 - structure agreement the raw agreement after removing per-frame, per-channel means, so a
                      global colour or style change (fixable late) does not hide a layout or
                      motion change (not fixable late), and vice versa.
 
-`ProbeThresholds` turns them into a depth-dependent decision; defaults come from the
-calibration run of the workload benchmark (see README).
+`ProbeThresholds` turns them into a depth-dependent decision; its defaults come from the probe
+calibration (`python -m carnator_core.bench probe`, docs/measurements.md "Probe calibration").
 """
 
 from __future__ import annotations
@@ -88,20 +88,18 @@ def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_do
 class ProbeThresholds:
     """Depth-dependent acceptance: deeper resumes must agree more (threshold + slope x depth).
 
-    Calibrated on measured outcomes (`python -m carnator_core.bench probe --pairs 3 --steps 20`, 90 probes on
-    the shipped demo model): the lowest structure threshold that accepts no quality-losing resume rose from
-    0.857 at depth 0.2 to 0.901 at depth 0.8; 0.85 + 0.09 x depth (with the same slope on guidance) accepted
-    24 of the 63 resumes that kept quality and none that lost it, where the first guess 0.80 + 0.15 x depth
-    accepted 24 of which 3 lost quality.
+    Why the slope: deeper in the schedule the model follows the state it is given more closely, so agreement
+    rises with depth for every donor and the bar must rise with it. The defaults follow the lowest structure
+    threshold that, in the probe calibration, let no resume through that lost quality against plain sampling.
     """
 
     structure: float = 0.85
     structure_slope: float = 0.09
     guidance: float = 0.80
     guidance_slope: float = 0.09
-    # In the same calibration no donor that missed the structure threshold by more than this at one depth
-    # passed at any other (18 prompt pairs x 5 depths): its agreement moves with depth about as the threshold
-    # does. (Checkpoints holding a step cache's extrapolation would break this; the planner never offers them.)
+    # A donor that misses the structure threshold by more than this at one depth is given up: its agreement moves
+    # with depth about as the threshold does, so it would miss at the others too. (Checkpoints holding a step
+    # cache's extrapolation would break this; the planner never offers them.)
     give_up_margin: float = 0.05
 
     def needed_structure(self, depth: float) -> float:

@@ -1,6 +1,6 @@
 """The reuse store: entries of earlier requests, shared by every worker that points at it.
 
-A store lives on a key-value backend (store_backend.py): a local diskcache directory, the
+A store lives on a key-value backend (backend.py): a local diskcache directory, the
 default, shared by every ComfyUI process on the machine, or a Redis database shared by a
 fleet of workers, selected by a `redis://` URL. All entry logic is here, once, for both.
 
