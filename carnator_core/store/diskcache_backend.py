@@ -2,12 +2,12 @@
 
 diskcache keeps small values in SQLite and large ones in files beside it, and its
 transactions are SQLite transactions: a writer killed mid-entry leaves no row behind. Values
-are only ever bytes, and counters integers: `SafeDisk` refuses to pickle on write and to
-unpickle on read, so a planted pickle payload is reported as corruption and never executed,
+are written as bytes, and counters as integers; JSON records stored as text read as their
+bytes. `SafeDisk` refuses to pickle on write and to unpickle on read, so a planted pickle payload is reported as corruption and never executed,
 and it reads value files only when they are regular files inside the store.
 
 The append log is a counter (`carnator/seq`) plus one key per position (`seq/<n>`, 1-based,
-zero-padded); records are JSON objects stored as UTF-8 bytes.
+zero-padded); records are JSON objects, written as UTF-8 bytes.
 
 The directory is hostile ground: files can be truncated, deleted, replaced or planted under a
 running worker. Database failures become `StoreUnavailable` (a damaged database stays so until
@@ -106,17 +106,24 @@ class SafeDisk(diskcache.Disk):
     def fetch(self, mode, filename, value, read):
         if mode == MODE_PICKLE:
             raise UnsafeValueError("refusing to unpickle a store value")
-        if mode == MODE_TEXT:
-            raise CorruptValueError("store value is text, not bytes")
         if filename is None:
             return super().fetch(mode, filename, value, read)
-        return _read_value_file(self._directory, filename)
+        data = _read_value_file(self._directory, filename)
+        if mode != MODE_TEXT:
+            return data
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise CorruptValueError(f"store value {filename!r} is not text: {error}") from None
 
 
-def _as_bytes(value: bytes | int | float | None) -> bytes | None:
-    """A stored value, which is bytes (or absent); a counter or anything else planted under a value's key is not."""
+def _as_bytes(value: bytes | str | int | float | None) -> bytes | None:
+    """A stored value as bytes (or absent). Stores hold their JSON records as text too, which reads as its UTF-8
+    bytes; a counter or anything else planted under a value's key is no value."""
     if value is None or isinstance(value, bytes):
         return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
     raise CorruptValueError(f"expected bytes, found {type(value).__name__}")
 
 

@@ -28,7 +28,7 @@ from carnator_core.store.backend import StoreError, UnsafeValueError
 from carnator_core.store.entry import SCHEMA_VERSION, EntryMeta, HardKey
 from carnator_core.store.location import resolve_store_directory
 from carnator_core.store.redis_backend import is_redis_url
-from carnator_core.store.reuse_store import EntryStats, IndexVectors, ReuseStore
+from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import decode_tensors, encode_tensors
 
 WRITER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "store_writer.py")
@@ -167,18 +167,24 @@ def test_an_index_record_that_does_not_name_its_entry_is_left_out(location, capl
     assert sum("skipping entry" in r.message and unnamed[0].entry_id in r.message for r in caplog.records) == 1
 
 
-def test_text_planted_in_a_local_store_is_no_value(tmp_path):
+def test_records_stored_as_json_text_read_as_records(tmp_path):
+    """A local store may hold its stats and log records as JSON text: entries, counters and ranking read alike."""
     directory = str(tmp_path / "store")
     store = ReuseStore(directory)
     meta, blobs, vectors = synthetic_entry("text", 0, 64)
     store.put(meta, blobs, vectors)
-    plant(directory, f"meta/{meta.entry_id}", meta.to_json())
-    plant(directory, f"stats/{meta.entry_id}", json.dumps({"hits": 5}))
-    plant(directory, f"blob/{meta.entry_id}/checkpoints", "x" * 100_000)  # large enough for a value file
-    assert store.get_meta(meta.entry_id) is None
-    assert store.stats(meta.entry_id) == EntryStats()
-    assert store.get_blob(meta.entry_id, "checkpoints") is None
-
+    store.record_hit(meta.entry_id, 3.0)
+    as_text = []
+    with diskcache.Cache(directory) as cache:
+        for key in list(cache.iterkeys()):
+            value = cache.get(key)
+            if isinstance(key, str) and key.startswith(("stats/", "seq/")) and isinstance(value, bytes):
+                cache.set(key, value.decode("utf-8"))
+                as_text.append(key.split("/")[0])
+    assert sorted(as_text) == ["seq", "stats"]
+    reopened = ReuseStore(directory)
+    assert reopened.stats(meta.entry_id).hits == 1
+    assert [entry.entry_id for entry in reopened.index_entries(list(reopened.entry_ids()))] == [meta.entry_id]
 
 def test_two_processes_writing_concurrently_lose_nothing(location):
     ReuseStore(location)
