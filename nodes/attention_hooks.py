@@ -185,12 +185,17 @@ def _block_index(options: dict) -> int | None:
 
 def _attend_video_first(run: SparseAttentionRun, options: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         heads: int, step: int, key_valid: torch.Tensor | None, scale) -> torch.Tensor | None:
-    """`run.attend` on (B, H, N, D) tensors with the video tokens first, where the engine expects them."""
-    text = q.shape[2] - run.video_tokens if options.get(TEXT_FIRST_KEY) else 0
+    """`run.attend` on (B, H, N, D) tensors with the video tokens first, where the engine expects them.
+
+    The tokens are reordered only for a call that can go sparse: a dense one (early steps, edge blocks) runs on
+    the host's own tensors without a copy.
+    """
+    layer, tokens = _block_index(options), q.shape[2]
+    text = tokens - run.video_tokens if options.get(TEXT_FIRST_KEY) and run.may_be_sparse(tokens, layer, step) else 0
     if text > 0:
         q, k, v = (x.roll(-text, dims=2) for x in (q, k, v))
         key_valid = None if key_valid is None else key_valid.roll(-text)
-    out = run.attend(q, k, v, heads, _block_index(options), step, key_valid, scale)
+    out = run.attend(q, k, v, heads, layer, step, key_valid, scale)
     return out.roll(text, dims=2) if out is not None and text > 0 else out
 
 
