@@ -42,8 +42,9 @@ class SparseAttentionSettings:
     tau: float = 0.9
     min_density: float = 0.05
     max_density: float = 1.0
-    # A layer whose mask is fuller than this runs dense: block-sparse attention is no faster there (CPU path:
-    # 0.71 of the ideal 1/density, so ~break-even at 0.7; per-call overhead moves it lower on short sequences).
+    # A layer whose mask is fuller than this runs dense: block-sparse attention is no faster there (the kernels
+    # reach a fraction of the ideal 1/density speedup, and per-call overhead lowers the break-even on short
+    # sequences; docs/measurements.md has the attention benchmark).
     dense_above: float = 0.6
     dense_fraction: float = 0.25  # first share of steps stays dense
     dense_first_blocks: int = 1
