@@ -29,11 +29,12 @@ import torch
 
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.lookup.embeddings import condition_vector
-from carnator_core.lookup.fingerprint import FingerprintError, noise_fingerprint
+from carnator_core.lookup.fingerprint import FingerprintError, content_fingerprint, noise_fingerprint
 from carnator_core.reuse.applicability import latent_reuse_refusal
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
+from carnator_core.reuse.trajectory import Handover, handovers
 from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import preview_png
 
@@ -139,10 +140,33 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     sigma_list = [float(s) for s in sigmas.flatten().tolist()]
     key = hard_key(guider.model_patcher, noise, sigmas)
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
+    continues, refusal = None, latent_reuse_refusal(denoise_mask, latent_image, sigma_list[0], sigma_max)
+    if refusal and denoise_mask is None and isinstance(latent_image, torch.Tensor):
+        continues, refusal = continued_stage(latent_image, noise, sigma_list[0], refusal)
     return ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
                     noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
-                    latent_reuse_refusal=latent_reuse_refusal(denoise_mask, latent_image, sigma_list[0], sigma_max))
+                    latent_reuse_refusal=refusal, continues=continues)
+
+
+def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor, first_sigma: float,
+                    refusal: str) -> tuple[Handover | None, str]:
+    """The hand-over a run continues when its input latent is a stage output this process handed over, it adds no
+    noise and starts where that stage ended; with why latent reuse does not apply ("" when it may)."""
+    if torch.count_nonzero(latent_image) == 0:
+        return None, refusal
+    fingerprint = content_fingerprint(latent_image)
+    handover, why = handovers.claim(fingerprint)
+    if handover is None:
+        return None, why or (refusal + " (and not the output of a stage sampled here: edited, resized, another seed "
+                                       "or another process)")
+    if torch.count_nonzero(noise) or abs(handover.sigma - first_sigma) > 1e-6:
+        handovers.give_back(fingerprint, handover)
+        return None, ("a stage output sampled with fresh noise or from another sigma than the stage ended at: "
+                      "not a stage order Carnator knows, latent reuse off")
+    if handover.donor is None:
+        return handover, "continues a stage that sampled in full: latent reuse off for this stage"
+    return handover, ""
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> HostState:
@@ -203,7 +227,10 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     with per_run_options(guider) as transformer_options:
         state = open_run(guider, transformer_options[SETTINGS_KEY], call)
         with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
-            return executor(*args, **kwargs)
+            output = executor(*args, **kwargs)
+            if state.run is not None and state.run.hands_over and isinstance(output, torch.Tensor):
+                state.run.output_fingerprint = content_fingerprint(output)
+            return output
 
 
 def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:
@@ -321,6 +348,10 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
     start = 0
     if targets:
         resume = run.probe(targets, evaluate, batch_limit)
+        if resume is not None and resume.end is not None:  # the stage is skipped whole: return the donor's output
+            output = resume.end.latent.to(device=noise.device, dtype=noise.dtype)
+            run.observe_end(resume.end.sigma, output)
+            return output
         if resume is not None:
             _adopt_step_cache(state, guider, extra_args, resume.target.x)
             start = resume.target.step
@@ -353,8 +384,10 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
         if callback is not None:
             callback(step, x0, x, total_steps)
 
-    return sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
-                  **passed_on)
+    output = sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
+                    **passed_on)
+    run.observe_end(sigma_values[-1], output)
+    return output
 
 
 def _first_state(guider, sampler, sigmas: torch.Tensor, noise: torch.Tensor, latent_image) -> torch.Tensor:

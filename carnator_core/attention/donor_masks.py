@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from carnator_core.attention.masks import BlockSparseMask
 from carnator_core.attention.sparse_attention import masks_from_blob
+from carnator_core.reuse.trajectory import masks_blob, stage_view
 from carnator_core.store.reuse_store import ReuseStore
 
 
-def load_donor_masks(store: ReuseStore, entry_id: str) -> dict[int, BlockSparseMask]:
-    """A donor entry's recorded masks; missing or corrupt masks are a clean miss (empty dict)."""
+def load_donor_masks(store: ReuseStore, entry_id: str, stage: int = 0, model: str = "") -> dict[int, BlockSparseMask]:
+    """A donor entry's recorded masks (of stage `stage` of its trajectory); missing or corrupt masks, or masks of a
+    stage another model made (`model`, when given), are a clean miss (empty dict)."""
     meta = store.get_meta(entry_id)
-    tensors = store.get_tensors(entry_id, "masks") if meta is not None and meta.masks else None
-    if tensors is None:
+    view = stage_view(meta, stage) if meta is not None else None
+    if view is None or not view.masks or (stage and model and view.hard_key.model != model):
         return {}
-    return masks_from_blob(meta.masks, tensors)
+    tensors = store.get_tensors(entry_id, masks_blob(stage))
+    return masks_from_blob(view.masks, tensors) if tensors is not None else {}

@@ -106,3 +106,12 @@ def noise_fingerprint(noise: torch.Tensor) -> str:
     hasher = hashlib.sha256(str(tuple(noise.shape)).encode())
     hasher.update(tensor_sample(noise, count=256))
     return _digest(hasher)
+
+
+def content_fingerprint(tensor: torch.Tensor) -> str:
+    """Identity of a latent's whole content, as the fp16 values ComfyUI may keep between nodes: a stage's output and
+    the next sampler's input match only when they are the same tensor (any edit in between changes it)."""
+    values = tensor.detach().to(device="cpu", dtype=torch.float16).contiguous()
+    hasher = hashlib.sha256(str(tuple(values.shape)).encode())
+    hasher.update(values.view(torch.int16).numpy().tobytes())
+    return _digest(hasher)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.trajectory import StageEnd, checkpoint_blob, stage_end_of, stage_view, view_stage
 from carnator_core.store.entry import EntryMeta
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -28,6 +29,16 @@ class RequestFacts:
     latent_shape: tuple[int, ...]
     noise_fingerprint: str
     total_steps: int
+    # A stage of a trajectory (`carnator_core.reuse.trajectory`) plans against the donors' same stage, made by the
+    # same model, and its depth counts in the whole trajectory's steps.
+    stage: int = 0
+    model: str = ""
+    first_step: int = 0
+    trajectory_steps: int | None = None
+
+    def max_step(self, fraction: float) -> int:
+        """The deepest step of this run a resume limited to `fraction` of the (trajectory's) schedule may start at."""
+        return last_step_within(fraction, self.trajectory_steps or self.total_steps) - self.first_step
 
 
 @dataclass
@@ -60,6 +71,7 @@ class ProbeTarget:
     # deep pass here, unless `start` already did.
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for ReuseRun._screen
+    end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
 
     @property
     def depth(self) -> float:
@@ -107,11 +119,10 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     which no probe of the live model can confirm. Checkpoint blobs are read only for the donors the plan keeps.
     """
     reads = _Reads(store, facts)
-    remaining = iter(donor_offers(reads, candidates, last_step_within(max_fraction, facts.total_steps),
-                                  same_noise_only))
+    remaining = iter(donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only))
     targets = _collect(reads, remaining, max_probes)
     if fallback_fraction is not None:
-        fallback_step = last_step_within(fallback_fraction, facts.total_steps)
+        fallback_step = facts.max_step(fallback_fraction)
         if not any(t.step <= fallback_step for t in targets):
             targets += _collect(reads, (offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
     return targets, reads.skipped
@@ -125,6 +136,10 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
         meta = reads.store.get_meta(candidate.entry_id)
         if meta is None:
             reads.skip("entry vanished or corrupt")
+            continue
+        meta = stage_view(meta, reads.facts.stage)
+        if meta is None:
+            reads.skip("donor has no such stage")
             continue
         reason = _incompatibility(meta, reads.facts, same_noise_only)
         if reason is None:
@@ -140,6 +155,8 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
 def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool) -> str | None:
     """Why no state of this donor can continue the live request (another sigma schedule, latent shape or, when
     only the same noise counts, initial noise), or None when its states can."""
+    if facts.model and meta.hard_key.model != facts.model:
+        return "other model"
     if meta.hard_key.schedule != facts.schedule or meta.total_steps != facts.total_steps:
         return "other sigma schedule"
     if tuple(meta.latent_shape) != tuple(facts.latent_shape):
@@ -187,16 +204,19 @@ def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, m
         return None
     target.anchor = _anchor_for(reads, meta, step, candidate)
     target.start = _start_for(reads, meta)
+    target.end = stage_end_of(meta, tensors, reads.facts.latent_shape)
     return target
 
 
 def _checkpoints_of(reads: _Reads, meta: EntryMeta) -> dict[str, torch.Tensor] | None:
-    """The entry's checkpoint tensors, read once per plan; a missing or corrupt blob counts one skip."""
-    if meta.entry_id not in reads.blobs:
-        reads.blobs[meta.entry_id] = reads.store.get_tensors(meta.entry_id, "checkpoints")
-        if reads.blobs[meta.entry_id] is None:
+    """The checkpoint tensors of the entry's stage, read once per plan; a missing or corrupt blob counts one skip."""
+    name = checkpoint_blob(view_stage(meta))
+    key = f"{meta.entry_id}/{name}"
+    if key not in reads.blobs:
+        reads.blobs[key] = reads.store.get_tensors(meta.entry_id, name)
+        if reads.blobs[key] is None:
             reads.skip("checkpoint blob missing or corrupt", meta)
-    return reads.blobs[meta.entry_id]
+    return reads.blobs[key]
 
 
 def _checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float, candidate: Candidate,
@@ -250,3 +270,10 @@ def _start_for(reads: _Reads, meta: EntryMeta) -> StartPrediction | None:
         return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
                                guidance=guidance if _usable(guidance, None) else None)
     return None
+
+
+def boundary_prediction(store: ReuseStore, view: EntryMeta, latent_shape: tuple[int, ...]) -> StartPrediction | None:
+    """What a donor's stage predicted at its first state (the boundary it was handed), for the run that continues
+    a stage skipped to that donor's output to compare its own first evaluation with."""
+    return _start_for(_Reads(store, RequestFacts(schedule="", latent_shape=latent_shape, noise_fingerprint="",
+                                                 total_steps=view.total_steps)), view)

@@ -25,6 +25,8 @@ from carnator_core.store.tensor_codec import encode_tensors
 
 log = logging.getLogger("carnator.recorder")
 
+END_TENSOR = "end"  # a stage's output in its checkpoint blob (`carnator_core.reuse.trajectory`)
+
 @dataclass
 class Checkpoint:
     step: int
@@ -42,6 +44,8 @@ class RunRecorder:
 
     checkpoint_steps: set[int]
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+    # (sigma, output) of a stage that ends with leftover noise: what a later request that skips the stage returns
+    end: tuple[float, torch.Tensor] | None = None
 
     def wants(self, step: int) -> bool:
         return step in self.checkpoint_steps and step not in self.checkpoints
@@ -61,6 +65,10 @@ class RunRecorder:
                                          x0=x0.detach().to("cpu", torch.float16, copy=True),
                                          guidance=_stored_guidance(guidance))
 
+    def capture_end(self, sigma: float, output: torch.Tensor) -> None:
+        """Keep the stage's output (what its sampler returned, leftover noise included) as a CPU fp16 copy."""
+        self.end = (float(sigma), output.detach().to("cpu", torch.float16, copy=True))
+
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blob holding the tensors."""
         tensors: dict[str, torch.Tensor] = {}
@@ -74,6 +82,8 @@ class RunRecorder:
                 tensors[f"g_{step}"] = checkpoint.guidance
             listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
                             "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
+        if self.end is not None:
+            tensors[END_TENSOR] = self.end[1]
         return listing, ({"checkpoints": encode_tensors(tensors)} if tensors else {})
 
 

@@ -43,6 +43,9 @@ class RunReport:
     skipped_donors: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     sparse_attention_only: bool = False  # no reuse engine took part: the JSON has the attention fields only
+    # A run that is one stage of a trajectory (`carnator_core.reuse.trajectory`): its index, first trajectory step,
+    # whether it hands over to a later stage and whether it was skipped whole; empty for a single-stage run.
+    stage: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def plain(cls, mode: str, reason: str, total_steps: int, model_calls: int, elapsed: float,
@@ -88,6 +91,7 @@ class RunReport:
             "filtered": self.filtered,
             "skipped_donors": self.skipped_donors,
             "notes": self.notes,
+            "stage": self.stage,
         }
         if self.sparse_attention_only:
             return {name: data[name] for name in _SPARSE_ATTENTION_FIELDS}

@@ -20,11 +20,19 @@ from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.fingerprint import noise_fingerprint
-from carnator_core.reuse.planner import ProbeTarget, RequestFacts, last_step_within, plan_probes
+from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.planner import (
+    ProbeTarget,
+    RequestFacts,
+    StartPrediction,
+    boundary_prediction,
+    plan_probes,
+)
 from carnator_core.reuse.probe import ProbeSignals, probe_signals
 from carnator_core.reuse.recorder import PendingEntry, RunRecorder, writer
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.trajectory import Handover, StageEnd, append_stage, handovers, stage_view, trajectory_steps
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
@@ -53,6 +61,12 @@ class Resume:
     signals: ProbeSignals | None  # None for the unverified text-similarity baseline
     x0: torch.Tensor | None  # the live model's prediction at the resume state: reused as step `step`'s evaluation
     guidance: torch.Tensor | None = None  # and its guidance direction, recorded with it
+    end: StageEnd | None = None  # the stage is skipped whole: the run returns the donor stage's output
+
+    @property
+    def step(self) -> int:
+        """The step sampling resumes at (the stage's length when it is skipped whole)."""
+        return self.target.meta.total_steps if self.end is not None else self.target.step
 
 
 @dataclass
@@ -85,11 +99,29 @@ class ReuseRun:
     # The state the sampler starts from (the host computes it as the sampler does, for every run): its fingerprint
     # identifies step 0 in the store, so a donor and a request compare the same computation whatever the sampler.
     start_state: torch.Tensor | None = None
+    # The hand-over of the stage this run continues (a later stage of a trajectory), or None for a first stage.
+    continues: Handover | None = None
+    # Set by the host once the run has sampled: the content fingerprint of what it returned, under which a stage that
+    # ends with leftover noise hands over to the sampler that continues it.
+    output_fingerprint: str | None = None
+    # A continuation of a stage skipped to a donor's output: that donor's first prediction in this stage, which the
+    # run's own first evaluation is compared with (the boundary check, reported; it costs no call).
+    boundary: StartPrediction | None = None
+    _screened: dict[str, ProbeSignals] = field(default_factory=dict, init=False, repr=False)  # donors passed at step 0
     _start_fingerprint: str | None = field(default=None, init=False, repr=False)
 
     @property
     def total_steps(self) -> int:
         return len(self.sigmas) - 1
+
+    @property
+    def hands_over(self) -> bool:
+        """Whether the run ends with leftover noise: a stage that another sampler continues."""
+        return self.sigmas[-1] > 0.0
+
+    @property
+    def stage(self) -> int:
+        return self.continues.next_stage if self.continues is not None else 0
 
     # ------------------------------------------------------------------ before sampling
     def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
@@ -99,6 +131,8 @@ class ReuseRun:
 
         Empty when latent reuse is off for this run.
         """
+        if self.continues is not None:
+            return self._plan_continuation(batch_limit)
         if match is not None:
             self.match = match
             if match.request is not None and match.request.prompt == self.settings.prompt:
@@ -124,6 +158,34 @@ class ReuseRun:
                                             fallback_targets=max(1, batch_limit))
         return targets
 
+    def _plan_continuation(self, batch_limit: int) -> list[ProbeTarget]:
+        """A later stage plans against the donor its first stage was skipped to, and no other: that donor's same stage,
+        made by the same model (expert, LoRA, strength) over the same schedule slice, at most as deep as the mode allows
+        in the whole trajectory. The donor was confirmed at step 0, so a deep pass needs no confirmation."""
+        handover = self.continues
+        self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
+        self.store_problem = self.store.unavailable
+        donor = handover.donor
+        candidates = []
+        if donor is not None:
+            candidates = [Candidate(entry_id=donor.entry_id, prompt=donor.prompt, score=1.0, cond_similarity=1.0,
+                                    text_similarity=None)]
+        self.match = Match(store_directory=self.settings.store_directory, request=None, candidates=candidates)
+        view = stage_view(donor, self.stage) if donor is not None else None
+        if view is not None and view.hard_key.model == self.hard_key.model:
+            self.boundary = boundary_prediction(self.store, view, self.latent_shape)
+        if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
+            return []
+        facts = RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
+                             noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps, stage=self.stage,
+                             model=self.hard_key.model, first_step=handover.next_step,
+                             trajectory_steps=trajectory_steps(donor))
+        targets, self.skipped = plan_probes(self.store, candidates, facts, self.settings.max_resume_fraction,
+                                            same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
+                                            fallback_fraction=self.settings.fallback_resume_fraction,
+                                            fallback_targets=max(1, batch_limit))
+        return [replace(target, anchor=None) for target in targets]
+
     def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
         """Evaluate targets in planner order; resume from the deepest checkpoint whose signals pass.
 
@@ -142,9 +204,11 @@ class ReuseRun:
         pending = list(targets)
         if self.start_state is not None and self.settings.max_probes > 0:
             pending = self._screen(pending, evaluate)
+            if self._skip_stage(pending) is not None:
+                return self.resume
         thresholds = self.settings.thresholds
         fallback = self.settings.fallback_resume_fraction
-        fallback_step = None if fallback is None else last_step_within(fallback, self.total_steps)
+        fallback_step = None if fallback is None else self._facts_step(fallback)
         for call_index in range(self.settings.max_probes):
             if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
                     p["step"] <= fallback_step and not p["confirms_deeper"] for p in self.probes):
@@ -170,6 +234,29 @@ class ReuseRun:
                     self.resume = Resume(target=target, signals=signals, x0=x0_new, guidance=guidance_new)
             pending = [t for t in pending if t.meta.entry_id not in hopeless]
             if self.resume is not None:
+                return self.resume
+        return None
+
+    def _facts_step(self, fraction: float) -> int:
+        """The deepest step of this run a resume limited to `fraction` may start at (in the trajectory's steps for a
+        later stage)."""
+        if self.continues is None or self.continues.donor is None:
+            return RequestFacts("", (), "", self.total_steps).max_step(fraction)
+        return RequestFacts("", (), "", self.total_steps, first_step=self.continues.next_step,
+                            trajectory_steps=trajectory_steps(self.continues.donor)).max_step(fraction)
+
+    def _skip_stage(self, screened: list[ProbeTarget]) -> Resume | None:
+        """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, and the
+        stage's share of the trajectory lies within the mode's depth: the run returns the donor's output, and the
+        next stage starts from it (its own model's first evaluation there is the boundary check)."""
+        if not self.hands_over or self.stage != 0:
+            return None
+        limit = self.settings.max_resume_fraction + 1e-9
+        for target in screened:
+            signals = self._screened.get(target.meta.entry_id)
+            if target.end is not None and signals is not None and target.end.share <= limit \
+                    and abs(target.end.sigma - self.sigmas[-1]) < 1e-6:
+                self.resume = Resume(target=target, signals=signals, x0=None, end=target.end)
                 return self.resume
         return None
 
@@ -201,6 +288,8 @@ class ReuseRun:
             self._record_probe(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
             if not passed:
                 ruled_out.add(entry_id)
+            else:
+                self._screened[entry_id] = signals
         return [replace(target, anchor=None) if target.meta.entry_id in starts else target
                 for target in targets if target.meta.entry_id not in ruled_out]
 
@@ -234,12 +323,32 @@ class ReuseRun:
     # ------------------------------------------------------------------ during sampling
     def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                      guidance: torch.Tensor | None, evaluated: bool = True) -> None:
+        if step == 0 and self.boundary is not None and evaluated:
+            self._check_boundary(x, x0, guidance)
         if self.recorder is None or not self.recorder.wants(step):
             return
         if step > 0:
             self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
         elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
             self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance)
+
+    def _check_boundary(self, x: torch.Tensor, x0: torch.Tensor, guidance: torch.Tensor | None) -> None:
+        """Compare this stage's first evaluation, at the donor output the previous stage was skipped to, with the
+        donor's own there. It changes nothing (the skip is done); the report shows it beside the step-0 screen."""
+        boundary, self.boundary = self.boundary, None
+        donor_guidance = boundary.guidance.to(x0.device) if boundary.guidance is not None else None
+        signals = probe_signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance)
+        passed = self.settings.thresholds.passes(signals)
+        self._record_probe(boundary.meta, 0, signals, passed, False, batched_with=0, confirms=True)
+        self.probes[-1]["boundary"] = True
+        if not passed:
+            log.warning("Carnator: the state stage %d was skipped to disagrees at the boundary with donor %s (%s)",
+                        self.stage - 1, boundary.meta.entry_id[:8], signals.as_dict())
+
+    def observe_end(self, sigma: float, output: torch.Tensor) -> None:
+        """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
+        if self.recorder is not None and self.hands_over:
+            self.recorder.capture_end(sigma, output)
 
     @property
     def start_fingerprint(self) -> str | None:
@@ -260,6 +369,8 @@ class ReuseRun:
         """The entry that lends this run its attention masks: the donor it resumed from, else its best candidate."""
         if self.resume is not None:
             return self.resume.target.meta.entry_id
+        if self.continues is not None:
+            return self.continues.mask_donor
         best = self.match.best if self.match is not None else None
         return best.entry_id if best is not None else None
 
@@ -269,26 +380,27 @@ class ReuseRun:
             return
         donor = self.mask_donor
         if donor is not None:
-            attention.borrowed = load_donor_masks(self.store, donor)
+            attention.borrowed = load_donor_masks(self.store, donor, self.stage, self.hard_key.model)
 
     # ------------------------------------------------------------------ after sampling
     def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
                thumbnail: bytes | None = None) -> RunReport:
-        """Submit the entry for background writing and return the report."""
+        """Submit the entry for background writing (or hand it to the stage that continues this one) and return the
+        report."""
         self.model_calls += model_calls
         if attention is not None:
             self.attention = attention.summary()
         elapsed = time.perf_counter() - self.started_at
         self.store_problem = self.store_problem or self.store.unavailable
         if self.resume is not None:
-            saved_steps = self.resume.target.step
+            saved_steps = self.resume.step
             donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
             self.store.record_hit(self.resume.target.meta.entry_id, saved_steps * donor_seconds_per_step)
-        if self.settings.record and self.recorder is not None:
-            self._submit(elapsed, attention, thumbnail)
+        recorded = self.settings.record and self.recorder is not None
+        self._hand_on(self._entry(elapsed, attention, thumbnail) if recorded else None)
         return self.report(elapsed)
 
-    def _submit(self, elapsed: float, attention: SparseAttentionRun | None, thumbnail: bytes | None) -> None:
+    def _entry(self, elapsed: float, attention: SparseAttentionRun | None, thumbnail: bytes | None) -> PendingEntry:
         listing, blobs = self.recorder.blobs()
         if thumbnail:
             blobs["thumb"] = thumbnail
@@ -300,22 +412,46 @@ class ReuseRun:
                 blobs["masks"] = encode_tensors(mask_tensors)
         lineage = {}
         if self.resume is not None:
-            lineage = {"donor_id": self.resume.target.meta.entry_id, "depth": self.resume.target.step}
-        skipped_steps = self.resume.target.step if self.resume is not None else 0
+            lineage = {"donor_id": self.resume.target.meta.entry_id, "depth": self.resume.step}
+        skipped_steps = self.resume.step if self.resume is not None else 0
         # work of a full run, so that saved-work estimates stay honest for entries that themselves reused
         full_seconds = elapsed * self.total_steps / max(1, self.total_steps - skipped_steps)
+        extra: dict[str, Any] = {"sigmas": [round(s, 6) for s in self.sigmas]}
+        if self.recorder.end is not None:
+            extra["stage_end"] = {"sigma": self.recorder.end[0]}
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
                          latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
                          cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
                          sample_seconds=full_seconds, checkpoints=listing, masks=masks_meta, lineage=lineage,
-                         extra={"sigmas": [round(s, 6) for s in self.sigmas]})
-        writer.submit(PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector,
-                                   text_vector=self.text_vector))
+                         extra=extra)
+        return PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector,
+                            text_vector=self.text_vector)
+
+    def _hand_on(self, entry: PendingEntry | None) -> None:
+        """Write the request's entry, or keep it for the sampler that continues this stage. A later stage adds its
+        record to the entry its first stage left."""
+        if self.continues is not None:
+            whole = self.continues.pending
+            if whole is not None and entry is not None:
+                end = entry.meta.extra.get("stage_end")
+                append_stage(whole, self.stage, self.hard_key, self.total_steps, entry.meta.checkpoints, entry.blobs,
+                             entry.meta.masks, end["sigma"] if end else None)
+            entry = whole
+        if self.hands_over and self.output_fingerprint is not None:
+            first_step = self.continues.next_step if self.continues is not None else 0
+            donor = None
+            if self.resume is not None:
+                donor = self.resume.target.meta if self.continues is None else self.continues.donor
+            handovers.park(self.output_fingerprint, Handover(
+                sigma=self.sigmas[-1], next_stage=self.stage + 1, next_step=first_step + self.total_steps,
+                pending=entry, donor=donor, mask_donor=self.mask_donor))
+        elif entry is not None:
+            writer.submit(entry)
 
     def report(self, elapsed: float) -> RunReport:
         best = self.resume.target if self.resume is not None else None
         candidate = best.candidate if best is not None else (self.match.best if self.match else None)
-        skipped_steps = best.step if best is not None else 0
+        skipped_steps = self.resume.step if self.resume is not None else 0
         reason = ""
         if best is None:
             reason = self._miss_reason()
@@ -343,7 +479,14 @@ class ReuseRun:
             filtered=dict(self.match.filtered) if self.match else {},
             skipped_donors=dict(self.skipped),
             notes=self._notes(),
+            stage=self._stage_summary(),
         )
+
+    def _stage_summary(self) -> dict[str, Any]:
+        if self.continues is None and not self.hands_over:
+            return {}
+        return {"index": self.stage, "first_step": self.continues.next_step if self.continues is not None else 0,
+                "hands_over": self.hands_over, "skipped_whole": self.resume is not None and self.resume.end is not None}
 
     def _notes(self) -> list[str]:
         notes = list(self.match.notes if self.match else [])
@@ -362,6 +505,9 @@ class ReuseRun:
             return self.latent_reuse_refusal
         if self.settings.max_resume_fraction <= 0:
             return "mode 'safe': latent reuse off"
+        if self.continues is not None and not self.probes:
+            return ("continues a stage skipped to a donor's output: the mode's depth ends at the boundary"
+                    if self.continues.donor is not None else "continues a stage that sampled in full: no donor state")
         if self.match is None or not self.match.candidates:
             return "no candidate" if not (self.match and self.match.filtered) else "no candidate (all filtered)"
         if self.probes:

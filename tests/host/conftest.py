@@ -24,3 +24,12 @@ def wan_lora(comfy, tiny_models) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     save_file(lora, str(directory / "tiny_wan_lora.safetensors"))
     return "tiny_wan_lora.safetensors"
+
+
+@pytest.fixture(scope="session")
+def wan_low_noise(comfy, tiny_models) -> str:
+    """A second tiny Wan model (other weights), the low-noise expert of the two-expert graphs."""
+    from support.tiny_models import write_tiny_model
+
+    directory = comfy.base_dir / "models" / "diffusion_models"
+    return write_tiny_model("wan", directory, seed=1, filename="tiny_wan_low_noise.safetensors").name

@@ -29,3 +29,19 @@ def with_reuse(graph: dict, store_path: str, prompt: str = "", model_input: str 
     graph[consumer]["inputs"][model_input] = ["carnator_reuse", 0]
     graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
     return graph
+
+
+def with_expert_reuse(graph: dict, store_path: str, prompt: str = "", experts: tuple[str, ...] = ("high_noise",
+                      SAMPLER), **options) -> dict:
+    """One CarnatorReuse per expert chain of a two-expert graph (`wan22_14b_t2v`), in front of each sampler named in
+    `experts`, sharing one store, plus a report node on the last sampler."""
+    graph = copy.deepcopy(graph)
+    graph["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
+    for sampler in experts:
+        node = f"carnator_reuse_{sampler}"
+        graph[node] = {"class_type": "CarnatorReuse", "inputs": {
+            "model": graph[sampler]["inputs"]["model"], "store": ["carnator_store", 0], "prompt": prompt,
+            **REUSE_DEFAULTS, **ATTENTION_DEFAULTS, **options}}
+        graph[sampler]["inputs"]["model"] = [node, 0]
+    graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
+    return graph

@@ -152,3 +152,39 @@ def ltx2_av_t2v(unet_name: str, *, audio_latent: str = LTX2_AUDIO_LATENT, **opti
 
 
 CURRENT_GRAPHS = {"wan22": wan22_ti2v, "hunyuan_video15": hunyuan_video15_t2v, "ltxav": ltx2_av_t2v}
+
+
+HIGH_NOISE = "high_noise"  # KSamplerAdvanced of the high-noise expert (stage 1)
+LOW_NOISE = SAMPLER  # KSamplerAdvanced of the low-noise expert (stage 2): its output is the request's latent
+
+
+def wan22_14b_t2v(high_noise_unet: str, low_noise_unet: str, *, text: str = "a red ball rolls left",
+                  negative: str = "blurry", width: int = 64, height: int = 64, length: int = 5, steps: int = 4,
+                  boundary: int = 2, cfg: float = 1.0, seed: int = 0, sampler_name: str = "euler",
+                  scheduler: str = "simple", shift: float = 5.0) -> dict:
+    """Wan 2.2 14B T2V template: a high-noise and a low-noise expert, each UNETLoader -> ModelSamplingSD3, and two
+    KSamplerAdvanced. The first runs steps 0 -> `boundary` adding the noise and returning it with leftover noise, the
+    second continues to `steps` without adding noise (the lightx2v 4-step graph: steps 4, boundary 2, cfg 1). Each
+    expert's chain ends in a `HarnessCountCalls`, so a test counts the forwards of each."""
+    def sampler(model: str, latent: list, first: bool) -> dict:
+        return _node("KSamplerAdvanced", model=[model, 0], add_noise="enable" if first else "disable",
+                     noise_seed=seed, steps=steps, cfg=cfg, sampler_name=sampler_name, scheduler=scheduler,
+                     positive=[POSITIVE, 0], negative=[NEGATIVE, 0], latent_image=latent,
+                     start_at_step=0 if first else boundary, end_at_step=boundary if first else 10000,
+                     return_with_leftover_noise="enable" if first else "disable")
+
+    return {
+        "high_noise_model": _node("UNETLoader", unet_name=high_noise_unet, weight_dtype="default"),
+        "low_noise_model": _node("UNETLoader", unet_name=low_noise_unet, weight_dtype="default"),
+        "high_noise_shift": _node("ModelSamplingSD3", model=["high_noise_model", 0], shift=shift),
+        "low_noise_shift": _node("ModelSamplingSD3", model=["low_noise_model", 0], shift=shift),
+        # counts each expert's forwards (HarnessCountCalls: `model_calls["high_noise"]` / `["low_noise"]`)
+        "high_noise_sampling": _node("HarnessCountCalls", model=["high_noise_shift", 0], label="high_noise"),
+        "low_noise_sampling": _node("HarnessCountCalls", model=["low_noise_shift", 0], label="low_noise"),
+        POSITIVE: _text(text, "wan", 0),
+        NEGATIVE: _text(negative, "wan", 0),
+        LATENT: _node("EmptyHunyuanLatentVideo", width=width, height=height, length=length, batch_size=1),
+        HIGH_NOISE: sampler("high_noise_sampling", [LATENT, 0], first=True),
+        LOW_NOISE: sampler("low_noise_sampling", [HIGH_NOISE, 0], first=False),
+        STATS: _node("HarnessLatentStats", latent=[LOW_NOISE, 0]),
+    }

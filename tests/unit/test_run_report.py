@@ -20,7 +20,7 @@ SHAPE = (1, 16, 2, 8, 8)
 FULL_FIELDS = ["hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "structure_agreement",
                "guidance_cosine", "skipped_steps", "total_steps", "attention_density", "attention", "heads_reuse",
                "heads_own", "model_calls", "time_s", "time_saved_s", "reason", "probes", "candidates", "filtered",
-               "skipped_donors", "notes"]
+               "skipped_donors", "notes", "stage"]
 ATTENTION_FIELDS = ["hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "skipped_steps",
                     "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s", "time_saved_s", "reason",
                     "attention"]
@@ -63,6 +63,7 @@ def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
         "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
         "filtered": {"other model": 2}, "skipped_donors": {"other initial noise (seed)": 1},
         "notes": ["a note", "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"],
+        "stage": {},
     }
 
 
@@ -80,7 +81,7 @@ def test_a_reuse_miss_says_why(tmp_path):
         "model_calls": 10, "time_s": 4.0, "time_saved_s": 0.0, "reason": "probe rejected",
         "probes": [{"donor_id": "donor-1", "step": 0, "passed": False}],
         "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
-        "filtered": {}, "skipped_donors": {}, "notes": [],
+        "filtered": {}, "skipped_donors": {}, "notes": [], "stage": {},
     }
 
 
@@ -103,7 +104,7 @@ def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
         "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
         "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
         "model_calls": 10, "time_s": 3.0, "time_saved_s": 0.0, "reason": "denoise mask (inpainting)", "probes": [],
-        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": ["denoise mask (inpainting)"],
+        "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": ["denoise mask (inpainting)"], "stage": {},
     }
     unavailable = RunReport.plain("fast", STORE_UNAVAILABLE, 8, 8, 1.0, ATTENTION_SUMMARY,
                                   ["store unavailable, generating without reuse: closed port"]).as_dict()

@@ -10,7 +10,8 @@ keyword argument no released ComfyUI passes (mode "add", outside Carnator's wrap
 (mode "take", inside them), counting what arrived, so a test sees whether the wrappers in between pass it on.
 `HarnessBypassAttentionOverride` stands in for packs that replace a model's self-attention (memory-efficient Sage
 patches of Wan's self-attention): an object patch of every block's `self_attn.forward` that runs it without the
-`optimized_attention_override` hook, as those patches do.
+`optimized_attention_override` hook, as those patches do. `HarnessCountCalls` counts a model's diffusion-model
+forwards (`model_calls`, by label), so a test sees which model ran how often without trusting Carnator's own count.
 Both are ordinary V3 nodes loaded by ComfyUI's own custom-node loader, next to the Carnator pack.
 """
 
@@ -154,9 +155,42 @@ class HarnessBypassAttentionOverride(io.ComfyNode):
         return io.NodeOutput(model)
 
 
+model_calls: dict[str, int] = {}  # forwards of the diffusion model, by HarnessCountCalls label
+
+
+def _counting_wrapper(label: str):
+    def wrapper(executor, *args, **kwargs):
+        model_calls[label] = model_calls.get(label, 0) + 1
+        return executor(*args, **kwargs)
+
+    return wrapper
+
+
+class HarnessCountCalls(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessCountCalls",
+            category="testing/harness",
+            inputs=[io.Model.Input("model", tooltip="Model whose diffusion-model forwards are counted."),
+                    io.String.Input("label", tooltip="Name the count is kept under (`model_calls`).")],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model, label: str) -> io.NodeOutput:
+        import comfy.patcher_extension
+
+        model = model.clone()
+        model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, f"harness_count_{label}",
+                                   _counting_wrapper(label))
+        return io.NodeOutput(model)
+
+
 class HarnessExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [HarnessTextConditioning, HarnessLatentStats, HarnessNewerHostArgument, HarnessBypassAttentionOverride]
+        return [HarnessTextConditioning, HarnessLatentStats, HarnessNewerHostArgument, HarnessBypassAttentionOverride,
+                HarnessCountCalls]
 
 
 async def comfy_entrypoint() -> HarnessExtension:

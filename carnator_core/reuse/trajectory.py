@@ -1,0 +1,214 @@
+"""One request sampled in stages (Wan 2.2 14B's two experts, each in its own KSamplerAdvanced) as one trajectory.
+
+A stage that ends with leftover noise hands its output to the next sampler. That output is identified by its
+content (`content_fingerprint`), never by timing: the next run continues the trajectory only when its input latent
+is that very tensor (an edit in between, another size or seed is another tensor), it adds no fresh noise and it
+starts at the sigma the stage ended at. Hand-overs live in this process (`handovers`), so a latent that comes from
+another process or server is not a known stage output: that run samples plain and says why.
+
+The request is recorded as one entry. Its first stage is the entry itself (hard key, checkpoints, masks), so it is
+found and planned like any other entry; its output is kept as the tensor `end` of the checkpoint blob
+(`extra["stage_end"]`). `extra["stages"]` lists the later stages, each with its own model fingerprint (expert, LoRA
+and strength), schedule slice, checkpoints numbered within the stage and blobs `checkpoints_<i>` / `masks_<i>`;
+`stage_view` presents one of them as an entry of its own, so the planner treats every stage alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from carnator_core.reuse.recorder import END_TENSOR, PendingEntry, writer
+from carnator_core.store.entry import EntryMeta, HardKey
+
+log = logging.getLogger("carnator.trajectory")
+
+
+def checkpoint_blob(stage: int) -> str:
+    return "checkpoints" if stage == 0 else f"checkpoints_{stage}"
+
+
+def masks_blob(stage: int) -> str:
+    return "masks" if stage == 0 else f"masks_{stage}"
+
+
+def _stage_records(meta: EntryMeta) -> list[dict[str, Any]]:
+    stages = meta.extra.get("stages")
+    return stages if isinstance(stages, list) else []
+
+
+def trajectory_steps(meta: EntryMeta) -> int:
+    """Steps of the whole recorded trajectory: the first stage's and every later stage's."""
+    later = 0
+    for record in _stage_records(meta):
+        steps = record.get("steps") if isinstance(record, dict) else None
+        if not isinstance(steps, int) or steps <= 0:
+            return meta.total_steps  # a malformed record: the later stages do not count
+        later += steps
+    return meta.total_steps + later
+
+
+def _valid_checkpoints(listing: Any) -> bool:
+    return isinstance(listing, list) and all(
+        isinstance(c, dict) and isinstance(c.get("step"), int) and isinstance(c.get("sigma"), (int, float))
+        for c in listing)
+
+
+def stage_view(meta: EntryMeta, stage: int) -> EntryMeta | None:
+    """Stage `stage` of a recorded trajectory as an entry of its own (stage 0 is the entry); None when the entry has
+    no such stage or its record is malformed."""
+    if stage == 0:
+        return meta
+    records = _stage_records(meta)
+    if not 0 < stage <= len(records) or not isinstance(records[stage - 1], dict):
+        return None
+    record = records[stage - 1]
+    model, schedule, steps = record.get("model"), record.get("schedule"), record.get("steps")
+    if not (isinstance(model, str) and isinstance(schedule, str) and isinstance(steps, int) and steps > 0
+            and _valid_checkpoints(record.get("checkpoints"))):
+        return None
+    extra: dict[str, Any] = {"stage": stage, "trajectory_steps": trajectory_steps(meta)}
+    if isinstance(record.get("end"), dict):
+        extra["stage_end"] = record["end"]
+    masks = record.get("masks")
+    return replace(meta, hard_key=HardKey(model=model, grid=meta.hard_key.grid, schedule=schedule),
+                   total_steps=steps, checkpoints=list(record["checkpoints"]),
+                   masks=dict(masks) if isinstance(masks, dict) else {}, lineage={}, extra=extra)
+
+
+def view_stage(meta: EntryMeta) -> int:
+    """Which stage of its trajectory an entry (or `stage_view`) stands for."""
+    stage = meta.extra.get("stage", 0)
+    return stage if isinstance(stage, int) else 0
+
+
+@dataclass
+class StageEnd:
+    """A donor stage's output (what its sampler returned, leftover noise included) and the trajectory around it."""
+
+    sigma: float
+    latent: torch.Tensor
+    stage_steps: int
+    trajectory_steps: int
+
+    @property
+    def share(self) -> float:
+        """The stage's share of the trajectory's steps: the depth a request reaches by skipping it."""
+        return self.stage_steps / max(1, self.trajectory_steps)
+
+
+def stage_end_of(meta: EntryMeta, tensors: dict[str, torch.Tensor] | None,
+                 latent_shape: tuple[int, ...]) -> StageEnd | None:
+    """The output of an entry's first stage, when recorded, finite, of the live latent's shape and followed by a
+    recorded later stage (a skip's depth is measured against the whole trajectory). Later stages are continued,
+    never skipped whole."""
+    record = meta.extra.get("stage_end")
+    latent = tensors.get(END_TENSOR) if tensors is not None else None
+    if view_stage(meta) or not isinstance(record, dict) or not isinstance(record.get("sigma"), (int, float)):
+        return None
+    if latent is None or tuple(latent.shape) != tuple(latent_shape) or not bool(torch.isfinite(latent).all()):
+        return None
+    total = trajectory_steps(meta)
+    if total <= meta.total_steps:
+        return None
+    return StageEnd(sigma=float(record["sigma"]), latent=latent, stage_steps=meta.total_steps, trajectory_steps=total)
+
+
+@dataclass
+class Handover:
+    """What a stage that ended with leftover noise leaves for the sampler that continues it."""
+
+    sigma: float  # where the stage ended: the next stage must start there
+    next_stage: int  # the index the continuing stage gets in the trajectory
+    next_step: int  # the trajectory step it starts at
+    pending: PendingEntry | None  # the request's entry so far (None when not recording)
+    donor: EntryMeta | None = None  # the donor whose stage output this stage returned (it was skipped to it)
+    mask_donor: str | None = None  # the entry whose next stage lends its attention masks
+    created_at: float = field(default_factory=time.monotonic)
+
+
+class HandoverRegistry:
+    """Stage outputs waiting for the sampler that continues them, by content fingerprint (one process).
+
+    An output nobody continues (the next expert has no Carnator node, the graph ends there) is recorded as it is
+    once displaced or stale, so the request's first stage is never lost.
+    """
+
+    def __init__(self, capacity: int = 8, max_age_s: float = 600.0) -> None:
+        self.capacity = capacity
+        self.max_age_s = max_age_s
+        self._waiting: OrderedDict[str, Handover] = OrderedDict()
+        self._continued: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def park(self, fingerprint: str, handover: Handover) -> None:
+        with self._lock:
+            self._release_stale()
+            self._waiting[fingerprint] = handover
+            self._waiting.move_to_end(fingerprint)
+            while len(self._waiting) > self.capacity:
+                _, oldest = self._waiting.popitem(last=False)
+                self._record_alone(oldest)
+
+    def claim(self, fingerprint: str) -> tuple[Handover | None, str]:
+        """The hand-over of this stage output, taken by the run that continues it; else None and why ("" when the
+        latent is no stage output this process knows)."""
+        with self._lock:
+            self._release_stale()
+            handover = self._waiting.pop(fingerprint, None)
+            if handover is not None:
+                self._continued[fingerprint] = None
+                while len(self._continued) > 4 * self.capacity:
+                    self._continued.popitem(last=False)
+                return handover, ""
+            if fingerprint in self._continued:
+                return None, ("this stage output was already continued (a second sampler on it, or the same latent "
+                              "again): latent reuse off")
+            return None, ""
+
+    def give_back(self, fingerprint: str, handover: Handover) -> None:
+        """Return an unclaimed hand-over (the continuing run could not take it) so it is recorded as it is."""
+        with self._lock:
+            self._continued.pop(fingerprint, None)
+        self.park(fingerprint, handover)
+
+    def flush(self) -> None:
+        """Record every waiting first stage as it is (tests, benchmarks, shutdown)."""
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), OrderedDict()
+        for handover in waiting:
+            self._record_alone(handover)
+
+    def _release_stale(self) -> None:
+        now = time.monotonic()
+        for fingerprint in [fp for fp, h in self._waiting.items() if now - h.created_at > self.max_age_s]:
+            self._record_alone(self._waiting.pop(fingerprint))
+
+    @staticmethod
+    def _record_alone(handover: Handover) -> None:
+        if handover.pending is not None:
+            log.info("Carnator: no sampler continued stage %d; recording the request up to there",
+                     handover.next_stage - 1)
+            writer.submit(handover.pending)
+
+
+handovers = HandoverRegistry()
+
+
+def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: int, listing: list[dict],
+                 blobs: dict[str, bytes], masks: dict[str, Any], end_sigma: float | None) -> None:
+    """Add a later stage's record and blobs to the request's entry so far."""
+    record: dict[str, Any] = {"model": hard_key.model, "schedule": hard_key.schedule, "steps": steps,
+                              "checkpoints": listing, "masks": masks}
+    if end_sigma is not None:
+        record["end"] = {"sigma": end_sigma}
+    pending.meta.extra.setdefault("stages", []).append(record)
+    names = {"checkpoints": checkpoint_blob(stage), "masks": masks_blob(stage)}
+    for name, blob in blobs.items():
+        pending.blobs[names.get(name, name)] = blob  # the last stage's thumbnail previews the request

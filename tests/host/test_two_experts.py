@@ -1,0 +1,139 @@
+"""Wan 2.2 14B's two experts as one trajectory, on two tiny Wan models in real ComfyUI (KSamplerAdvanced pair).
+
+A same-prompt repeat skips the high-noise stage whole: one screening call of the first expert, then the second
+expert continues from the donor's boundary state. An edit whose screen fails samples both stages plain, bit-identical
+to the graph without Carnator. Every bad hand-over samples plain and says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import sys
+
+import pytest
+import torch
+from support.reuse_graphs import with_expert_reuse
+from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
+
+from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.trajectory import handovers
+
+_stores = itertools.count()
+PROMPT = "a red ball rolls left"
+
+
+@pytest.fixture
+def store_path() -> str:
+    return f"stores/two-experts-{next(_stores)}"
+
+
+def _calls() -> dict[str, int]:
+    harness = next(m for k, m in sys.modules.items() if k.endswith("carnator_harness"))
+    return dict(harness.model_calls)
+
+
+def _run(comfy, graph: dict) -> tuple[torch.Tensor, dict[str, int], list[dict]]:
+    """The request's latent, each expert's forwards and the Carnator reports (stage 1, stage 2)."""
+    comfy.unload_models()
+    before = _calls()
+    run = comfy.run_prompt(copy.deepcopy(graph))
+    writer.flush()
+    after = _calls()
+    calls = {label: after.get(label, 0) - before.get(label, 0) for label in ("high_noise", "low_noise")}
+    reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
+    return run.output(LOW_NOISE)["samples"], calls, reports
+
+
+def _graph(tiny_models, wan_low_noise, steps: int, boundary: int, text: str = PROMPT) -> dict:
+    return wan22_14b_t2v(tiny_models["wan"].name, wan_low_noise, steps=steps, boundary=boundary, text=text, seed=5)
+
+
+def _with_reuse(graph: dict, store_path: str, prompt: str = PROMPT, **options) -> dict:
+    return with_expert_reuse(graph, store_path, prompt=prompt, sparse_attention="off", **options)
+
+
+@pytest.mark.parametrize(("steps", "boundary", "mode", "low_noise_calls"),
+                         [(4, 2, "balanced", 2), (4, 2, "fast", 1), (30, 15, "balanced", 15)])
+def test_a_same_prompt_repeat_skips_the_high_noise_stage(comfy, tiny_models, wan_low_noise, store_path, steps,
+                                                         boundary, mode, low_noise_calls):
+    graph = _graph(tiny_models, wan_low_noise, steps, boundary)
+    plain, plain_calls, _ = _run(comfy, graph)
+    assert plain_calls == {"high_noise": boundary, "low_noise": steps - boundary}
+    donor, donor_calls, (first, second) = _run(comfy, _with_reuse(graph, store_path, mode=mode))
+    assert torch.equal(donor, plain) and donor_calls == plain_calls
+    assert first["stage"] == {"index": 0, "first_step": 0, "hands_over": True, "skipped_whole": False}
+    assert second["stage"]["index"] == 1 and second["stage"]["first_step"] == boundary
+
+    repeat, calls, (first, second) = _run(comfy, _with_reuse(graph, store_path, mode=mode))
+    assert calls == {"high_noise": 1, "low_noise": low_noise_calls}, (calls, json.dumps([first, second]))
+    assert first["hit"] and first["stage"]["skipped_whole"] and first["skipped_steps"] == boundary
+    assert first["model_calls"] == 1 and second["model_calls"] == low_noise_calls
+    if mode == "balanced":  # the second expert's first evaluation at the boundary agrees with the donor's
+        assert [p["passed"] for p in second["probes"] if p.get("boundary")] == [True], json.dumps(second)
+    assert repeat.shape == plain.shape
+    assert float((repeat - plain).norm() / plain.norm()) < 5e-3  # fp16 boundary state
+
+
+def test_an_edit_whose_screen_fails_samples_both_stages_plain(comfy, tiny_models, wan_low_noise, store_path):
+    graph = _graph(tiny_models, wan_low_noise, 4, 2)
+    _run(comfy, _with_reuse(graph, store_path))
+    edited = _graph(tiny_models, wan_low_noise, 4, 2, text="a blue cube spins on a wooden table at night")
+    plain, plain_calls, _ = _run(comfy, edited)
+    output, calls, (first, second) = _run(comfy, _with_reuse(edited, store_path, prompt=edited["positive"]["inputs"]
+                                                              ["text"]))
+    assert torch.equal(output, plain) and calls == plain_calls, json.dumps([first, second])
+    assert not first["hit"] and not first["stage"]["skipped_whole"]
+    assert second["reason"] == "continues a stage that sampled in full: latent reuse off for this stage"
+
+
+def test_a_latent_edited_between_the_stages_samples_the_second_plain(comfy, tiny_models, wan_low_noise, store_path):
+    graph = _with_reuse(_graph(tiny_models, wan_low_noise, 4, 2), store_path)
+    _run(comfy, graph)
+    edited = copy.deepcopy(graph)
+    edited["edit"] = {"class_type": "LatentMultiply", "inputs": {"samples": [HIGH_NOISE, 0], "multiplier": 0.99}}
+    edited[LOW_NOISE]["inputs"]["latent_image"] = ["edit", 0]
+    output, calls, (first, second) = _run(comfy, edited)
+    assert first["hit"] and calls == {"high_noise": 1, "low_noise": 2}
+    assert not second["hit"] and "not the output of a stage sampled here" in second["reason"], json.dumps(second)
+    assert output.shape == (1, 16, 2, 8, 8)
+
+
+def test_the_second_expert_without_carnator_samples_plain_from_the_skipped_stage(comfy, tiny_models, wan_low_noise,
+                                                                                store_path):
+    graph = _graph(tiny_models, wan_low_noise, 4, 2)
+    _run(comfy, _with_reuse(graph, store_path))
+    only_first = with_expert_reuse(graph, store_path, prompt=PROMPT, experts=(HIGH_NOISE,), sparse_attention="off")
+    output, calls, reports = _run(comfy, only_first)
+    handovers.flush()  # the stage nobody continued is recorded as it is
+    writer.flush()
+    assert calls == {"high_noise": 1, "low_noise": 2} and output.shape == (1, 16, 2, 8, 8), json.dumps(reports)
+    assert reports[0]["stage"]["skipped_whole"]
+    # the first expert without Carnator: nothing is handed over, the second samples plain with its reason (another
+    # seed: the plain first stage of the same seed returns the very latent an earlier Carnator stage handed over)
+    other_seed = copy.deepcopy(graph)
+    for sampler in (HIGH_NOISE, LOW_NOISE):
+        other_seed[sampler]["inputs"]["noise_seed"] = 6
+    only_second = with_expert_reuse(other_seed, store_path, prompt=PROMPT, experts=(LOW_NOISE,),
+                                    sparse_attention="off")
+    plain, plain_calls, _ = _run(comfy, other_seed)
+    output, calls, [second] = _run(comfy, only_second)
+    assert torch.equal(output, plain) and calls == plain_calls
+    assert "not the output of a stage sampled here" in second["reason"]
+
+
+def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_new_request(
+        comfy, tiny_models, wan_low_noise, store_path):
+    graph = _with_reuse(_graph(tiny_models, wan_low_noise, 4, 2), store_path)
+    graph["again"] = copy.deepcopy(graph[LOW_NOISE])
+    graph["again"]["inputs"]["noise_seed"] = 6  # unused without added noise; another input, so the node runs
+    graph["again_stats"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": ["again", 0]}}
+    comfy.unload_models()
+    comfy.drain_events()
+    run = comfy.run_prompt(graph)
+    writer.flush()
+    reports = [data for event, data, _ in comfy.drain_events() if event == "carnator.status"]  # every run's report
+    reasons = [r["reason"] for r in reports if r["stage"].get("index") != 0]
+    assert any("already continued" in reason for reason in reasons), json.dumps(reports)
+    assert run.output("again")["samples"].shape == run.output(LOW_NOISE)["samples"].shape
