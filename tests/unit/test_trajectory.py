@@ -1,0 +1,123 @@
+"""Trajectories across samplers: stage views of a recorded entry, stage outputs, and the hand-over registry.
+
+Stage records come from the store, so a malformed one must read as "no such stage", never raise; a hand-over is
+taken once, and a first stage nobody continues is still recorded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.planner import RequestFacts, plan_probes
+from carnator_core.reuse.recorder import END_TENSOR, PendingEntry, writer
+from carnator_core.reuse.trajectory import (
+    Handover,
+    HandoverRegistry,
+    stage_end_of,
+    stage_view,
+    trajectory_steps,
+)
+from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.tensor_codec import encode_tensors
+
+SHAPE = (1, 16, 2, 8, 8)
+KEY = HardKey("high-noise", (2, 4, 4), "first-half")
+SECOND = {"model": "low-noise", "schedule": "second-half", "steps": 2,
+          "checkpoints": [{"step": 0, "sigma": 0.5, "start": "boundary"}, {"step": 1, "sigma": 0.25}], "masks": {}}
+
+
+def _meta(*stages, stage_end: bool = True) -> EntryMeta:
+    extra = {"stages": list(stages)}
+    if stage_end:
+        extra["stage_end"] = {"sigma": 0.5}
+    return EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, latent_shape=SHAPE, total_steps=2,
+                     checkpoints=[{"step": 0, "sigma": 1.0, "start": "noise"}, {"step": 1, "sigma": 0.75}],
+                     extra=extra)
+
+
+def test_a_later_stage_reads_as_an_entry_of_its_own_model_schedule_and_steps():
+    meta = _meta(SECOND)
+    view = stage_view(meta, 1)
+    assert view.hard_key == HardKey("low-noise", KEY.grid, "second-half") and view.total_steps == 2
+    assert view.entry_id == meta.entry_id and [c["step"] for c in view.checkpoints] == [0, 1]
+    assert view.lineage == {} and view.extra["stage"] == 1 and view.extra["trajectory_steps"] == 4
+    assert stage_view(meta, 0) is meta and trajectory_steps(meta) == 4
+
+
+@pytest.mark.parametrize("record", [
+    "not a dict", {**SECOND, "model": 7}, {**SECOND, "steps": 0}, {**SECOND, "steps": "2"},
+    {**SECOND, "checkpoints": [{"step": "one", "sigma": 0.2}]}, {**SECOND, "checkpoints": None},
+])
+def test_a_malformed_stage_record_is_no_stage(record):
+    meta = _meta(record)
+    assert stage_view(meta, 1) is None
+    assert stage_view(meta, 2) is None and stage_view(_meta(), 1) is None
+    if not isinstance(record, dict) or not isinstance(record.get("steps"), int) or record["steps"] <= 0:
+        assert trajectory_steps(meta) == 2  # a record without usable steps does not count
+
+
+def test_a_stage_output_serves_a_skip_only_when_usable_and_followed_by_a_later_stage():
+    latent = torch.randn(SHAPE)
+    end = stage_end_of(_meta(SECOND), {END_TENSOR: latent}, SHAPE)
+    assert end.sigma == 0.5 and torch.equal(end.latent, latent) and end.share == 0.5
+    assert stage_end_of(_meta(), {END_TENSOR: latent}, SHAPE) is None  # nothing recorded after it
+    assert stage_end_of(_meta(SECOND, stage_end=False), {END_TENSOR: latent}, SHAPE) is None
+    assert stage_end_of(_meta(SECOND), {END_TENSOR: latent[:, :8]}, SHAPE) is None
+    assert stage_end_of(_meta(SECOND), {END_TENSOR: latent * float("nan")}, SHAPE) is None
+    assert stage_end_of(_meta(SECOND), {}, SHAPE) is None
+    assert stage_end_of(stage_view(_meta({**SECOND, "end": {"sigma": 0.1}}), 1), {END_TENSOR: latent}, SHAPE) is None
+
+
+def _pending(store: ReuseStore) -> PendingEntry:
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, latent_shape=SHAPE, total_steps=2)
+    return PendingEntry(store=store, meta=meta, blobs={}, cond_vector=torch.ones(8))
+
+
+def test_a_handover_is_taken_once(tmp_path):
+    registry = HandoverRegistry()
+    handover = Handover(sigma=0.5, next_stage=1, next_step=2, pending=None)
+    registry.park("output", handover)
+    assert registry.claim("output") == (handover, "")
+    again, why = registry.claim("output")
+    assert again is None and "already continued" in why
+    assert registry.claim("unknown") == (None, "")
+
+
+def test_a_first_stage_nobody_continues_is_recorded_when_displaced_stale_or_flushed(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    registry = HandoverRegistry(capacity=1)
+    first, second, third = (_pending(store) for _ in range(3))
+    registry.park("a", Handover(sigma=0.5, next_stage=1, next_step=2, pending=first))
+    registry.park("b", Handover(sigma=0.5, next_stage=1, next_step=2, pending=second))  # displaces "a"
+    writer.flush()
+    assert store.get_meta(first.meta.entry_id) is not None and store.get_meta(second.meta.entry_id) is None
+    registry.flush()
+    writer.flush()
+    assert store.get_meta(second.meta.entry_id) is not None
+    stale = HandoverRegistry(max_age_s=0.0)
+    stale.park("c", Handover(sigma=0.5, next_stage=1, next_step=2, pending=third, created_at=0.0))
+    assert stale.claim("c") == (None, "")  # too old to continue: recorded as it is
+    writer.flush()
+    assert store.get_meta(third.meta.entry_id) is not None
+
+
+def test_a_later_stage_plans_only_against_the_same_stage_of_the_same_model(tmp_path):
+    store = ReuseStore(str(tmp_path / "store"))
+    facts = RequestFacts(schedule="second-half", latent_shape=SHAPE, noise_fingerprint="", total_steps=2, stage=1,
+                         model="low-noise", first_step=2, trajectory_steps=4)
+    candidates = []
+    for record in (SECOND, {**SECOND, "model": "other expert"}, {**SECOND, "steps": -1}):
+        meta = _meta(record)
+        tensors = {"x_1": torch.randn(SHAPE), "x0_1": torch.randn(SHAPE), "x0_0": torch.randn(SHAPE)}
+        store.put(meta, {"checkpoints": encode_tensors({"x_1": torch.randn(SHAPE), "x0_1": torch.randn(SHAPE)}),
+                         "checkpoints_1": encode_tensors(tensors)}, IndexVectors(text=None, cond=torch.ones(8)))
+        candidates.append(Candidate(entry_id=meta.entry_id, prompt="", score=1.0, cond_similarity=1.0,
+                                    text_similarity=None))
+    targets, skipped = plan_probes(store, candidates, facts, max_fraction=0.8, same_noise_only=False, max_probes=4)
+    assert [(t.meta.entry_id, t.step) for t in targets] == [(candidates[0].entry_id, 1)]
+    assert skipped == {"other model": 1, "donor has no such stage": 1}
+    none, _ = plan_probes(store, candidates[:1], facts, max_fraction=0.5, same_noise_only=False, max_probes=4)
+    assert none == []  # balanced ends at step 2 of 4: the boundary itself
