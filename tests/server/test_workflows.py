@@ -5,7 +5,9 @@
   files so that the loaders' combo lists hold them;
 - every API twin is the same graph as its UI workflow (same nodes, links and values);
 - every API twin executes through /prompt on the tiny test models (substitutions: tests/support/tiny_workflows.py),
-  with one `carnator.status` event from its sampler;
+  with one `carnator.status` event from each of its samplers;
+- the Wan 2.2 twins, queued again with a one-word edit of the shipped prompt and the same seed, reuse the first run
+  (the 14B's second request skips the high-noise stage); the Wan 2.2 5B twin runs where the host has Wan 2.2;
 - ComfyUI's template browser lists them, with their thumbnails; a workflow naming a node this Carnator
   does not have gets ComfyUI's normal validation error.
 """
@@ -20,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.comfy_host import ComfyServer, PromptFailed, ServerFactory
+from support.tiny_models import CURRENT_SPECS, host_lacks, write_tiny_model
 from support.tiny_workflows import (
     DEMO_WEIGHTS,
     FAMILY,
@@ -48,7 +51,9 @@ LOADER_FOLDERS = {  # loader input -> model folder, for the placeholder files
     ("DualCLIPLoader", "clip_name2"): "text_encoders",
     ("VAELoader", "vae_name"): "vae",
     ("CheckpointLoaderSimple", "ckpt_name"): "checkpoints",
+    ("LoraLoaderModelOnly", "lora_name"): "loras",
 }
+LOW_NOISE_UNET = "tiny_wan_low_noise.safetensors"  # the Wan 2.2 14B workflow's low-noise expert at test size
 
 
 def ui_workflow(name: str) -> dict:
@@ -66,11 +71,21 @@ def _placeholders(base: Path) -> None:
                     (base / "models" / folder / node["inputs"][field]).touch()
 
 
+def _tiny_wan22_models(base: Path, current_model) -> None:
+    """The tiny models the Wan 2.2 workflows need besides `tiny_models`: a second tiny Wan (other weights), the 14B's
+    low-noise expert, and, where the host has Wan 2.2, the tiny TI2V 5B."""
+    models = base / "models" / "diffusion_models"
+    write_tiny_model("wan", models, seed=1, filename=LOW_NOISE_UNET)
+    if not host_lacks(CURRENT_SPECS["wan22"]):
+        (models / CURRENT_SPECS["wan22"].filename).symlink_to(current_model("wan22").path)
+
+
 @pytest.fixture(scope="module")
-def server(comfyui_path: Path, new_base_dir) -> Iterator[ComfyServer]:
+def server(comfyui_path: Path, new_base_dir, current_model) -> Iterator[ComfyServer]:
     factory = ServerFactory(comfyui_path, new_base_dir)
     base = new_base_dir()
     _placeholders(base)
+    _tiny_wan22_models(base, current_model)
     try:
         yield factory(base)
     finally:
@@ -189,20 +204,69 @@ def test_api_twin_is_the_ui_workflow(object_info, name):
 
 
 # ------------------------------------------------------------------ execution on the tiny models
-@pytest.mark.parametrize("name", NAMES)
-def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
+def tiny_graph(name: str, tiny_models) -> dict:
+    """The API twin `name` on the tiny models; skips where the host lacks the workflow's model."""
     family = FAMILY[name]
-    graph = on_tiny_models(api_workflow(name), family, tiny_models[family].name)
-    samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
+    if family in CURRENT_SPECS:
+        reason = host_lacks(CURRENT_SPECS[family])
+        if reason:
+            pytest.skip(reason)
+        unet_name = CURRENT_SPECS[family].filename
+    else:
+        unet_name = tiny_models[family].name
+    return on_tiny_models(api_workflow(name), family, unet_name, low_noise_unet=LOW_NOISE_UNET)
+
+
+def run_with_statuses(server: ComfyServer, graph: dict) -> tuple[dict, dict[str, dict]]:
+    """Queue `graph`; its /history entry and its `carnator.status` reports by sampler node (one each, checked)."""
     with server.events() as events:
         prompt_id = server.queue_prompt(graph, events.client_id)
         messages = events.until_finished(prompt_id)
     history = server.wait_for(prompt_id)
     statuses = [m["data"] for m in messages if m["type"] == "carnator.status" and m["data"]["prompt_id"] == prompt_id]
-    assert [s["node"] for s in statuses] == samplers, statuses
+    samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
+    assert sorted(s["node"] for s in statuses) == sorted(samplers), statuses
     for sampler in samplers:
         stats = history["outputs"][f"stats_{sampler}"]["latent_stats"][0]
         assert stats["finite"] and stats["shape"][0] == 1, stats
+    return history, {s["node"]: s for s in statuses}
+
+
+def _shapes(history: dict) -> dict[str, list]:
+    return {node: output["latent_stats"][0]["shape"] for node, output in history["outputs"].items()
+            if node.startswith("stats_")}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
+    run_with_statuses(server, tiny_graph(name, tiny_models))
+
+
+EDITS = {  # Wan 2.2 workflow -> one word of its shipped prompt and its replacement
+    "carnator_wan22_14b_t2v": ("honey", "golden"),
+    "carnator_wan22_5b_ti2v": ("guitar", "violin"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDITS))
+def test_wan22_workflow_reuses_its_run_for_a_one_word_edit(server, tiny_models, name):
+    """As shipped (Carnator's default thresholds): the edit's probes pass on the tiny models too."""
+    graph = tiny_graph(name, tiny_models)
+    positive = next(n for n in api_workflow(name).values() if "Positive" in n["_meta"]["title"])["inputs"]["text"]
+    word, replacement = EDITS[name]
+    assert positive.count(word) == 1, positive
+    (text_node,) = [node for node in graph.values() if node["inputs"].get("text") == positive]
+    first, _ = run_with_statuses(server, graph)
+    text_node["inputs"]["text"] = positive.replace(word, replacement)
+    edited, reports = run_with_statuses(server, graph)
+    assert _shapes(edited) == _shapes(first)
+    samplers = {node["inputs"].get("add_noise", "enable"): node_id for node_id, node in graph.items()
+                if node["class_type"] in SAMPLERS}
+    report = reports[samplers["enable"]]  # the sampler that starts the trajectory (the 14B's high-noise expert)
+    assert report["hit"] and report["skipped_steps"] > 0, json.dumps(report)
+    if len(samplers) == 2:
+        assert report["stage"]["skipped_whole"], json.dumps(report)
+        assert reports[samplers["disable"]]["stage"]["first_step"] == 2, json.dumps(reports)
 
 
 # ------------------------------------------------------------------ on the demo model

@@ -1,14 +1,21 @@
 """The shipped API-format workflows (workflows/api/) made runnable on the tiny test models.
 
-The shipped workflows name the official models (Wan 2.1 1.3B, HunyuanVideo 720p, LTX-Video 2B) with
-their text encoders and VAEs, or the embedded demo model. The tests run them on the random-weight tiny
+The shipped workflows name the official models (Wan 2.1 1.3B, Wan 2.2 14B and 5B, HunyuanVideo 720p, LTX-Video 2B)
+with their text encoders, VAEs and LoRAs, or the embedded demo model. The tests run them on the random-weight tiny
 models instead, changing only what cannot exist at test size, by node type:
 
-- UNETLoader / CheckpointLoaderSimple        -> UNETLoader of the tiny model of the workflow's family
-- CLIPLoader, DualCLIPLoader, VAELoader       -> removed (no encoders or VAEs at test size)
+- UNETLoader / CheckpointLoaderSimple        -> UNETLoader of the tiny model of the workflow's family; a loader of a
+                                                low-noise expert (Wan 2.2 14B: "low_noise" in its file name) loads
+                                                `low_noise_unet`, a second tiny model of the family (other weights)
+- LoraLoaderModelOnly                         -> removed, its model input linked through to its consumers (the
+                                                lightx2v LoRA files have no tiny counterpart)
+- CLIPLoader, DualCLIPLoader                  -> removed (no text encoders at test size)
+- VAELoader                                   -> the pixel-space VAE (Wan22ImageToVideoLatent takes a VAE and reads
+                                                it only for a start image, which the shipped workflows leave out)
 - CLIPTextEncode(text, clip)                  -> HarnessTextConditioning(text, family): same text, same socket
 - VAEDecode(Tiled), CreateVideo, SaveVideo    -> removed; HarnessLatentStats reads each sampler's latent
-- empty latent video size and step counts     -> small (seconds on a CPU)
+- empty latent video size and step counts     -> small (seconds on a CPU); KSamplerAdvanced keeps its shipped steps
+                                                and hand-over step (Wan 2.2 14B: 4 steps, experts split at 2)
 - optional `reuse` overrides                  -> set on every Carnator reuse node (e.g. probe thresholds: a
                                                  random-weight model has no semantics, so near-duplicate
                                                  prompts need lower structure thresholds to pass its probe)
@@ -32,11 +39,16 @@ FAMILY = {  # shipped workflow -> tiny model family it runs on
     "carnator_ltxv_t2v": "ltxv",
     "carnator_demo_cpu": "wan",
     "carnator_explicit_control": "wan",
+    "carnator_wan22_14b_t2v": "wan",
+    "carnator_wan22_5b_ti2v": "wan22",
 }
-SAMPLERS = ("KSampler", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
+SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
 REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
-_REMOVED = ("CLIPLoader", "DualCLIPLoader", "VAELoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
-_LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9)}
+_REMOVED = ("CLIPLoader", "DualCLIPLoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
+_PASSED_THROUGH = {"LoraLoaderModelOnly": "model"}  # removed; what reads its output reads this input's source
+_LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9),
+                "Wan22ImageToVideoLatent": (64, 64, 5)}
+_TEXT_FAMILY = {"wan22": "wan"}  # tiny model family -> HarnessTextConditioning family (its text encoder)
 _STEPS = {"KSampler": "steps", "CarnatorKSampler": "steps", "BasicScheduler": "steps", "LTXVScheduler": "steps"}
 
 
@@ -47,18 +59,23 @@ def api_workflow(name: str) -> dict:
     return json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
 
 
-def on_tiny_models(graph: dict, family: str, unet_name: str, *, steps: int = 4, reuse: dict | None = None) -> dict:
+def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: str | None = None, steps: int = 4,
+                   reuse: dict | None = None) -> dict:
     """A copy of an API-format workflow that runs on the tiny `family` model (see the module docstring)."""
-    graph = copy.deepcopy(graph)
+    graph = _passed_through(copy.deepcopy(graph))
     for node_id, node in list(graph.items()):
         kind, inputs = node["class_type"], node["inputs"]
         if kind in _REMOVED:
             del graph[node_id]
         elif kind in ("UNETLoader", "CheckpointLoaderSimple"):
-            graph[node_id] = {"class_type": "UNETLoader", "inputs": {"unet_name": unet_name, "weight_dtype": "default"}}
+            graph[node_id] = {"class_type": "UNETLoader",
+                              "inputs": {"unet_name": _tiny_unet(inputs, unet_name, low_noise_unet),
+                                         "weight_dtype": "default"}}
+        elif kind == "VAELoader":
+            inputs["vae_name"] = "pixel_space"
         elif kind == "CLIPTextEncode":
             graph[node_id] = {"class_type": "HarnessTextConditioning",
-                              "inputs": {"text": inputs["text"], "family": family, "seed": 0}}
+                              "inputs": {"text": inputs["text"], "family": _TEXT_FAMILY.get(family, family), "seed": 0}}
         elif kind in _LATENT_SIZE:
             inputs["width"], inputs["height"], inputs["length"] = _LATENT_SIZE[kind]
         if kind in _STEPS:
@@ -69,9 +86,36 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, steps: int = 4, 
         graph[f"stats_{node_id}"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": [node_id, 0]}}
     for node_id, node in graph.items():
         for name, value in node["inputs"].items():
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0] not in graph:
+            if _is_link(value) and value[0] not in graph:
                 raise ValueError(f"node {node_id}.{name} links to removed node {value[0]}: extend on_tiny_models")
     return graph
+
+
+def _is_link(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+
+
+def _passed_through(graph: dict) -> dict:
+    """`graph` without its `_PASSED_THROUGH` nodes, each consumer of one linked to that node's own source."""
+    sources = {node_id: node["inputs"][_PASSED_THROUGH[node["class_type"]]] for node_id, node in graph.items()
+               if node["class_type"] in _PASSED_THROUGH}
+    for node_id in sources:
+        del graph[node_id]
+    for node in graph.values():
+        for name, value in node["inputs"].items():
+            while _is_link(value) and value[0] in sources:
+                value = sources[value[0]]
+            node["inputs"][name] = value
+    return graph
+
+
+def _tiny_unet(inputs: dict, unet_name: str, low_noise_unet: str | None) -> str:
+    """The tiny model a shipped loader loads: `low_noise_unet` for a low-noise expert, `unet_name` otherwise."""
+    if "low_noise" not in inputs.get("unet_name", ""):
+        return unet_name
+    if low_noise_unet is None:
+        raise ValueError(f"{inputs['unet_name']} is a low-noise expert: pass on_tiny_models a low_noise_unet")
+    return low_noise_unet
 
 
 def on_demo_model(graph: dict, prompt: str) -> dict:
