@@ -2,12 +2,15 @@
 
 - every UI workflow's node types, widget values (mapped to inputs in the frontend's order) and link types
   validate against the server's /object_info, with the official model file names present as placeholder
-  files so that the loaders' combo lists hold them;
-- every API twin is the same graph as its UI workflow (same nodes, links and values);
+  files so that the loaders' combo lists hold them (a workflow for a model the host lacks is skipped);
+- every API twin is the same graph as its UI workflow (same active nodes, links through bypassed nodes and reroutes
+  resolved as the frontend does, same values);
 - every API twin executes through /prompt on the tiny test models (substitutions: tests/support/tiny_workflows.py),
   with one `carnator.status` event from each of its samplers;
-- the Wan 2.2 twins, queued again with a one-word edit of the shipped prompt and the same seed, reuse the first run
-  (the 14B's second request skips the high-noise stage); the Wan 2.2 5B twin runs where the host has Wan 2.2;
+- the Wan 2.2 and HunyuanVideo 1.5 twins, queued again with a one-word edit of the shipped prompt and the same seed,
+  reuse the first run (the 14B's second request skips the high-noise stage); the LTX-2 twin's samplers report clean
+  misses for its packed audio+video latent; twins of models the host lacks (Wan 2.2 5B, HunyuanVideo 1.5, LTX-2 on
+  older hosts) are skipped;
 - ComfyUI's template browser lists them, with their thumbnails; a workflow naming a node this Carnator
   does not have gets ComfyUI's normal validation error.
 """
@@ -20,8 +23,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from support.comfy_host import ComfyServer, PromptFailed, ServerFactory
+from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
 from support.tiny_models import CURRENT_SPECS, host_lacks, write_tiny_model
 from support.tiny_workflows import (
     DEMO_WEIGHTS,
@@ -44,14 +48,18 @@ NAMES = sorted(FAMILY)
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute"}  # virtual nodes: the frontend never sends them to the server
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
-LOADER_FOLDERS = {  # loader input -> model folder, for the placeholder files
-    ("UNETLoader", "unet_name"): "diffusion_models",
-    ("CLIPLoader", "clip_name"): "text_encoders",
-    ("DualCLIPLoader", "clip_name1"): "text_encoders",
-    ("DualCLIPLoader", "clip_name2"): "text_encoders",
-    ("VAELoader", "vae_name"): "vae",
-    ("CheckpointLoaderSimple", "ckpt_name"): "checkpoints",
-    ("LoraLoaderModelOnly", "lora_name"): "loras",
+LOADER_FOLDERS = {  # loader's widget (by position) -> model folder, for the placeholder files
+    ("UNETLoader", 0): "diffusion_models",
+    ("CLIPLoader", 0): "text_encoders",
+    ("DualCLIPLoader", 0): "text_encoders",
+    ("DualCLIPLoader", 1): "text_encoders",
+    ("LTXAVTextEncoderLoader", 0): "text_encoders",
+    ("LTXAVTextEncoderLoader", 1): "checkpoints",
+    ("VAELoader", 0): "vae",
+    ("LTXVAudioVAELoader", 0): "checkpoints",
+    ("CheckpointLoaderSimple", 0): "checkpoints",
+    ("LoraLoaderModelOnly", 0): "loras",
+    ("LatentUpscaleModelLoader", 0): "latent_upscale_models",
 }
 LOW_NOISE_UNET = "tiny_wan_low_noise.safetensors"  # the Wan 2.2 14B workflow's low-noise expert at test size
 
@@ -61,23 +69,28 @@ def ui_workflow(name: str) -> dict:
 
 
 def _placeholders(base: Path) -> None:
-    """Empty files named like the models the workflows load (never loaded here, only listed); the demo weights the
-    pack ships are real and stay visible."""
+    """Empty files named like the models the UI workflows load, bypassed loaders too (never loaded here, only
+    listed); the demo weights the pack ships are real and stay visible."""
     for name in NAMES:
-        for node in api_workflow(name).values():
-            for (kind, field), folder in LOADER_FOLDERS.items():
-                if node["class_type"] == kind and node["inputs"][field] != DEMO_WEIGHTS:
+        for node in ui_workflow(name)["nodes"]:
+            for (kind, index), folder in LOADER_FOLDERS.items():
+                if node["type"] == kind and node["widgets_values"][index] != DEMO_WEIGHTS:
                     (base / "models" / folder).mkdir(parents=True, exist_ok=True)
-                    (base / "models" / folder / node["inputs"][field]).touch()
+                    (base / "models" / folder / node["widgets_values"][index]).touch()
 
 
-def _tiny_wan22_models(base: Path, current_model) -> None:
-    """The tiny models the Wan 2.2 workflows need besides `tiny_models`: a second tiny Wan (other weights), the 14B's
-    low-noise expert, and, where the host has Wan 2.2, the tiny TI2V 5B."""
+def _tiny_current_models(base: Path, current_model) -> None:
+    """The tiny models the workflows need besides `tiny_models`: a second tiny Wan (other weights) as the Wan 2.2
+    14B's low-noise expert, each newer model the host has (Wan 2.2 TI2V 5B, HunyuanVideo 1.5, LTX-2), and LTX-2's
+    empty audio latent in the input directory."""
     models = base / "models" / "diffusion_models"
     write_tiny_model("wan", models, seed=1, filename=LOW_NOISE_UNET)
-    if not host_lacks(CURRENT_SPECS["wan22"]):
-        (models / CURRENT_SPECS["wan22"].filename).symlink_to(current_model("wan22").path)
+    for family, spec in CURRENT_SPECS.items():
+        if not host_lacks(spec):
+            (models / spec.filename).symlink_to(current_model(family).path)
+    audio = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
+    (base / "input").mkdir(exist_ok=True)
+    save_file(audio, str(base / "input" / LTX2_AUDIO_LATENT))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +98,7 @@ def server(comfyui_path: Path, new_base_dir, current_model) -> Iterator[ComfySer
     factory = ServerFactory(comfyui_path, new_base_dir)
     base = new_base_dir()
     _placeholders(base)
-    _tiny_wan22_models(base, current_model)
+    _tiny_current_models(base, current_model)
     try:
         yield factory(base)
     finally:
@@ -159,8 +172,16 @@ def _types_match(output: str, wanted) -> bool:
     return "*" in (output, wanted) or bool(set(output.split(",")) & set(wanted.split(",")))
 
 
+def skip_where_the_host_lacks_the_model(name: str) -> None:
+    family = FAMILY[name]
+    reason = host_lacks(CURRENT_SPECS[family]) if family in CURRENT_SPECS else ""
+    if reason:
+        pytest.skip(f"{name}: {reason}")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_ui_workflow_validates_against_object_info(object_info, name):
+    skip_where_the_host_lacks_the_model(name)
     workflow = ui_workflow(name)
     nodes = {node["id"]: node for node in workflow["nodes"]}
     reuse_nodes = [n for n in nodes.values() if n["type"] in ("CarnatorReuse", "CarnatorReuseSampler")]
@@ -185,13 +206,35 @@ def test_ui_workflow_validates_against_object_info(object_info, name):
         assert link_type in (output, "*"), f"{name}: link {link_id} is typed {link_type}, its source gives {output}"
 
 
+BYPASSED = 4  # a UI node's mode: the frontend queues its input of the output's type in its place
+
+
+def queued_source(ui: dict, target: int, slot: int) -> list | None:
+    """[node id, output] of the active node that feeds input `slot` of `target` in what the frontend queues: links
+    through reroutes and bypassed nodes resolved (None: a bypassed node with no input of that type)."""
+    nodes = {node["id"]: node for node in ui["nodes"]}
+    link = next((link for link in ui["links"] if link[3] == target and link[4] == slot), None)
+    if link is None:
+        return None
+    _, origin, origin_slot, _, _, link_type = link
+    source = nodes[origin]
+    if source["type"] == "Reroute":
+        return queued_source(ui, origin, 0)
+    if source["mode"] == BYPASSED:
+        matching = [i for i, entry in enumerate(source["inputs"]) if entry["type"] == link_type]
+        return queued_source(ui, origin, matching[0]) if matching else None
+    return [str(origin), origin_slot]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_api_twin_is_the_ui_workflow(object_info, name):
+    skip_where_the_host_lacks_the_model(name)
     ui, api = ui_workflow(name), api_workflow(name)
     nodes = {str(node["id"]): node for node in ui["nodes"] if node["type"] not in FRONTEND_ONLY and node["mode"] == 0}
     assert set(api) == set(nodes), f"{name}: API twin nodes {sorted(api)} != UI nodes {sorted(nodes)}"
-    links = {(str(target), nodes[str(target)]["inputs"][slot]["name"]): [str(origin), origin_slot]
-             for _, origin, origin_slot, target, slot, _ in ui["links"] if str(target) in nodes}
+    links = {(str(target), nodes[str(target)]["inputs"][slot]["name"]): queued_source(ui, target, slot)
+             for _, _, _, target, slot, _ in ui["links"] if str(target) in nodes}
+    links = {key: source for key, source in links.items() if source is not None}
     for node_id, node in api.items():
         assert node["class_type"] == nodes[node_id]["type"]
         values = widget_values(nodes[node_id], object_info[node["class_type"]])
@@ -242,14 +285,15 @@ def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
     run_with_statuses(server, tiny_graph(name, tiny_models))
 
 
-EDITS = {  # Wan 2.2 workflow -> one word of its shipped prompt and its replacement
+EDITS = {  # workflow -> one word of its shipped prompt and its replacement
     "carnator_wan22_14b_t2v": ("honey", "golden"),
     "carnator_wan22_5b_ti2v": ("guitar", "violin"),
+    "carnator_hunyuan_video15_720p_t2v": ("sunset", "sunrise"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(EDITS))
-def test_wan22_workflow_reuses_its_run_for_a_one_word_edit(server, tiny_models, name):
+def test_workflow_reuses_its_run_for_a_one_word_edit(server, tiny_models, name):
     """As shipped (Carnator's default thresholds): the edit's probes pass on the tiny models too."""
     graph = tiny_graph(name, tiny_models)
     positive = next(n for n in api_workflow(name).values() if "Positive" in n["_meta"]["title"])["inputs"]["text"]
@@ -267,6 +311,22 @@ def test_wan22_workflow_reuses_its_run_for_a_one_word_edit(server, tiny_models, 
     if len(samplers) == 2:
         assert report["stage"]["skipped_whole"], json.dumps(report)
         assert reports[samplers["disable"]]["stage"]["first_step"] == 2, json.dumps(reports)
+
+
+PACKED = "packed multi-latent (2 latents, e.g. audio + video): not supported, sampled plain"
+
+
+def test_ltx2_workflow_samples_its_packed_audio_and_video_plain(server, tiny_models):
+    """Both LTX-2 stages sample one packed audio+video latent: each Carnator report, for the shipped prompt and for a
+    one-word edit of it, is a miss that says so."""
+    graph = tiny_graph("carnator_ltx2_t2v", tiny_models)
+    (text_node,) = [node for node in graph.values() if "cheerful" in node["inputs"].get("text", "")]
+    first, first_reports = run_with_statuses(server, graph)
+    text_node["inputs"]["text"] = text_node["inputs"]["text"].replace("cheerful", "joyful")
+    edited, edited_reports = run_with_statuses(server, graph)
+    assert _shapes(edited) == _shapes(first)
+    for report in [*first_reports.values(), *edited_reports.values()]:
+        assert not report["hit"] and report["reason"] == PACKED, json.dumps(report)
 
 
 # ------------------------------------------------------------------ on the demo model

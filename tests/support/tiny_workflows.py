@@ -1,27 +1,40 @@
 """The shipped API-format workflows (workflows/api/) made runnable on the tiny test models.
 
-The shipped workflows name the official models (Wan 2.1 1.3B, Wan 2.2 14B and 5B, HunyuanVideo 720p, LTX-Video 2B)
-with their text encoders, VAEs and LoRAs, or the embedded demo model. The tests run them on the random-weight tiny
-models instead, changing only what cannot exist at test size, by node type:
+The shipped workflows name the official models (Wan 2.1 1.3B, Wan 2.2 14B and 5B, HunyuanVideo 720p, HunyuanVideo 1.5
+720p, LTX-Video 2B, LTX-2 19B) with their text encoders, VAEs, LoRAs and latent upscalers, or the embedded demo model.
+The tests run them on the random-weight tiny models instead, changing only what cannot exist at test size, by node
+type:
 
 - UNETLoader / CheckpointLoaderSimple        -> UNETLoader of the tiny model of the workflow's family; a loader of a
                                                 low-noise expert (Wan 2.2 14B: "low_noise" in its file name) loads
                                                 `low_noise_unet`, a second tiny model of the family (other weights)
 - LoraLoaderModelOnly                         -> removed, its model input linked through to its consumers (the
                                                 lightx2v LoRA files have no tiny counterpart)
-- CLIPLoader, DualCLIPLoader                  -> removed (no text encoders at test size)
+- CLIPLoader, DualCLIPLoader,                 -> removed (no text encoders at test size)
+  LTXAVTextEncoderLoader
 - VAELoader                                   -> the pixel-space VAE (Wan22ImageToVideoLatent takes a VAE and reads
                                                 it only for a start image, which the shipped workflows leave out)
 - CLIPTextEncode(text, clip)                  -> HarnessTextConditioning(text, family): same text, same socket
-- VAEDecode(Tiled), CreateVideo, SaveVideo    -> removed; HarnessLatentStats reads each sampler's latent
+- LTXVAudioVAELoader, LTXVAudioVAEDecode      -> removed (no audio VAE at test size)
+- LTXVEmptyLatentAudio                        -> LoadLatent of `LTX2_AUDIO_LATENT` (zeros shaped as LTX-2's empty
+                                                audio latent for the test video length; the test writes it into
+                                                ComfyUI's input directory)
+- LatentUpscaleModelLoader                    -> removed (no latent upscale model at test size)
+- LTXVLatentUpsampler                         -> removed, its samples input linked through: LTX-2's second stage
+                                                refines the first stage's video latent at the first stage's size
+- VAEDecode(Tiled), CreateVideo, SaveVideo    -> removed; HarnessLatentStats reads each sampler's latent (a packed
+                                                audio+video latent: the video latent LTXVSeparateAVLatent unpacks)
 - empty latent video size and step counts     -> small (seconds on a CPU); KSamplerAdvanced keeps its shipped steps
                                                 and hand-over step (Wan 2.2 14B: 4 steps, experts split at 2)
 - optional `reuse` overrides                  -> set on every Carnator reuse node (e.g. probe thresholds: a
                                                  random-weight model has no semantics, so near-duplicate
                                                  prompts need lower structure thresholds to pass its probe)
 
-Everything else — Carnator nodes, samplers, schedulers, guiders, the demo text encoder and decoder (they
-work on any Wan-family latent), primitives, links — runs as shipped.
+Everything else — Carnator nodes, samplers, schedulers (LTX-2's ManualSigmas too), guiders, LTX-2's
+concatenation, separation and guide cropping, the demo text encoder and decoder (they work on any Wan-family
+latent), primitives, links — runs as shipped. A shipped workflow's bypassed nodes (HunyuanVideo 1.5's 1080p
+super-resolution group and EasyCache, LTX-2's camera LoRAs) are not in its API twin, as the frontend leaves them
+out of what it queues.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import json
 from pathlib import Path
 
 from carnator_core.demo.graphs import latent_size
+from support.t2v_graphs import LTX2_AUDIO_LATENT
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
 FAMILY = {  # shipped workflow -> tiny model family it runs on
@@ -41,14 +55,19 @@ FAMILY = {  # shipped workflow -> tiny model family it runs on
     "carnator_explicit_control": "wan",
     "carnator_wan22_14b_t2v": "wan",
     "carnator_wan22_5b_ti2v": "wan22",
+    "carnator_hunyuan_video15_720p_t2v": "hunyuan_video15",
+    "carnator_ltx2_t2v": "ltxav",
 }
 SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
 REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
-_REMOVED = ("CLIPLoader", "DualCLIPLoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
-_PASSED_THROUGH = {"LoraLoaderModelOnly": "model"}  # removed; what reads its output reads this input's source
+_REMOVED = ("CLIPLoader", "DualCLIPLoader", "LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVAudioVAEDecode",
+            "LatentUpscaleModelLoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
+# removed; what reads its output reads this input's source
+_PASSED_THROUGH = {"LoraLoaderModelOnly": "model", "LTXVLatentUpsampler": "samples"}
 _LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9),
-                "Wan22ImageToVideoLatent": (64, 64, 5)}
-_TEXT_FAMILY = {"wan22": "wan"}  # tiny model family -> HarnessTextConditioning family (its text encoder)
+                "Wan22ImageToVideoLatent": (64, 64, 5), "EmptyHunyuanVideo15Latent": (64, 64, 5)}
+# tiny model family -> HarnessTextConditioning family (its text encoder)
+_TEXT_FAMILY = {"wan22": "wan", "hunyuan_video15": "hunyuan_video", "ltxav": "ltxv"}
 _STEPS = {"KSampler": "steps", "CarnatorKSampler": "steps", "BasicScheduler": "steps", "LTXVScheduler": "steps"}
 
 
@@ -76,14 +95,19 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
         elif kind == "CLIPTextEncode":
             graph[node_id] = {"class_type": "HarnessTextConditioning",
                               "inputs": {"text": inputs["text"], "family": _TEXT_FAMILY.get(family, family), "seed": 0}}
+        elif kind == "LTXVEmptyLatentAudio":
+            graph[node_id] = {"class_type": "LoadLatent", "inputs": {"latent": LTX2_AUDIO_LATENT}}
         elif kind in _LATENT_SIZE:
             inputs["width"], inputs["height"], inputs["length"] = _LATENT_SIZE[kind]
         if kind in _STEPS:
             inputs[_STEPS[kind]] = steps
         if kind in REUSE_NODES and reuse:
             inputs.update(reuse)
+    unpacked = {node["inputs"]["av_latent"][0]: node_id for node_id, node in graph.items()
+                if node["class_type"] == "LTXVSeparateAVLatent"}  # sampler -> the node unpacking its output
     for node_id in [n for n, node in graph.items() if node["class_type"] in SAMPLERS]:
-        graph[f"stats_{node_id}"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": [node_id, 0]}}
+        latent = [unpacked[node_id], 0] if node_id in unpacked else [node_id, 0]
+        graph[f"stats_{node_id}"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": latent}}
     for node_id, node in graph.items():
         for name, value in node["inputs"].items():
             if _is_link(value) and value[0] not in graph:
