@@ -1,9 +1,10 @@
 """Prompt streams for the workload benchmark, generated from the demo world.
 
-Why these four: cross-request reuse pays off on near-duplicates (the prompt-editing loop), must cost nothing on
+Why these five: cross-request reuse pays off on near-duplicates (the prompt-editing loop), must cost nothing on
 unrelated prompts, meets both in a realistic queue (mixed), and is most dangerous where prompts read alike but
 ask for something else (adversarial: one word flips the motion or the object colour, so a text-similarity
-decision reuses the wrong layout while a model-verified one must not). Streams are deterministic for a seed and
+decision reuses the wrong layout while a model-verified one must not), and the edit loop shows which kinds of edit
+resume (rewordings and back-edits should; one-attribute edits only at a depth the probe verifies). Streams are deterministic for a seed and
 never repeat a prompt verbatim (ComfyUI would serve a repeat from its output cache for every configuration).
 """
 
@@ -15,7 +16,11 @@ import numpy as np
 
 from carnator_core.demo import world
 
-STREAMS = ("near-dup", "unrelated", "mixed", "adversarial")
+STREAMS = ("near-dup", "unrelated", "mixed", "adversarial", "edit-loop")
+# One scene, then the way people iterate on it with a fixed seed: rewordings, one-attribute edits, and back-edits
+# (the scene again, in a new wording, after an edit); longer loops repeat the pattern after the scene.
+EDIT_LOOP = ("scene", "rewording", "background", "back-edit", "colour", "back-edit", "shape", "rewording")
+KINDED_STREAMS = ("edit-loop",)  # streams whose prompts have a kind of edit (`edit_kinds`)
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 
 
@@ -108,8 +113,29 @@ def adversarial(n: int, rng: np.random.Generator) -> list[str]:
     return prompts[:n]
 
 
+def edit_kinds(name: str, n: int) -> list[str]:
+    """The kind of edit of each of the first `n` prompts of a kinded stream."""
+    if name not in KINDED_STREAMS:
+        raise ValueError(f"stream {name!r} has no kinds of edit")
+    return [EDIT_LOOP[0]] + [EDIT_LOOP[1 + i % (len(EDIT_LOOP) - 1)] for i in range(n - 1)]
+
+
+def edit_loop(n: int, rng: np.random.Generator) -> list[str]:
+    """The edit loop (`EDIT_LOOP`) around one scene: every prompt a new wording; an edit changes one attribute
+    (background, colour or shape) of the scene, a back-edit returns to the scene."""
+    [scene] = _distinct_sets(rng, 1)
+    taken: set[str] = set()
+    prompts = []
+    for kind in edit_kinds("edit-loop", n):
+        target = world.swap(scene, kind, rng) if kind in world.ATTRIBUTES else scene
+        prompts.append(_wording(rng, target, taken))
+        taken.add(prompts[-1])
+    return prompts
+
+
 GENERATORS: dict[str, Callable[[int, np.random.Generator], list[str]]] = {
-    "near-dup": near_dup, "unrelated": unrelated, "mixed": mixed, "adversarial": adversarial}
+    "near-dup": near_dup, "unrelated": unrelated, "mixed": mixed, "adversarial": adversarial,
+    "edit-loop": edit_loop}
 
 
 def make_stream(name: str, n: int, seed: int = 0) -> list[str]:

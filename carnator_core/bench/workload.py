@@ -1,8 +1,8 @@
 """Workload benchmark: a prompt stream through a real headless ComfyUI, every configuration side by side.
 
-    python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial} [--prompts FILE]
-        [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0] [--weights FILE] [--attention-heavy]
-        [--json] [--out DIR]
+    python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial,edit-loop}
+        [--prompts FILE] [--graph single|two-expert] [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0]
+        [--weights FILE] [--attention-heavy] [--json] [--out DIR]
 
 Configurations (each with its own store directory, all in one server so they share the loaded model):
 plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verification=text-only: skip depth from
@@ -20,6 +20,12 @@ a run that records, the benchmark waits until the server's background writer has
 write neither overlaps the next timed run nor is missed by the next lookup. Quality: PSNR/SSIM of the
 decoded clip against the same prompt's plain clip (same seed), and the demo oracle's adherence (share of
 shape, colour, motion and background that match the prompt; prompts it cannot parse are left out).
+
+`--graph two-expert` runs the stream on the Wan 2.2 14B template's shape instead: the demo model as both experts,
+each loader -> ModelSamplingSD3 -> (CarnatorReuse) -> KSamplerAdvanced, the first sampling to the half-way boundary
+with leftover noise and the second continuing; configurations plain, safe, balanced and fast, and the first
+expert's calls per request reported apart. Every table also gives the calls and the speedup of the requests that
+resumed; `edit-loop` adds which kinds of edit resumed and how deep.
 
 `--attention-heavy` adds a timing-only configuration: a random-weight Wan 2.1 model on >= 4k video tokens,
 where attention dominates a step as in full-size models, plain versus CarnatorSparseAttention with own masks.
@@ -49,7 +55,7 @@ from safetensors.torch import load_file
 from carnator_core.bench import plot
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.streams import STREAMS, make_stream, read_prompts
+from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream, read_prompts
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound
 from carnator_core.demo import graphs, world
@@ -61,8 +67,13 @@ from carnator_core.store.reuse_store import ReuseStore
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")
 FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
-# Plain's median server CPU time / this configuration's (None where unknown).
-EXTRA_FIELDS = ("cpu_speedup",)
+# Plain's median server CPU time / this configuration's (None where unknown); the mean model calls and the speedup
+# (plain's median time / the hits' median time) of the requests that resumed (None without one); the first expert's
+# mean model calls per request (two-expert graph only, else None).
+EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "first_expert_calls")
+# The two-expert graph (`--graph two-expert`, the Wan 2.2 14B template's shape): plain and the reuse modes, one
+# CarnatorReuse on each expert.
+TWO_EXPERT_CONFIGS = ("plain", "safe", "balanced", "fast")
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
 WARMUP_PROMPT = "a green square resting on a white background"
 WARMUP_STEPS = 2
@@ -137,6 +148,7 @@ class Sample:
     report: dict | None
     quality: dict[str, Any] = field(default_factory=dict)
     cpu_seconds: float | None = None  # the server's CPU time for the whole prompt and its background store write
+    first_expert_calls: int | None = None  # two-expert graph: the first expert's model calls
 
 
 class Bench:
@@ -170,20 +182,26 @@ class Bench:
             log = handle.read().decode(errors="replace")
         return run, log
 
-    def sample(self, name: str, graph: dict, steps: int) -> Sample:
+    def sample(self, name: str, graph: dict, steps: int, boundary: int | None = None) -> Sample:
+        """One request; with `boundary` (two-expert graph) the model calls add up over both experts' reports and the
+        first expert's are kept apart."""
         self.counter += 1
         graph = graphs.with_save_latent(graph, f"bench/{_store_dir(name, '')[1:]}_{self.counter:04d}")
         run, log = self.run(graph)
         saved = run.history["outputs"][graphs.SAVE_LATENT]["latents"][0]
         latent = load_file(str(self.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+        reports = [r for r in run.reports if "model_calls" in r]
         report = (run.reports or [None])[0]
         skipped_by_easycache = sum(int(m.group(1)) for m in EASYCACHE_LINE.finditer(log))
-        calls = report["model_calls"] if report and "model_calls" in report else steps
+        calls = sum(r["model_calls"] for r in reports) if reports else steps
         density = report.get("attention_density") if report else None
+        first_expert = None if boundary is None else (reports[0]["model_calls"] if reports else boundary)
         return Sample(seconds=run.seconds_except(graphs.SHARED_NODES), model_calls=calls - skipped_by_easycache,
-                      hit=bool(report and report.get("hit")), skipped_steps=int(report.get("skipped_steps", 0))
-                      if report else 0, density=1.0 if density is None else float(density),
-                      rgb=world.decode(world.from_raw(latent[0].float())), report=report)
+                      hit=any(r.get("hit") for r in run.reports), skipped_steps=sum(int(r.get("skipped_steps", 0))
+                                                                               for r in reports),
+                      density=1.0 if density is None else float(density),
+                      rgb=world.decode(world.from_raw(latent[0].float())), report=report,
+                      first_expert_calls=first_expert)
 
     def wait_for_entries(self, store: str, count: int, timeout: float = 60.0) -> dict[str, float]:
         """Store totals once the server's background writer has stored `count` entries."""
@@ -193,6 +211,11 @@ class Bench:
             if totals["entries"] >= count or time.monotonic() > deadline:
                 return totals
             time.sleep(0.05)
+
+
+def _bytes_per_entry(directory: Path) -> float:
+    totals = store_totals(directory)
+    return totals["bytes"] / max(1, totals["entries"])
 
 
 def store_totals(directory: Path) -> dict[str, float]:
@@ -219,9 +242,10 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
     plain_time = _median([s.seconds for s in samples["plain"]])
     plain_cpu = _median([s.cpu_seconds for s in samples["plain"] if s.cpu_seconds is not None])
     rows = []
-    for name in CONFIGS:
-        runs = samples[name]
+    for name, runs in samples.items():
         cpu = _median([s.cpu_seconds for s in runs if s.cpu_seconds is not None])
+        hits = [s for s in runs if s.skipped_steps > 0]
+        first_expert = [s.first_expert_calls for s in runs if s.first_expert_calls is not None]
         rows.append({
             "name": name,
             "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
@@ -233,6 +257,9 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "ssim": round(_mean([s.quality["ssim"] for s in runs]), 4),
             "adherence": _round(_mean([s.quality["adherence"] for s in runs]), 3),
             "bytes_per_entry": round(store_bytes.get(name, 0.0)),
+            "hit_model_calls": _round(_mean([s.model_calls for s in hits]), 2),
+            "hit_speedup": round(plain_time / _median([s.seconds for s in hits]), 3) if hits else None,
+            "first_expert_calls": _round(_mean(first_expert), 2),
         })
     return rows
 
@@ -245,7 +272,7 @@ def score_samples(prompts: list[str], samples: dict[str, list[Sample]]) -> None:
     """PSNR/SSIM against the same prompt's plain clip, and oracle adherence (None when unscorable)."""
     for i, prompt in enumerate(prompts):
         reference = samples["plain"][i].rgb
-        for name in CONFIGS:
+        for name in samples:
             sample = samples[name][i]
             result = score(prompt, sample.rgb)
             error = mse(sample.rgb, reference)
@@ -292,6 +319,54 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
     return samples, store_bytes, donor
 
 
+def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
+                          seed_policy: str, progress: Callable[[str], None]) -> dict[str, list[Sample]]:
+    """The stream on the two-expert graph (the demo model as both experts, the boundary half-way), every
+    configuration per prompt in rotated order, as `run_stream` does."""
+    boundary = steps // 2
+
+    def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = "stores") -> dict:
+        base = graphs.two_expert_graph(unet, prompt, seed=seed, steps=run_steps, boundary=run_steps // 2, cfg=cfg)
+        if name == "plain":
+            return base
+        return graphs.with_expert_reuse(base, _store_dir(f"two-expert-{name}", prefix), prompt, mode=name,
+                                        seed_policy=seed_policy)
+
+    for name in TWO_EXPERT_CONFIGS:
+        progress(f"warm-up: two-expert {name}")
+        bench.sample(name, graph(name, WARMUP_PROMPT, 1, WARMUP_STEPS, "warmup"), WARMUP_STEPS, WARMUP_STEPS // 2)
+    samples: dict[str, list[Sample]] = {name: [] for name in TWO_EXPERT_CONFIGS}
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
+        order = TWO_EXPERT_CONFIGS[i % len(TWO_EXPERT_CONFIGS):] + TWO_EXPERT_CONFIGS[:i % len(TWO_EXPERT_CONFIGS)]
+        for name in order:
+            cpu_before = bench.server_cpu_seconds()
+            sample = bench.sample(name, graph(name, prompt, seed, steps), steps, boundary)
+            if name != "plain":
+                bench.wait_for_entries(_store_dir(f"two-expert-{name}"), i + 1)
+            cpu_after = bench.server_cpu_seconds()
+            if cpu_before is not None and cpu_after is not None:
+                sample.cpu_seconds = cpu_after - cpu_before
+            samples[name].append(sample)
+        calls = ", ".join(f"{n} {samples[n][-1].model_calls} calls ({samples[n][-1].first_expert_calls} first expert)"
+                          for n in TWO_EXPERT_CONFIGS)
+        progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {calls}")
+    return samples
+
+
+def per_kind(kinds: list[str], samples: dict[str, list[Sample]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per configuration and kind of edit (`streams.edit_kinds`): how many resumed, at which depths, and the
+    kind's mean adherence."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, runs in samples.items():
+        table[name] = {}
+        for kind in dict.fromkeys(kinds):
+            of_kind = [s for s, k in zip(runs, kinds, strict=True) if k == kind]
+            table[name][kind] = {"requests": len(of_kind), "resumed": sum(s.skipped_steps > 0 for s in of_kind),
+                                 "skipped_steps": [s.skipped_steps for s in of_kind],
+                                 "adherence": _round(_mean([s.quality["adherence"] for s in of_kind]), 3)}
+    return table
+
+
 def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
                     progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Plain vs own-mask sparse attention on the random-weight >= 4k-token model, ABBA-interleaved.
@@ -326,14 +401,22 @@ def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
 def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     lines = [f"### Workload `{result['stream']}` ({len(result['prompts'])} prompts, {settings['steps']} steps, "
              f"seed {settings['seed']}, cfg {settings['cfg']})", "",
-             "| config | speedup | CPU speedup | model calls | hit rate | attention density | PSNR (dB) | SSIM | "
-             "adherence | bytes/entry |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | speedup | CPU speedup | model calls | first-expert calls | hit rate | calls per hit | "
+             "speedup per hit | attention density | PSNR (dB) | SSIM | adherence | bytes/entry |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["configs"]:
-        adherence = "n/a" if c["adherence"] is None else f"{c['adherence']:.3f}"
-        cpu = "n/a" if c.get("cpu_speedup") is None else f"{c['cpu_speedup']:.2f}x"
-        lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {cpu} | {c['model_calls']:.1f} | {c['hit_rate']:.2f} | "
-                     f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | {adherence} | "
-                     f"{c['bytes_per_entry']:,} |")
+        lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {_shown(c.get('cpu_speedup'), '{:.2f}x')} | "
+                     f"{c['model_calls']:.1f} | {_shown(c.get('first_expert_calls'), '{:.1f}')} | {c['hit_rate']:.2f} | "
+                     f"{_shown(c.get('hit_model_calls'), '{:.1f}')} | {_shown(c.get('hit_speedup'), '{:.2f}x')} | "
+                     f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
+                     f"{_shown(c['adherence'], '{:.3f}')} | {c['bytes_per_entry']:,} |")
+    if result.get("per_kind"):
+        kinds = list(next(iter(result["per_kind"].values())))
+        lines += ["", "Resumed per kind of edit (resumed/requests, skipped steps each):", "",
+                  "| config | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+        for name, by_kind in result["per_kind"].items():
+            cells = [f"{k['resumed']}/{k['requests']} {k['skipped_steps']}" for k in by_kind.values()]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     heavy = settings.get("attention_heavy")
     if heavy:
         lines += ["", f"Attention-heavy timing (random-weight Wan 2.1, {heavy['video_tokens']} video tokens, "
@@ -345,6 +428,10 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                   "the configuration records nothing. Dense attention: PyTorch SDPA (ComfyUI "
                   f"{' '.join(settings['comfyui_args'])}). Machine: {settings['machine']}"]
     return "\n".join(lines) + "\n"
+
+
+def _shown(value: float | None, form: str) -> str:
+    return "n/a" if value is None else form.format(value)
 
 
 def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], details: list[dict]) -> list[Path]:
@@ -390,6 +477,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench workload",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--stream", choices=STREAMS, default="near-dup")
+    parser.add_argument("--graph", choices=("single", "two-expert"), default="single",
+                        help="single: one model and KSampler (every configuration); two-expert: the Wan 2.2 14B "
+                             "template's shape, the demo model as both experts in two KSamplerAdvanced with the "
+                             "boundary half-way (plain and the reuse modes)")
     parser.add_argument("--prompts", help="your own stream: one prompt per line, run in order")
     parser.add_argument("--n", type=int, default=6, help="prompts in a generated stream")
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",
@@ -437,8 +528,14 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
     try:
         with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION) as (client, unet):
             bench = Bench(client, base_dir)
-            samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy,
-                                                     say)
+            if args.graph == "two-expert":
+                donor = None
+                samples = run_two_expert_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy, say)
+                store_bytes = {name: _bytes_per_entry(base_dir / _store_dir(f"two-expert-{name}"))
+                               for name in TWO_EXPERT_CONFIGS if name != "plain"}
+            else:
+                samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg,
+                                                         seed_policy, say)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:
         if (base_dir / "comfyui.log").exists():
@@ -447,8 +544,12 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
         shutil.rmtree(base_dir, ignore_errors=True)
     score_samples(prompts, samples)
     stream = f"file:{Path(args.prompts).name}" if args.prompts else args.stream
+    if args.graph == "two-expert":
+        stream += " (two-expert)"
     result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes)}
-    settings = {"steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
+    if args.stream in KINDED_STREAMS and not args.prompts:
+        result["per_kind"] = per_kind(edit_kinds(args.stream, len(prompts)), samples)
+    settings = {"graph": args.graph, "steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
                 "donor_prompt": donor, "clip": list(world.CLIP), "attention_heavy": heavy, "machine": _machine(),
                 "seed_policy": seed_policy, "comfyui_args": list(DENSE_ATTENTION)}
     return result, settings, _details(prompts, seeds, samples)

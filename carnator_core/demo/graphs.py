@@ -23,7 +23,7 @@ REPORT = "carnator_report"
 SAVE_LATENT = "save_latent"
 # nodes whose work is the same in every configuration (cached by ComfyUI or negligible): not timed
 SHARED_NODES = frozenset({LOADER, MODEL_CHAIN, POSITIVE, NEGATIVE, LATENT, STORE, REPORT, SAVE_LATENT,
-                          "decode", "save_webp", "donor_text"})
+                          "decode", "save_webp", "donor_text", "high_noise_loader", "high_noise_sampling"})
 
 SHIFT = 3.0  # the flow shift the demo model was trained and evaluated with (train.py)
 VAE_SPATIAL, VAE_TEMPORAL = 8, 4  # Wan 2.1's latent compression, which EmptyHunyuanLatentVideo assumes
@@ -52,6 +52,39 @@ def base_graph(unet_name: str, prompt: str, *, seed: int = 0, steps: int = 30, c
                        sampler_name=sampler_name, scheduler=scheduler, positive=[POSITIVE, 0],
                        negative=[NEGATIVE, 0], latent_image=[LATENT, 0], denoise=1.0),
     }
+
+
+HIGH_NOISE = "high_noise"  # the first expert's KSamplerAdvanced in `two_expert_graph` (SAMPLER is the second's)
+EXPERT_CHAINS = {HIGH_NOISE: "high_noise_sampling", SAMPLER: MODEL_CHAIN}  # sampler -> its model chain
+
+
+def two_expert_graph(unet_name: str, prompt: str, *, seed: int = 0, steps: int = 4, boundary: int = 2,
+                     cfg: float = 1.0, low_noise_unet: str | None = None) -> dict:
+    """The Wan 2.2 14B template's shape on the demo model: two experts (both the demo model unless
+    `low_noise_unet` names another), each loader -> ModelSamplingSD3 -> KSamplerAdvanced; the first samples steps
+    0 -> `boundary` and returns the latent with its leftover noise, the second continues without adding noise."""
+    graph = base_graph(low_noise_unet or unet_name, prompt, seed=seed, steps=steps, cfg=cfg)
+    graph["high_noise_loader"] = _node("UNETLoader", unet_name=unet_name, weight_dtype="default")
+    graph["high_noise_sampling"] = _node("ModelSamplingSD3", model=["high_noise_loader", 0], shift=SHIFT)
+    shared = dict(noise_seed=seed, steps=steps, cfg=cfg, sampler_name="euler", scheduler="simple",
+                  positive=[POSITIVE, 0], negative=[NEGATIVE, 0])
+    graph[HIGH_NOISE] = _node("KSamplerAdvanced", model=["high_noise_sampling", 0], add_noise="enable",
+                              latent_image=[LATENT, 0], start_at_step=0, end_at_step=boundary,
+                              return_with_leftover_noise="enable", **shared)
+    graph[SAMPLER] = _node("KSamplerAdvanced", model=[MODEL_CHAIN, 0], add_noise="disable",
+                           latent_image=[HIGH_NOISE, 0], start_at_step=boundary, end_at_step=10000,
+                           return_with_leftover_noise="disable", **shared)
+    return graph
+
+
+def with_expert_reuse(graph: dict, store_path: str, prompt: str, **options) -> dict:
+    """One CarnatorReuse per expert chain of a `two_expert_graph`, sharing one store, plus a report."""
+    graph = with_store(graph, store_path)
+    for sampler, chain in EXPERT_CHAINS.items():
+        node_id = f"carnator_reuse_{sampler}"
+        graph[node_id] = _node("CarnatorReuse", model=[chain, 0], store=[STORE, 0], prompt=prompt, **options)
+        graph[sampler]["inputs"]["model"] = [node_id, 0]
+    return with_report(graph)
 
 
 def _splice(graph: dict, node_id: str, node: dict) -> dict:

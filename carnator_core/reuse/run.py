@@ -505,7 +505,7 @@ class ReuseRun:
             return self.latent_reuse_refusal
         if self.settings.max_resume_fraction <= 0:
             return "mode 'safe': latent reuse off"
-        if self.continues is not None and not self.probes:
+        if self.continues is not None and not any(not probe.get("boundary") for probe in self.probes):
             return ("continues a stage skipped to a donor's output: the mode's depth ends at the boundary"
                     if self.continues.donor is not None else "continues a stage that sampled in full: no donor state")
         if self.match is None or not self.match.candidates:

@@ -72,6 +72,8 @@ def test_a_same_prompt_repeat_skips_the_high_noise_stage(comfy, tiny_models, wan
     assert first["model_calls"] == 1 and second["model_calls"] == low_noise_calls
     if mode == "balanced":  # the second expert's first evaluation at the boundary agrees with the donor's
         assert [p["passed"] for p in second["probes"] if p.get("boundary")] == [True], json.dumps(second)
+        assert second["reason"] == "continues a stage skipped to a donor's output: the mode's depth ends at the " \
+                                   "boundary"
     assert repeat.shape == plain.shape
     assert float((repeat - plain).norm() / plain.norm()) < 5e-3  # fp16 boundary state
 

@@ -22,8 +22,8 @@ from PIL import Image
 
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.streams import STREAMS, make_stream, read_prompts
-from carnator_core.bench.workload import CONFIGS, EXTRA_FIELDS, FIELDS, donor_prompt_for
+from carnator_core.bench.streams import EDIT_LOOP, STREAMS, edit_kinds, make_stream, read_prompts
+from carnator_core.bench.workload import CONFIGS, EXTRA_FIELDS, FIELDS, TWO_EXPERT_CONFIGS, donor_prompt_for
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
 
@@ -67,6 +67,20 @@ def test_adversarial_pairs_differ_in_one_word_and_one_attribute():
     changes = {tuple(k for k in world.ATTRIBUTES if world.parse_prompt(a)[k] != world.parse_prompt(b)[k])
                for a, b in zip(prompts[::2], prompts[1::2], strict=True)}
     assert changes == {("motion",), ("colour",)}
+
+
+def test_edit_loop_rewords_edits_one_attribute_and_returns_to_the_scene():
+    prompts = make_stream("edit-loop", 8)
+    kinds = edit_kinds("edit-loop", 8)
+    assert kinds == list(EDIT_LOOP)
+    scene = world.parse_prompt(prompts[0])
+    for prompt, kind in zip(prompts, kinds, strict=True):
+        changed = [k for k in world.ATTRIBUTES if world.parse_prompt(prompt)[k] != scene[k]]
+        assert changed == ([kind] if kind in world.ATTRIBUTES else []), (kind, prompt)
+    assert sum(kind in world.ATTRIBUTES for kind in kinds) >= 3
+    assert edit_kinds("edit-loop", 10)[8:] == ["rewording", "background"]  # the pattern repeats after the scene
+    with pytest.raises(ValueError, match="no kinds"):
+        edit_kinds("near-dup", 4)
 
 
 def test_prompts_file_and_arbitrary_donor(tmp_path):
@@ -131,3 +145,23 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert (out / "workload_near-dup.md").read_text().count("\n| ") == len(CONFIGS) + 1
     with Image.open(out / "workload_near-dup.png") as image:
         assert image.size[0] > 0 and len(set(np.asarray(image.convert("L")).flatten().tolist())) > 2
+
+
+@pytest.mark.server
+def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_path):
+    weights = write_random_wan(tmp_path / "carnator_demo_random.safetensors", WanConfig(128, 256, 3))
+    out = tmp_path / "out"
+    result = _bench("--graph", "two-expert", "--stream", "edit-loop", "--n", "2", "--steps", "4", "--json",
+                    "--out", str(out), "--weights", str(weights))
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["stream"] == "edit-loop (two-expert)" and set(data) == {"stream", "prompts", "configs", "per_kind"}
+    by_name = {c["name"]: c for c in data["configs"]}
+    assert list(by_name) == list(TWO_EXPERT_CONFIGS)
+    assert by_name["plain"]["model_calls"] == 4 and by_name["plain"]["first_expert_calls"] == 2
+    for name in ("balanced", "fast"):  # the rewording of the scene resumes: the first stage is skipped whole
+        assert by_name[name]["hit_rate"] == 0.5 and by_name[name]["first_expert_calls"] == 1.5, by_name[name]
+    assert by_name["balanced"]["hit_model_calls"] == 3 and by_name["fast"]["hit_model_calls"] == 2
+    assert data["per_kind"]["fast"]["rewording"] == {"requests": 1, "resumed": 1, "skipped_steps": [3],
+                                                      "adherence": data["per_kind"]["fast"]["rewording"]["adherence"]}
+    assert "| first-expert calls |" in (out / "workload_edit-loop_two-expert.md").read_text()
