@@ -246,19 +246,28 @@ class ReuseRun:
                             trajectory_steps=trajectory_steps(self.continues.donor)).max_step(fraction)
 
     def _skip_stage(self, screened: list[ProbeTarget]) -> Resume | None:
-        """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, and the
-        stage's share of the trajectory lies within the mode's depth: the run returns the donor's output, and the
-        next stage starts from it (its own model's first evaluation there is the boundary check)."""
+        """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's
+        share of the trajectory lies within the mode's depth and the screen passes at that depth's thresholds: the
+        run returns the output of the donor it agrees with most, and the next stage starts from it (its own model's
+        first evaluation there is the boundary check)."""
         if not self.hands_over or self.stage != 0:
             return None
         limit = self.settings.max_resume_fraction + 1e-9
+        skips = []
         for target in screened:
             signals = self._screened.get(target.meta.entry_id)
-            if target.end is not None and signals is not None and target.end.share <= limit \
-                    and abs(target.end.sigma - self.sigmas[-1]) < 1e-6:
-                self.resume = Resume(target=target, signals=signals, x0=None, end=target.end)
-                return self.resume
-        return None
+            if target.end is None or signals is None or target.end.share > limit \
+                    or abs(target.end.sigma - self.sigmas[-1]) >= 1e-6:
+                continue
+            # the screen must pass at the depth the skip reaches, as a probe there would
+            if self.settings.thresholds.passes(replace(signals, depth=target.end.share)):
+                skips.append((signals.structure_agreement, -len(skips), target, signals))
+        if not skips:
+            return None
+        # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too
+        _, _, target, signals = max(skips, key=lambda skip: skip[:2])
+        self.resume = Resume(target=target, signals=signals, x0=None, end=target.end)
+        return self.resume
 
     def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate) -> list[ProbeTarget]:
         """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.

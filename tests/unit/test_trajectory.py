@@ -10,11 +10,15 @@ import pytest
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.planner import RequestFacts, plan_probes
+from carnator_core.reuse.planner import ProbeTarget, RequestFacts, plan_probes
+from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.recorder import END_TENSOR, PendingEntry, writer
+from carnator_core.reuse.run import ReuseRun
+from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.trajectory import (
     Handover,
     HandoverRegistry,
+    StageEnd,
     stage_end_of,
     stage_view,
     trajectory_steps,
@@ -121,3 +125,24 @@ def test_a_later_stage_plans_only_against_the_same_stage_of_the_same_model(tmp_p
     assert skipped == {"other model": 1, "donor has no such stage": 1}
     none, _ = plan_probes(store, candidates[:1], facts, max_fraction=0.5, same_noise_only=False, max_probes=4)
     assert none == []  # balanced ends at step 2 of 4: the boundary itself
+
+
+def test_a_stage_is_skipped_to_the_donor_the_request_agrees_with_most(tmp_path):
+    run = ReuseRun(settings=ReuseSettings(mode="balanced"), store=ReuseStore(str(tmp_path / "store")), hard_key=KEY,
+                   latent_shape=SHAPE, noise_fingerprint="noise", cond_vector=torch.ones(8),
+                   sigmas=[1.0, 0.75, 0.5], cfg=1.0, seed=0)
+    targets = []
+    for name, structure in (("edit", 0.90), ("rewording", 0.99), ("weak", 0.86)):
+        meta = _meta(SECOND)
+        end = StageEnd(sigma=0.5, latent=torch.randn(SHAPE), stage_steps=2, trajectory_steps=4)
+        candidate = Candidate(entry_id=meta.entry_id, prompt=name, score=1.0, cond_similarity=1.0,
+                              text_similarity=None)
+        targets.append(ProbeTarget(candidate=candidate, meta=meta, step=1, sigma=0.75, x=torch.randn(SHAPE),
+                                   x0=torch.randn(SHAPE), guidance=None, end=end))
+        run._screened[meta.entry_id] = ProbeSignals(depth=0.0, raw_agreement=structure,
+                                                    structure_agreement=structure, guidance_cosine=None)
+    resume = run._skip_stage(targets)
+    assert resume.target.candidate.prompt == "rewording" and resume.step == 2 and resume.end is targets[1].end
+    # "weak" passes the depth-0 screen (0.85) but not the thresholds at the depth the skip reaches (0.5 of 4 steps)
+    run._screened = {targets[2].meta.entry_id: run._screened[targets[2].meta.entry_id]}
+    assert run._skip_stage(targets) is None
