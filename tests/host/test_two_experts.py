@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from support.reuse_graphs import with_expert_reuse
+from support.reuse_graphs import ATTENTION_DEFAULTS, REUSE_DEFAULTS, with_expert_reuse
 from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
 
 from carnator_core.reuse.recorder import writer
@@ -139,3 +139,43 @@ def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_new
     reasons = [r["reason"] for r in reports if r["stage"].get("index") != 0]
     assert any("already continued" in reason for reason in reasons), json.dumps(reports)
     assert run.output("again")["samples"].shape == run.output(LOW_NOISE)["samples"].shape
+
+
+def test_a_schedule_split_between_two_custom_samplers_is_one_trajectory(comfy, tiny_models, store_path):
+    """SplitSigmas with DisableNoise on the second SamplerCustomAdvanced (HunyuanVideo 1.5's super-resolution
+    stage, split schedules in general): the second sampler continues the first one's output."""
+    graph = wan22_14b_t2v(tiny_models["wan"].name, tiny_models["wan"].name, steps=4, boundary=2, seed=5)
+    model = ["high_noise_sampling", 0]
+    graph.update({
+        "sigmas": {"class_type": "BasicScheduler", "inputs": {"model": model, "scheduler": "simple", "steps": 4,
+                                                              "denoise": 1.0}},
+        "split": {"class_type": "SplitSigmas", "inputs": {"sigmas": ["sigmas", 0], "step": 2}},
+        "guider": {"class_type": "CFGGuider", "inputs": {"model": model, "positive": ["positive", 0],
+                                                         "negative": ["negative", 0], "cfg": 1.0}},
+        "select": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}},
+        "noise": {"class_type": "RandomNoise", "inputs": {"noise_seed": 5}},
+        "no_noise": {"class_type": "DisableNoise", "inputs": {}},
+    })
+    graph[HIGH_NOISE] = {"class_type": "SamplerCustomAdvanced", "inputs": {
+        "noise": ["noise", 0], "guider": ["guider", 0], "sampler": ["select", 0], "sigmas": ["split", 0],
+        "latent_image": ["latent", 0]}}
+    graph[LOW_NOISE] = {"class_type": "SamplerCustomAdvanced", "inputs": {
+        "noise": ["no_noise", 0], "guider": ["guider", 0], "sampler": ["select", 0], "sigmas": ["split", 1],
+        "latent_image": [HIGH_NOISE, 0]}}
+    for unused in ("low_noise_model", "low_noise_shift", "low_noise_sampling"):
+        del graph[unused]
+    reuse = copy.deepcopy(graph)
+    reuse["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
+    reuse["carnator_reuse"] = {"class_type": "CarnatorReuse", "inputs": {
+        "model": model, "store": ["carnator_store", 0], "prompt": PROMPT, **REUSE_DEFAULTS,
+        **ATTENTION_DEFAULTS, "sparse_attention": "off"}}
+    reuse["guider"]["inputs"]["model"] = ["carnator_reuse", 0]
+    reuse["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [LOW_NOISE, 0]}}
+    plain, plain_calls, _ = _run(comfy, graph)
+    donor, _, (first, second) = _run(comfy, reuse)
+    assert torch.equal(donor, plain) and plain_calls["high_noise"] == 4
+    assert first["stage"]["hands_over"] and second["stage"] == {"index": 1, "first_step": 2, "hands_over": False,
+                                                                "skipped_whole": False}
+    repeat, calls, (first, second) = _run(comfy, reuse)
+    assert first["stage"]["skipped_whole"] and calls["high_noise"] == 1 + 2, json.dumps([first, second])
+    assert float((repeat - plain).norm() / plain.norm()) < 5e-3
