@@ -179,3 +179,17 @@ def test_a_schedule_split_between_two_custom_samplers_is_one_trajectory(comfy, t
     repeat, calls, (first, second) = _run(comfy, reuse)
     assert first["stage"]["skipped_whole"] and calls["high_noise"] == 1 + 2, json.dumps([first, second])
     assert float((repeat - plain).norm() / plain.norm()) < 5e-3
+
+
+def test_a_stage_output_sampled_with_fresh_noise_is_not_a_continuation(comfy, tiny_models, wan_low_noise, store_path):
+    graph = _with_reuse(_graph(tiny_models, wan_low_noise, 4, 2), store_path)
+    graph[LOW_NOISE]["inputs"]["add_noise"] = "enable"  # not a stage order Carnator knows: samples plain
+    plain_graph = copy.deepcopy(graph)
+    for node in [n for n in plain_graph if n.startswith("carnator")]:
+        del plain_graph[node]
+    plain_graph[HIGH_NOISE]["inputs"]["model"] = ["high_noise_sampling", 0]
+    plain_graph[LOW_NOISE]["inputs"]["model"] = ["low_noise_sampling", 0]
+    plain, plain_calls, _ = _run(comfy, plain_graph)
+    output, calls, (first, second) = _run(comfy, graph)
+    assert "fresh noise" in second["reason"] and not second["hit"], json.dumps(second)
+    assert torch.equal(output, plain) and calls == plain_calls
