@@ -93,14 +93,38 @@ def test_missing_or_empty_inputs_are_clear_messages(tmp_path, capsys):
     assert "no such node" in capsys.readouterr().err
 
 
+def _upstream_of(graph: dict, *input_names: str) -> set[str]:
+    """Every node some node's `input_names` inputs link to, directly or through other nodes. A node that takes both
+    a positive and a negative conditioning (LTXVConditioning) passes them on as outputs 0 and 1, so its output 0
+    is followed up its positive input only, output 1 up its negative input only."""
+    pending = [tuple(value) for node in graph.values() for name, value in node["inputs"].items()
+               if name in input_names and isinstance(value, list)]
+    seen: set[str] = set()
+    while pending:
+        node_id, output = pending.pop()
+        if node_id not in graph or node_id in seen:
+            continue
+        seen.add(node_id)
+        inputs = graph[node_id]["inputs"]
+        links = {name: value for name, value in inputs.items()
+                 if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)}
+        if {"positive", "negative"} <= set(links) and output in (0, 1):
+            links = {name: value for name, value in links.items() if name == ("positive", "negative")[output]}
+            seen.discard(node_id)  # its other output may be reached later
+        pending += [tuple(value) for value in links.values()]
+    return seen
+
+
 @pytest.mark.parametrize("name", sorted(FAMILY))
 def test_prompt_goes_to_the_positive_text_of_every_shipped_workflow(name):
     graph = api_workflow(name)
     workflow = Workflow(graph)
     node_id, field = workflow.text_target
     node = graph[node_id]
-    if node["class_type"] == "CLIPTextEncode":
-        assert "Positive" in node["_meta"]["title"] and field == "text"
+    if node["class_type"] == "CLIPTextEncode":  # upstream of some positive input, of no negative one
+        # (a guidance-distilled graph's BasicGuider takes one `conditioning`)
+        positive = _upstream_of(graph, "positive", "conditioning")
+        assert node_id in positive - _upstream_of(graph, "negative") and field == "text"
     else:  # the demo workflows feed one prompt primitive to the text encoder and the Carnator nodes
         assert node["class_type"] == "PrimitiveStringMultiline" and field == "value"
     first = workflow.for_prompt("a blue box", "fixed", random.Random(1))
