@@ -123,6 +123,17 @@ class ReuseRun:
     def stage(self) -> int:
         return self.continues.next_stage if self.continues is not None else 0
 
+    @property
+    def facts(self) -> RequestFacts:
+        """What the planner knows of this run; a later stage also its model and its place in the trajectory."""
+        handover = self.continues
+        donor = handover.donor if handover is not None else None
+        return RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
+                            noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps, stage=self.stage,
+                            model=self.hard_key.model if handover is not None else "",
+                            first_step=handover.next_step if handover is not None else 0,
+                            trajectory_steps=trajectory_steps(donor) if donor is not None else None)
+
     # ------------------------------------------------------------------ before sampling
     def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
         """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing:
@@ -148,9 +159,7 @@ class ReuseRun:
         self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
             return []
-        facts = RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
-                             noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps)
-        targets, self.skipped = plan_probes(self.store, self.match.candidates, facts,
+        targets, self.skipped = plan_probes(self.store, self.match.candidates, self.facts,
                                             self.settings.max_resume_fraction,
                                             same_noise_only=self.settings.seed_policy == "same-noise",
                                             max_probes=self.settings.max_probes * max(1, batch_limit),
@@ -176,11 +185,7 @@ class ReuseRun:
             self.boundary = boundary_prediction(self.store, view, self.latent_shape)
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
             return []
-        facts = RequestFacts(schedule=self.hard_key.schedule, latent_shape=self.latent_shape,
-                             noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps, stage=self.stage,
-                             model=self.hard_key.model, first_step=handover.next_step,
-                             trajectory_steps=trajectory_steps(donor))
-        targets, self.skipped = plan_probes(self.store, candidates, facts, self.settings.max_resume_fraction,
+        targets, self.skipped = plan_probes(self.store, candidates, self.facts, self.settings.max_resume_fraction,
                                             same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
                                             fallback_fraction=self.settings.fallback_resume_fraction,
                                             fallback_targets=max(1, batch_limit))
@@ -208,7 +213,7 @@ class ReuseRun:
                 return self.resume
         thresholds = self.settings.thresholds
         fallback = self.settings.fallback_resume_fraction
-        fallback_step = None if fallback is None else self._facts_step(fallback)
+        fallback_step = None if fallback is None else self.facts.max_step(fallback)
         for call_index in range(self.settings.max_probes):
             if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
                     p["step"] <= fallback_step and not p["confirms_deeper"] for p in self.probes):
@@ -236,14 +241,6 @@ class ReuseRun:
             if self.resume is not None:
                 return self.resume
         return None
-
-    def _facts_step(self, fraction: float) -> int:
-        """The deepest step of this run a resume limited to `fraction` may start at (in the trajectory's steps for a
-        later stage)."""
-        if self.continues is None or self.continues.donor is None:
-            return RequestFacts("", (), "", self.total_steps).max_step(fraction)
-        return RequestFacts("", (), "", self.total_steps, first_step=self.continues.next_step,
-                            trajectory_steps=trajectory_steps(self.continues.donor)).max_step(fraction)
 
     def _skip_stage(self, screened: list[ProbeTarget]) -> Resume | None:
         """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's
