@@ -7,6 +7,8 @@
 - anything unsupported (cross-attention shapes, a layout for another token count, an integer dtype, a
   head dim the Triton kernel lacks, Triton missing): dense SDPA, with one log line per distinct reason.
   Never a wrong result.
+- a kernel that fails to compile or launch, or disagrees with the masked reference, on its first call of a
+  configuration (`guard.py`): dense SDPA for that configuration from then on, listed by `kernel_fallbacks()`.
 
 Accepts ComfyUI's two conventions: (B, H, N, D), or (B, N, H*D) together with `heads`, returned alike.
 """
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 
 from .cpu import cpu_block_sparse_attention
 from .flex import flex_block_sparse_attention
+from .guard import KernelGuard
 from .layout import BlockLayout
 
 log = logging.getLogger("carnator.kernels")
@@ -27,6 +30,14 @@ log = logging.getLogger("carnator.kernels")
 BACKENDS = ("auto", "triton", "flex", "cpu", "dense")
 
 _logged: set[str] = set()
+
+# Every sparse kernel call goes through this guard, so a kernel that cannot run on this machine costs speed only.
+GUARD = KernelGuard()
+
+
+def kernel_fallbacks() -> list[str]:
+    """Kernel configurations of this process that failed their first-call check and run dense, with reasons."""
+    return GUARD.fallbacks()
 
 
 def _fall_back(reason: str) -> None:
@@ -59,11 +70,11 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
         reason = triton_supports(q, layout)
         if reason is None:
-            return triton_block_sparse_attention(q, k, v, layout, scale, out)
+            return GUARD.run("triton", lambda *args: triton_block_sparse_attention(*args, out), q, k, v, layout, scale)
         _fall_back(f"Triton kernel: {reason}")
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     if backend == "flex":
-        result = flex_block_sparse_attention(q, k, v, layout, scale)
+        result = GUARD.run("flex", flex_block_sparse_attention, q, k, v, layout, scale)
         if result is not None:
             return result
         if q.is_cuda:
@@ -73,7 +84,7 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
     if backend == "cpu":
         if q.device.type != "cpu":
             raise ValueError(f"backend 'cpu' needs CPU tensors, got {q.device}")
-        return cpu_block_sparse_attention(q, k, v, layout, scale)
+        return GUARD.run("cpu", cpu_block_sparse_attention, q, k, v, layout, scale)
     if backend == "dense":
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")

@@ -149,4 +149,5 @@ def format_report(report: dict) -> str:
     if report.get("attention_density") is not None:
         lines.append(f"  attention density {report['attention_density']:.3f}, heads reuse/own "
                      f"{report['heads_reuse']}/{report['heads_own']}")
+    lines.extend(f"  kernel fallback: {line}" for line in (report.get("attention") or {}).get("kernel_fallbacks", ()))
     return "\n".join(lines)

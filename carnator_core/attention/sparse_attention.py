@@ -24,7 +24,7 @@ import torch
 
 from carnator_core.attention.hysteresis import HeadHysteresis, HeadMode
 from carnator_core.attention.masks import BlockSparseMask, estimate_block_mass, recall, select_blocks
-from carnator_core.kernels import BlockLayout, block_sparse_attention
+from carnator_core.kernels import BlockLayout, block_sparse_attention, kernel_fallbacks
 
 log = logging.getLogger("carnator.attention")
 
@@ -234,6 +234,7 @@ class SparseAttentionRun:
             "inactive": self.inactive,
             "per_layer": {str(layer): {"density": s.density, "source": s.source} for layer, s in sorted(self.layers.items())},
             "head_history": self.hysteresis.history(),
+            "kernel_fallbacks": kernel_fallbacks(),
             **counts,
         }
 

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import carnator_core.kernels.cpu
-from carnator_core.kernels import BlockLayout, block_sparse_attention, dispatch, reference_attention
+from carnator_core.kernels import BlockLayout, block_sparse_attention, dispatch, kernel_fallbacks, reference_attention
 from carnator_core.kernels.cpu import cpu_block_sparse_attention
 from carnator_core.kernels.flex import flex_available, flex_block_sparse_attention
+from carnator_core.kernels.guard import KernelGuard
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -227,3 +228,98 @@ def test_a_reused_layout_plans_each_input_shape_apart() -> None:
         assert_close(cpu_block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), dtype)
     computed_in_bf16 = carnator_core.kernels.cpu._fast_bfloat16(torch.bfloat16)  # else bf16 runs in fp32, sharing its plan
     assert len(layout.plans) == (3 if computed_in_bf16 else 2)
+
+
+# ---------------------------------------------------------------- first-call guard
+# The guard is given the pack's own CPU kernel, correct or driven into real failures: a layout for another token
+# count (a stale layout) and inputs read at the wrong head. tests/unit/test_triton_kernel.py fails the Triton kernel.
+
+
+def _stale_layout(tokens_off: int):
+    """The CPU kernel run with a full layout for `tokens_off` more (or fewer) tokens than the inputs have."""
+
+    def kernel(q, k, v, layout, scale):
+        kernel.calls += 1
+        stale = BlockLayout.full(layout.n_tokens + tokens_off, layout.block_size)
+        return cpu_block_sparse_attention(q, k, v, stale, scale)
+
+    kernel.calls = 0
+    return kernel
+
+
+def _counted(kernel):
+    def counted(*args):
+        counted.calls += 1
+        return kernel(*args)
+
+    counted.calls = 0
+    return counted
+
+
+def test_guard_checks_a_correct_kernel_once_per_configuration() -> None:
+    batch, heads, n, dim, block_size = SHAPES[1]
+    q, k, v = inputs(batch, heads, n, dim, seed=8)
+    q[-1, -1, 5] = float("nan")  # the checked slice holds NaN and inf, as a real input may; still no mismatch
+    k[-1, -1, 100] = float("inf")
+    layout = random_layout(batch, heads, n, block_size, seed=8)
+    guard, kernel = KernelGuard(), _counted(cpu_block_sparse_attention)
+    expected = reference_attention(q, k, v, layout)
+    for _ in range(3):
+        out = guard.run("cpu", kernel, q, k, v, layout, None)
+        assert torch.equal(out.isnan(), expected.isnan())
+        assert_close(out.nan_to_num(), expected.nan_to_num(), torch.float32)
+    assert (guard.checks, kernel.calls) == (1, 3)
+    guard.run("cpu", kernel, *(x.bfloat16() for x in (q, k, v)), layout, None)  # another dtype, another check
+    guard.run("cpu", kernel, q, k, v, random_layout(batch, heads, n, 128), None)  # another block size
+    assert guard.checks == 3 and guard.fallbacks() == []
+
+
+@pytest.mark.parametrize("tokens_off", [-128, 128], ids=["raises", "wrong"])
+def test_a_failing_kernel_falls_back_to_dense_logged_once(tokens_off: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Fewer tokens in the layout make the CPU kernel raise; more make it attend padding: both run dense SDPA,
+    the kernel is not tried again for that configuration, and the reason is listed."""
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim, seed=9)
+    layout = random_layout(batch, heads, n, block_size, seed=9)
+    guard, kernel = KernelGuard(), _stale_layout(tokens_off)
+    with caplog.at_level(logging.WARNING, logger="carnator.kernels"):
+        results = [guard.run("cpu", kernel, q, k, v, layout, 0.3) for _ in range(3)]
+    dense = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+    assert all(torch.equal(out, dense) for out in results)
+    assert kernel.calls == 1
+    assert len([r for r in caplog.records if "first-call check" in r.getMessage()]) == 1
+    (reason,) = guard.fallbacks()
+    assert reason.startswith("cpu kernel on cpu, float32, head dim 64, block size 64: ")
+    assert ("RuntimeError" if tokens_off < 0 else "differs from the masked reference") in reason
+    # other configurations are untouched
+    assert torch.equal(guard.run("cpu", cpu_block_sparse_attention, q, k, v, random_layout(batch, heads, n, 128), 0.3),
+                       cpu_block_sparse_attention(q, k, v, random_layout(batch, heads, n, 128), 0.3))
+
+
+@pytest.mark.parametrize("wrong", ["head", "batch"])
+def test_the_check_catches_a_kernel_that_reads_the_wrong_head_or_batch(wrong: str) -> None:
+    """Offset bugs leave (batch 0, head 0) right, so the check looks at the last batch element and head."""
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim, seed=10)
+    layout = random_layout(1, heads, n, block_size, seed=10)
+
+    def first_only(q, k, v, layout, scale):
+        pick = (slice(None), slice(0, 1)) if wrong == "head" else (slice(0, 1),)
+        return cpu_block_sparse_attention(*(x[pick].expand_as(x) for x in (q, k, v)), layout, scale)
+
+    guard = KernelGuard()
+    assert torch.equal(guard.run("cpu", first_only, q, k, v, layout, None), F.scaled_dot_product_attention(q, k, v))
+    assert "differs from the masked reference" in guard.fallbacks()[0]
+
+
+def test_dispatch_calls_kernels_through_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verified once, then straight to the kernel; the packed layout is the same configuration."""
+    monkeypatch.setattr(dispatch, "GUARD", KernelGuard())
+    batch, heads, n, dim, block_size = SHAPES[1]
+    q, k, v = inputs(batch, heads, n, dim, seed=11)
+    layout = random_layout(1, heads, n, block_size, seed=11)
+    packed = [x.transpose(1, 2).reshape(batch, n, heads * dim) for x in (q, k, v)]
+    for _ in range(2):
+        assert_close(block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
+        block_sparse_attention(*packed, layout, heads=heads, backend="cpu")
+    assert dispatch.GUARD.checks == 1 and kernel_fallbacks() == []

@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from carnator_core.kernels import BlockLayout, block_sparse_attention, reference_attention
+from carnator_core.kernels import BlockLayout, block_sparse_attention, dispatch, kernel_fallbacks, reference_attention
+from carnator_core.kernels.guard import KernelGuard
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -117,3 +118,57 @@ def test_nan_inf_and_empty_rows_behave_like_dense():
     finite = ~expected.isnan()
     _assert_close(out[finite], expected[finite], torch.float32)
     assert torch.equal(out[0, 1, 128:192], torch.zeros_like(out[0, 1, 128:192]))
+
+
+# ---------------------------------------------------------------- first-call guard, with the kernel really failing
+
+
+@kernel_case
+def test_a_kernel_that_fails_to_compile_falls_back_to_dense(caplog):
+    """Head dim 48 is past `triton_supports`: the kernel's tl.arange over it fails to compile (or to interpret)."""
+    from carnator_core.kernels.triton_block_sparse import triton_block_sparse_attention
+
+    q, k, v = _inputs(1, 2, 200, 48, torch.float32, seed=4)
+    layout = _layout(1, 2, 200, 64, seed=4)
+    guard = KernelGuard()
+    with caplog.at_level("WARNING", logger="carnator.kernels"):
+        results = [guard.run("triton", triton_block_sparse_attention, q, k, v, layout, None) for _ in range(2)]
+    dense = F.scaled_dot_product_attention(q, k, v)
+    assert all(torch.equal(out, dense) for out in results)
+    assert len([r for r in caplog.records if "first-call check" in r.getMessage()]) == 1
+    (reason,) = guard.fallbacks()
+    assert "head dim 48" in reason and guard.checks == 0
+
+
+@kernel_case
+def test_a_kernel_that_runs_but_is_wrong_is_caught_by_the_check():
+    """Block size 32 is past `triton_supports`: the kernel runs, walks no key tile (BLOCK // BLOCK_N == 0) and
+    returns zeros, which the comparison with the masked reference catches."""
+    from carnator_core.kernels.triton_block_sparse import triton_block_sparse_attention
+
+    q, k, v = _inputs(1, 2, 200, 64, torch.float32, seed=5)
+    layout = _layout(1, 2, 200, 32, seed=5)
+    guard = KernelGuard()
+    out = guard.run("triton", triton_block_sparse_attention, q, k, v, layout, 0.2)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, scale=0.2))
+    assert guard.checks == 1 and "differs from the masked reference" in guard.fallbacks()[0]
+
+
+@kernel_case
+def test_dispatch_returns_the_kernel_result_only_where_it_is_right(monkeypatch):
+    """bf16 through the dispatcher: right on GPUs, wrong under the interpreter (its tl.dot multiplies bf16 bit
+    patterns, triton-lang/triton#11584). Whichever it is here, the dispatcher returns the kernel's result only
+    when it agrees with the reference, and dense SDPA with the reason listed otherwise."""
+    monkeypatch.setattr(dispatch, "GUARD", KernelGuard())
+    q, k, v = _inputs(2, 2, 256, 64, torch.bfloat16, seed=6)
+    layout = _layout(1, 2, 256, 64, seed=6)
+    raw = _attention(q, k, v, layout)
+    right = (raw.float() - reference_attention(q, k, v, layout).float()).abs().max().item() <= TOLERANCE[torch.bfloat16]
+    for _ in range(2):
+        out = block_sparse_attention(q, k, v, layout, backend="triton")
+        if right:
+            assert torch.equal(out, raw) and kernel_fallbacks() == []
+        else:
+            assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+            assert "differs from the masked reference" in kernel_fallbacks()[0]
+    assert dispatch.GUARD.checks == 1
