@@ -273,7 +273,8 @@ def fresh_step_cache(model_options: dict, guider) -> Iterator[object | None]:
 def probe_batch_limit(guider, noise: torch.Tensor, requested: int) -> int:
     """Donor states per probe call: the user's number, else (auto) as many as fit in free GPU memory.
 
-    Same rule as ComfyUI's own cond batching (model.memory_required x 1.5 < free memory). On CPU auto
+    Same rule as ComfyUI's own cond batching (model.memory_required x 1.5 < free memory, free memory as the
+    patcher counts it where it can: hosts with dynamic VRAM add what their allocator can release). On CPU auto
     is 1: a batched call there costs as much as the separate calls, and those can stop at the first pass.
     """
     if requested > 0:
@@ -281,7 +282,8 @@ def probe_batch_limit(guider, noise: torch.Tensor, requested: int) -> int:
     if noise.device.type == "cpu":
         return 1
     model = guider.model_patcher.model
-    free = comfy.model_management.get_free_memory(noise.device)
+    free_memory = getattr(guider.model_patcher, "get_free_memory", comfy.model_management.get_free_memory)
+    free = free_memory(noise.device)
     fits = 1
     for n in range(2, MAX_AUTO_PROBE_BATCH + 1):
         shape = [2 * n * noise.shape[0], *noise.shape[1:]]  # cond and uncond of n states
