@@ -112,14 +112,34 @@ def object_info(server: ComfyServer) -> dict:
 
 
 # ------------------------------------------------------------------ UI format vs /object_info
-def _widget_inputs(info: dict) -> list[tuple[str, list, bool]]:
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"  # a combo whose chosen option brings its own widgets (newer hosts)
+
+
+def _is_widget(spec: list) -> bool:
+    """Whether the frontend draws this input as a widget: a plain widget type, a combo, a dynamic combo, or a
+    several-type input that names its widget type; not one forced to a socket or hidden."""
+    options = spec[1] if len(spec) > 1 else {}
+    if options.get("forceInput") or options.get("hidden"):
+        return False
+    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES or spec[0] == DYNAMIC_COMBO or "widgetType" in options
+
+
+def _value_spec(spec: list) -> list:
+    """The spec a widget's value is checked against: a dynamic combo's option keys, a several-type input's widget."""
+    options = spec[1] if len(spec) > 1 else {}
+    if spec[0] == DYNAMIC_COMBO:
+        return [[option["key"] for option in options["options"]], options]
+    return [options.get("widgetType", spec[0]), options]
+
+
+def _widget_inputs(inputs: dict, order: dict | None = None) -> list[tuple[str, list, bool]]:
     """(name, spec, optional) of the inputs the frontend shows as widgets, in its order: required, then optional."""
     widgets = []
     for section in ("required", "optional"):
-        for name in info.get("input_order", {}).get(section, []):
-            spec = info["input"][section][name]
-            options = spec[1] if len(spec) > 1 else {}
-            if (isinstance(spec[0], list) or spec[0] in WIDGET_TYPES) and not options.get("forceInput"):
+        names = (order or {}).get(section, list(inputs.get(section, {})))
+        for name in names:
+            spec = inputs[section][name]
+            if _is_widget(spec):
                 widgets.append((name, spec, section == "optional"))
     return widgets
 
@@ -129,20 +149,33 @@ def _has_control(name: str, spec: list) -> bool:
     return spec[0] == "INT" and (bool(spec[1].get("control_after_generate")) or name in ("seed", "noise_seed"))
 
 
-def widget_values(node: dict, info: dict) -> dict:
-    """A UI node's widgets_values by input name; fails on too few or too many values."""
+def widget_specs(node: dict, info: dict) -> dict[str, tuple[list, object]]:
+    """A UI node's widgets_values by input name, each with the spec it is checked against; fails on too few or
+    too many values. A dynamic combo's value is followed by the widgets of the option it chose, named as the
+    host's flat inputs of the same name (what an API prompt sets)."""
     values = list(node.get("widgets_values") or [])
-    named = {}
-    for name, spec, optional in _widget_inputs(info):
+    named: dict[str, tuple[list, object]] = {}
+    pending = _widget_inputs(info["input"], info.get("input_order", {}))
+    while pending:
+        name, spec, optional = pending.pop(0)
         if not values and optional:
             break  # an optional input newer than the workflow: the frontend gives it its default
         assert values, f"node {node['id']} ({node['type']}): no value for widget {name}"
-        named[name] = values.pop(0)
+        value = values.pop(0)
+        named[name] = (_value_spec(spec), value)
         if _has_control(name, spec):
             control = values.pop(0) if values else None
             assert control in CONTROL_VALUES, f"node {node['id']} ({node['type']}): bad control value {control!r}"
+        if spec[0] == DYNAMIC_COMBO:
+            chosen = next((o for o in spec[1]["options"] if o["key"] == value), {"inputs": {}})
+            pending = _widget_inputs(chosen["inputs"]) + pending
     assert not values, f"node {node['id']} ({node['type']}): {len(values)} widget values more than inputs: {values}"
     return named
+
+
+def widget_values(node: dict, info: dict) -> dict:
+    """A UI node's widgets_values by input name."""
+    return {name: value for name, (_, value) in widget_specs(node, info).items()}
 
 
 def _check_value(where: str, spec: list, value) -> None:
@@ -192,12 +225,12 @@ def test_ui_workflow_validates_against_object_info(object_info, name):
             continue
         assert node["type"] in object_info, f"{name}: node {node['id']} type {node['type']} unknown to the server"
         info = object_info[node["type"]]
-        for field, value in widget_values(node, info).items():
-            _check_value(f"{name}: node {node['id']} ({node['type']}).{field}", _input_spec(info, field), value)
+        for field, (spec, value) in widget_specs(node, info).items():
+            _check_value(f"{name}: node {node['id']} ({node['type']}).{field}", spec, value)
         linked = {i["name"] for i in node.get("inputs", []) if i.get("link") is not None}
         for field in info.get("input_order", {}).get("required", []):
             spec = info["input"]["required"][field]
-            if not (isinstance(spec[0], list) or spec[0] in WIDGET_TYPES):
+            if not _is_widget(spec):
                 assert field in linked, f"{name}: node {node['id']} ({node['type']}) input {field} is not connected"
     for link_id, origin, origin_slot, target, target_slot, link_type in workflow["links"]:
         source, sink = nodes[origin], nodes[target]
