@@ -36,6 +36,7 @@ class LookupRequest:
     cond_vector: torch.Tensor
     prompt: str = ""
     text_vector: torch.Tensor | None = None
+    noise: str = ""  # fingerprint of the initial noise, where the sampler has drawn it
 
 
 @dataclass
@@ -76,14 +77,18 @@ def embed_prompt(prompt: str) -> tuple[torch.Tensor | None, str | None]:
         return None, f"text embedding unavailable, matched on conditioning only: {error}"
 
 
-def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_similarity: float) -> Match:
-    """Shortlist donors for `request`; candidates whose entries vanished meanwhile are dropped.
+def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_similarity: float,
+                    same_noise_limit: int = 0) -> Match:
+    """Shortlist donors for `request`: the `top_k` most similar above `min_similarity`, and the `same_noise_limit`
+    most similar made from the request's initial noise whatever their similarity (the step-0 screen asks the model
+    about those at no cost). Candidates whose entries vanished meanwhile are dropped.
 
     While the store is unavailable there are no candidates, and a note says why.
     """
     index = index_for(store)
     result: ShortlistResult = index.query(request.hard_key, request.cond_vector, request.text_vector,
-                                          top_k=max(1, top_k) * 2, min_similarity=min_similarity)
+                                          top_k=max(1, top_k) * 2, min_similarity=min_similarity,
+                                          noise=request.noise, same_noise_limit=same_noise_limit * 2)
     live = []
     metas = store.get_metas([candidate.entry_id for candidate in result.candidates])
     if store.unavailable:  # nothing can be reused now; keep the index as it is for when the store is back
@@ -94,5 +99,8 @@ def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_s
             index.remove(candidate.entry_id)
             continue
         live.append(candidate)
-    return Match(store_directory=store.directory, request=request, candidates=live[:top_k],
+    kept = [c for c in live if c.same_noise][:same_noise_limit]
+    kept += [c for c in live if not c.same_noise][:top_k]
+    kept.sort(key=lambda c: c.score, reverse=True)
+    return Match(store_directory=store.directory, request=request, candidates=kept,
                  filtered=result.filtered, searched=result.searched)

@@ -42,6 +42,7 @@ class Candidate:
     score: float
     cond_similarity: float
     text_similarity: float | None
+    same_noise: bool = False  # made from the request's initial noise: the step-0 screen judges it at no cost
 
 
 @dataclass
@@ -113,6 +114,8 @@ class _Group:
         self.sums = torch.zeros(1, self.width)  # per list: sum of its live rows (the centroid, unnormalised)
         self.counts = torch.zeros(1)
         self.where: dict[str, tuple[int, int]] = {}  # entry id -> (list, row)
+        self.by_noise: dict[str, set[str]] = {}  # initial-noise fingerprint -> live entry ids
+        self.noise_of: dict[str, str] = {}
         self.basis: torch.Tensor | None = None  # (width, CODE_DIMS) principal axes, once the group has split
         self._basis_rows = 0
         self._centroids: torch.Tensor | None = None  # sums / counts, kept until the lists change
@@ -132,6 +135,10 @@ class _Group:
             targets = torch.zeros(len(entries), dtype=torch.long)
         else:
             targets = (rows @ self.centroids().T).argmax(dim=1)
+        for entry in entries:
+            if entry.noise:
+                self.by_noise.setdefault(entry.noise, set()).add(entry.entry_id)
+                self.noise_of[entry.entry_id] = entry.noise
         pending = targets.unique().tolist()
         for slot in pending:
             chosen = (targets == slot).nonzero().squeeze(1).tolist()
@@ -201,6 +208,11 @@ class _Group:
         return new_slot
 
     def kill(self, entry_id: str) -> None:
+        noise = self.noise_of.pop(entry_id, None)
+        if noise is not None:
+            self.by_noise[noise].discard(entry_id)
+            if not self.by_noise[noise]:
+                del self.by_noise[noise]
         slot, row = self.where.pop(entry_id)
         target = self.lists[slot]
         target.dead[row] = float("-inf")
@@ -279,14 +291,18 @@ class ShortlistIndex:
         return added
 
     def query(self, hard_key: HardKey, cond: torch.Tensor, text: torch.Tensor | None,
-              top_k: int, min_similarity: float) -> ShortlistResult:
-        """Top-K compatible entries by cosine similarity.
+              top_k: int, min_similarity: float, noise: str = "", same_noise_limit: int = 0) -> ShortlistResult:
+        """Top-K compatible entries by cosine similarity, plus up to `same_noise_limit` entries made from the
+        initial noise `noise`, ranked but never cut by `min_similarity`: the model judges those at step 0 with the
+        request's own first evaluation, so no similarity may keep them from it.
 
         The score is the mean of the conditioning and text cosines where both sides have text,
         else the conditioning cosine alone.
         """
         filtered: dict[str, int] = {}
         candidates: list[Candidate] = []
+        same_noise: list[Candidate] = []
+        noise_ids: set[str] = set()
         searched = 0
         cond = cond.float().reshape(-1)
         with self._lock:
@@ -300,8 +316,34 @@ class ShortlistIndex:
                     continue
                 searched += group.live_count
                 candidates.extend(self._query_group(group, cond, text, top_k, min_similarity, filtered))
+                if noise and same_noise_limit > 0:
+                    same_noise.extend(self._same_noise(group, noise, cond, text, same_noise_limit))
+                    noise_ids |= group.by_noise.get(noise, set())
         candidates.sort(key=lambda c: c.score, reverse=True)
-        return ShortlistResult(candidates[:top_k], {k: v for k, v in filtered.items() if v}, searched)
+        candidates = candidates[:top_k]
+        same_noise.sort(key=lambda c: c.score, reverse=True)
+        kept = {c.entry_id for c in candidates}
+        for candidate in candidates:
+            candidate.same_noise = candidate.entry_id in noise_ids
+        extra = [c for c in same_noise if c.entry_id not in kept][:same_noise_limit]
+        below = sum(c.score < min_similarity for c in extra)
+        if below:
+            filtered["below min similarity"] = filtered.get("below min similarity", 0) - below
+        merged = sorted(candidates + extra, key=lambda c: c.score, reverse=True)
+        return ShortlistResult(merged, {k: v for k, v in filtered.items() if v > 0}, searched)
+
+    def _same_noise(self, group: _Group, noise: str, cond: torch.Tensor, text: torch.Tensor | None,
+                    limit: int) -> list[Candidate]:
+        """The `limit` most similar live entries of `group` made from the initial noise `noise`, exactly scored."""
+        ids = group.by_noise.get(noise)
+        if not ids:
+            return []
+        located = [(group.lists[slot], row) for slot, row in (group.where[i] for i in ids)]
+        text_used = text.float().reshape(-1) if text is not None and text.numel() == group.text_width else None
+        found = self._rerank(group, located, cond, text_used, float("-inf"), limit)
+        for candidate in found:
+            candidate.same_noise = True
+        return found
 
     def _query_group(self, group: _Group, cond: torch.Tensor, text: torch.Tensor | None, top_k: int,
                      min_similarity: float, filtered: dict[str, int]) -> list[Candidate]:

@@ -71,6 +71,8 @@ class ProbeTarget:
     # deep pass here, unless `start` already did.
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for ReuseRun._screen
+    # Offered only to the step-0 screen (a same-noise donor beyond the probe budget): probed only if it passes there.
+    screen_only: bool = False
     end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
 
     @property
@@ -119,13 +121,35 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     which no probe of the live model can confirm. Checkpoint blobs are read only for the donors the plan keeps.
     """
     reads = _Reads(store, facts)
-    remaining = iter(donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only))
+    offers = donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only)
+    remaining = iter(offers)
     targets = _collect(reads, remaining, max_probes)
     if fallback_fraction is not None:
         fallback_step = facts.max_step(fallback_fraction)
         if not any(t.step <= fallback_step for t in targets):
             targets += _collect(reads, (offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
-    return targets, reads.skipped
+    return targets + _screen_targets(reads, offers, targets), reads.skipped
+
+
+def _screen_targets(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ProbeTarget]:
+    """The deepest state of each same-noise donor that `targets` leave out and that recorded its step 0: the
+    step-0 screen judges all of them in the one call the request makes anyway, and one that passes needs a state
+    to resume from. None of them costs a probe call unless the screen passes it."""
+    have = {target.meta.entry_id for target in targets}
+    extra = []
+    for step, _, sigma, candidate, meta in offers:  # deepest first: a donor's first offer is its deepest
+        if meta.entry_id in have or not candidate.same_noise or meta.noise_fingerprint != reads.facts.noise_fingerprint:
+            continue
+        have.add(meta.entry_id)
+        target = _load_target(reads, step, sigma, candidate, meta)
+        if target is None:
+            continue
+        if target.start is None:
+            reads.skip("no step-0 record to screen", meta)
+            continue
+        target.screen_only = True
+        extra.append(target)
+    return extra
 
 
 def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same_noise_only: bool) -> list[Offer]:

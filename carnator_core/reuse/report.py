@@ -2,20 +2,56 @@
 
 Three kinds share one type: a reuse run's (`ReuseRun.report`), a plain run's (Carnator could not take part:
 nothing looked up, probed or recorded) and a sparse-attention-only run's (no reuse engine around it), whose JSON
-carries only the attention fields.
+carries only the attention fields. Its `verdict` and `text` are the one reading of a run: the report node, the
+log, the badge (from the JSON's `verdict`), the demo, the queue runner and the benchmarks all show them, the
+clients outside ComfyUI through `RunReport.from_dict`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun
 
+SPARSE_ATTENTION_MODE = "attention/"  # the mode prefix of a sparse-attention-only run
+
 # The JSON fields of a sparse-attention-only run, in their order.
-_SPARSE_ATTENTION_FIELDS = ("hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement",
+_SPARSE_ATTENTION_FIELDS = ("hit", "verdict", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement",
                             "skipped_steps", "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s",
                             "time_saved_s", "reason", "attention")
+
+
+class Verdict(str, Enum):
+    """What a run reused. `hit` alone cannot tell a resume from borrowed attention masks, so every consumer reads
+    this instead of deriving its own."""
+
+    RESUMED = "resumed"  # started from a verified donor state, skipping steps
+    STAGE_SKIPPED = "stage skipped"  # a trajectory stage replaced whole by a donor stage's output
+    MASKS_BORROWED = "masks borrowed"  # sampled every step, with a donor's attention masks
+    MISS = "miss"
+
+    @property
+    def label(self) -> str:
+        """The short form tables and progress lines show."""
+        return _LABELS[self]
+
+    @property
+    def skips_steps(self) -> bool:
+        """Whether the run took a donor's latent state (and so saved model calls)."""
+        return self in (Verdict.RESUMED, Verdict.STAGE_SKIPPED)
+
+    @classmethod
+    def strongest(cls, verdicts: Iterable[Verdict]) -> Verdict:
+        """One verdict for a prompt of several sampling runs (stages, experts): the most reuse any of them got."""
+        return max(verdicts, key=_STRENGTH.index, default=cls.MISS)
+
+
+_LABELS = {Verdict.RESUMED: "HIT (resumed)", Verdict.STAGE_SKIPPED: "HIT (stage skipped)",
+           Verdict.MASKS_BORROWED: "HIT (masks)", Verdict.MISS: "MISS"}
+_STRENGTH = (Verdict.MISS, Verdict.MASKS_BORROWED, Verdict.RESUMED, Verdict.STAGE_SKIPPED)
 
 
 @dataclass
@@ -27,6 +63,7 @@ class RunReport:
     time_s: float
     reason: str = ""
     hit: bool = False
+    prompt: str = ""  # the request's prompt text as matched: wired, or read from the queued graph
     donor_id: str | None = None
     donor_prompt: str | None = None
     text_similarity: float | None = None
@@ -61,15 +98,69 @@ class RunReport:
         reason = run.inactive
         if not reason and not summary["borrowed_sparse_calls"]:
             reason = MASKS_TOO_FULL if summary["heads_reuse"] else "no donor masks adopted"
-        return cls(mode=f"attention/{run.settings.source}", total_steps=run.total_steps, time_s=elapsed,
+        return cls(mode=f"{SPARSE_ATTENTION_MODE}{run.settings.source}", total_steps=run.total_steps, time_s=elapsed,
                    reason=reason, hit=bool(summary["borrowed_sparse_calls"]), attention=summary,
                    sparse_attention_only=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunReport:
+        """The report behind its JSON (`as_dict`, as /history and `carnator.status` carry it), so clients render
+        through the same `verdict` and `text`. Missing fields keep their defaults; unknown ones (the prompt and node
+        tags, `verdict` itself) are ignored."""
+        names = {f.name for f in fields(cls)} - {"sparse_attention_only"}
+        values = {name: data[name] for name in names if data.get(name) is not None}
+        values.setdefault("mode", "")
+        values.setdefault("total_steps", 0)
+        values.setdefault("time_s", 0.0)
+        if "attention" not in values:  # only the flat attention fields: keep what they say
+            flat = {"density": "attention_density", "heads_reuse": "heads_reuse", "heads_own": "heads_own"}
+            values["attention"] = {key: data[name] for key, name in flat.items() if data.get(name) is not None}
+        return cls(**values, sparse_attention_only=str(values["mode"]).startswith(SPARSE_ATTENTION_MODE))
+
+    @property
+    def verdict(self) -> Verdict:
+        """What the run reused. A skipped stage also counts its steps as skipped, so it is told apart first."""
+        if self.stage.get("skipped_whole"):
+            return Verdict.STAGE_SKIPPED
+        if self.skipped_steps > 0:
+            return Verdict.RESUMED
+        return Verdict.MASKS_BORROWED if self.hit else Verdict.MISS
+
+    def headline(self) -> str:
+        """The first line of `text`: the verdict and what decides it (the log line)."""
+        verdict = self.verdict
+        if verdict is Verdict.MISS:
+            return f"MISS: {self.reason or 'no reuse'}"
+        if verdict is Verdict.MASKS_BORROWED:
+            return "HIT: attention masks borrowed"
+        donor = repr((self.donor_prompt or "")[:60])
+        checks = [f"{name} {value:.3f}" for name, value in (("structure", self.structure_agreement),
+                                                           ("guidance", self.guidance_cosine)) if value is not None]
+        what = (f"stage skipped ({self.skipped_steps}/{self.total_steps} steps), output taken from {donor}"
+                if verdict is Verdict.STAGE_SKIPPED
+                else f"resumed at step {self.skipped_steps}/{self.total_steps} from {donor}")
+        return f"HIT: {what} ({', '.join(checks) or 'unverified'}), ~{self.time_saved_s:.1f} s saved"
+
+    def text(self) -> str:
+        """One readable paragraph: the verdict, the run's cost, the prompt matched and notes, its attention and any
+        kernel fallbacks."""
+        lines = [self.headline(), f"  mode {self.mode}, {self.time_s:.1f} s, probes {len(self.probes)}"]
+        if self.prompt:
+            lines.append(f"  prompt {self.prompt[:80]!r}")
+        lines.extend(f"  note: {note}" for note in self.notes if note != self.reason)
+        if self.attention.get("density") is not None:
+            lines.append(f"  attention density {self.attention['density']:.3f}, heads reuse/own "
+                         f"{self.attention.get('heads_reuse', 0)}/{self.attention.get('heads_own', 0)}")
+        lines.extend(f"  kernel fallback: {line}" for line in self.attention.get("kernel_fallbacks", ()))
+        return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data, the form every consumer reads."""
         data = {
             "hit": self.hit,
+            "verdict": self.verdict.value,
             "mode": self.mode,
+            "prompt": self.prompt,
             "donor_id": self.donor_id,
             "donor_prompt": self.donor_prompt,
             "text_similarity": self.text_similarity,

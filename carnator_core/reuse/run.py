@@ -151,8 +151,10 @@ class ReuseRun:
         else:
             self.text_vector, note = embed_prompt(self.settings.prompt)
             request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector,
-                                    prompt=self.settings.prompt, text_vector=self.text_vector)
-            self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity)
+                                    prompt=self.settings.prompt, text_vector=self.text_vector,
+                                    noise=self.noise_fingerprint)
+            self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity,
+                                         same_noise_limit=self.settings.screen_limit)
             if note:
                 self.match.notes.append(note)
         self.store_problem = self.store.unavailable
@@ -206,9 +208,9 @@ class ReuseRun:
         self.candidate_checkpoints = len(targets)
         if self.settings.verification == "text-only":
             return self._resume_by_text_similarity(targets)
-        pending = list(targets)
+        pending = [target for target in targets if not target.screen_only]
         if self.start_state is not None and self.settings.max_probes > 0:
-            pending = self._screen(pending, evaluate)
+            pending = self._screen(list(targets), evaluate)
             if self._skip_stage(pending) is not None:
                 return self.resume
         thresholds = self.settings.thresholds
@@ -281,7 +283,7 @@ class ReuseRun:
         starts = {t.meta.entry_id: t.start for t in targets
                   if t.start is not None and t.start.state == self.start_fingerprint}
         if not starts:
-            return targets
+            return [target for target in targets if not target.screen_only]
         sigma = self.sigmas[0]
         [(x0_new, guidance_new)] = evaluate([start_state], sigma)
         self.model_calls += 1
@@ -296,8 +298,10 @@ class ReuseRun:
                 ruled_out.add(entry_id)
             else:
                 self._screened[entry_id] = signals
-        return [replace(target, anchor=None) if target.meta.entry_id in starts else target
-                for target in targets if target.meta.entry_id not in ruled_out]
+        kept = [replace(target, anchor=None) if target.meta.entry_id in starts else target
+                for target in targets if target.meta.entry_id not in ruled_out
+                and (not target.screen_only or target.meta.entry_id in starts)]
+        return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
 
     def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
         """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and
@@ -466,6 +470,7 @@ class ReuseRun:
         return RunReport(
             hit=best is not None or bool(self.attention.get("borrowed_sparse_calls")),
             mode=self.settings.mode,
+            prompt=self.settings.prompt,
             donor_id=best.meta.entry_id if best else None,
             donor_prompt=best.meta.prompt if best else None,
             text_similarity=candidate.text_similarity if candidate else None,
@@ -496,6 +501,9 @@ class ReuseRun:
 
     def _notes(self) -> list[str]:
         notes = list(self.match.notes if self.match else [])
+        if self.settings.prompt_note:  # says more than the lookup's "no prompt text given"
+            notes = [self.settings.prompt_note] + [note for note in notes if self.settings.prompt
+                                                   or not note.startswith("no prompt text given")]
         if self.store_problem and not any("store unavailable" in note for note in notes):
             notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
         if self.attention.get("inactive"):

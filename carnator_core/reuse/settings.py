@@ -52,6 +52,9 @@ class ReuseSettings:
     top_k: int = 4
     min_similarity: float = 0.5
     max_probes: int = 3  # probe calls (model evaluations) per run
+    # Same-noise donors the step-0 screen may judge, most similar first, whatever their similarity: the screen is
+    # the request's own first evaluation, so this bounds reading their step-0 records, not model calls.
+    screen_limit: int = 16
     probe_batch: int = 0  # donor states per probe call; 0 = auto (the host decides from free memory)
     seed_policy: str = "same-noise"
     checkpoint_fractions: tuple[float, ...] = (0.2, 0.35, 0.5, 0.65, 0.8)
@@ -60,6 +63,7 @@ class ReuseSettings:
     guidance_boost: float = 0.0  # extra CFG scale right after a resume (0 = off)
     guidance_boost_steps: int = 0
     verification: str = "model"  # "text-only" is the unverified baseline the benchmark compares against
+    prompt_note: str = ""  # where `prompt` came from when a node read it from the graph, or why it found none
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

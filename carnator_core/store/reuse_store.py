@@ -13,7 +13,8 @@ Layout (string keys):
     parts/<id>        JSON   names of the entry's blobs, so even a corrupt entry can be deleted whole
     meta/<id>         JSON   `EntryMeta`, the commit record of an entry
     emb/<id>          bytes  the index record: safetensors of the text/conditioning vectors, with the entry's
-                             id, hard key and prompt as metadata (a worker builds its index from these alone)
+                             id, hard key, prompt and noise fingerprint as metadata (a worker builds its index
+                             from these alone)
     blob/<id>/<name>  bytes  safetensors or PNG: checkpoints, masks, thumbnail
     stats/<id>        record hits, seconds saved, last hit, pinned, and the entry's bytes, sample seconds and
                              creation time (eviction ranks from these alone); JSON on diskcache, a hash on Redis
@@ -99,6 +100,7 @@ class IndexEntry:
     hard_key: HardKey
     prompt: str
     vectors: IndexVectors
+    noise: str = ""  # fingerprint of the initial noise: same-noise donors are ranked without a similarity floor
 
 
 def _schema_marker() -> bytes:
@@ -233,7 +235,8 @@ class ReuseStore:
             index_tensors["text"] = vectors.text.float().half()
         key = meta.hard_key  # the index record also names the entry, so an index is built from it alone
         emb_blob = encode_tensors(index_tensors, {"entry_id": meta.entry_id, "model": key.model, "schedule": key.schedule,
-                                                  "grid": ",".join(str(v) for v in key.grid), "prompt": meta.prompt})
+                                                  "grid": ",".join(str(v) for v in key.grid), "prompt": meta.prompt,
+                                                  "noise": meta.noise_fingerprint})
         meta.blob_bytes = {name: len(blob) for name, blob in blobs.items()}
         meta.blob_bytes["_index"] = len(emb_blob)
         entry_id = meta.entry_id
@@ -428,7 +431,7 @@ class ReuseStore:
             except (CorruptBlobError, KeyError, ValueError) as error:
                 self._warn_once(entry_id, f"index record: {error}")
                 continue
-            found.append(IndexEntry(entry_id, hard_key, record.get("prompt", ""), vectors))
+            found.append(IndexEntry(entry_id, hard_key, record.get("prompt", ""), vectors, str(record.get("noise", ""))))
         return found
 
     def stats(self, entry_id: str) -> EntryStats | None:

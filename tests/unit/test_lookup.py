@@ -11,7 +11,7 @@ from carnator_core.lookup.compatible import LookupRequest, find_compatible
 from carnator_core.lookup.embeddings import condition_vector, text_embedder
 from carnator_core.lookup.shortlist import ShortlistIndex
 from carnator_core.store.entry import EntryMeta, HardKey
-from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.reuse_store import IndexEntry, IndexVectors, ReuseStore
 
 SUBJECTS = ["a golden retriever", "a red sports car", "an old fisherman", "a paper boat", "a hot air balloon",
             "a ballet dancer", "a steam locomotive", "a black cat", "a surfer", "a flock of pigeons"]
@@ -137,3 +137,37 @@ def test_inverted_file_index_keeps_paraphrases_first(thousand_prompt_store):
     index.remove(removed)
     again = index.query(KEY, condition_vector(conds[-1]), None, top_k=3, min_similarity=0.0)
     assert removed not in [c.entry_id for c in again.candidates] and again.searched == 999
+
+
+def test_same_noise_donors_are_ranked_without_the_similarity_floor(tmp_path):
+    """Donors made from the request's initial noise reach the model's step-0 screen whatever their similarity (it
+    costs no call); other donors still need `min_similarity`. 10k same-noise entries: the list stays bounded."""
+    store = ReuseStore(str(tmp_path / "store"))
+    scene = "a purple triangle moving right on a gray background"
+    reworded = "a violet wedge drifting to the right over grey"
+    texts, conds = encode([scene, reworded, "a green square moving up on a white background"])
+    for prompt, noise, index in ((scene, "noise-a", 0), ("unrelated, other seed", "noise-b", 2)):
+        meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=prompt, noise_fingerprint=noise)
+        store.put(meta, {}, IndexVectors(text=texts[index], cond=condition_vector(conds[index])))
+    request = LookupRequest(hard_key=KEY, cond_vector=condition_vector(conds[1]), prompt=reworded,
+                            text_vector=texts[1], noise="noise-a")
+    floor_only = find_compatible(store, request, top_k=4, min_similarity=0.9)
+    assert floor_only.candidates == [] and floor_only.filtered["below min similarity"] == 2
+    match = find_compatible(store, request, top_k=4, min_similarity=0.9, same_noise_limit=16)
+    assert [(c.prompt, c.same_noise) for c in match.candidates] == [(scene, True)]
+    assert match.candidates[0].score < 0.9 and match.filtered["below min similarity"] == 1
+
+    index = ShortlistIndex()
+    generator = torch.Generator().manual_seed(0)
+
+    index.add_many([IndexEntry(f"e{i}", KEY, f"p{i}", IndexVectors(text=None, cond=torch.randn(64, generator=generator)),
+                               "noise-a") for i in range(10_000)])
+    result = index.query(KEY, torch.randn(64, generator=generator), None, top_k=4, min_similarity=0.99,
+                         noise="noise-a", same_noise_limit=16)
+    assert len(result.candidates) == 16 and all(c.same_noise for c in result.candidates)
+    scores = [c.score for c in result.candidates]
+    assert scores == sorted(scores, reverse=True)
+    index.remove(result.candidates[0].entry_id)
+    again = index.query(KEY, torch.randn(64, generator=generator), None, top_k=4, min_similarity=0.99,
+                        noise="noise-a", same_noise_limit=16)
+    assert result.candidates[0].entry_id not in [c.entry_id for c in again.candidates]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
@@ -9,7 +10,7 @@ from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.planner import ProbeTarget
 from carnator_core.reuse.probe import ProbeSignals
-from carnator_core.reuse.report import RunReport
+from carnator_core.reuse.report import RunReport, Verdict
 from carnator_core.reuse.run import STORE_UNAVAILABLE, Resume, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -17,11 +18,11 @@ from carnator_core.store.reuse_store import ReuseStore
 
 KEY = HardKey("model", (2, 4, 4), "schedule")
 SHAPE = (1, 16, 2, 8, 8)
-FULL_FIELDS = ["hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "structure_agreement",
+FULL_FIELDS = ["hit", "verdict", "mode", "prompt", "donor_id", "donor_prompt", "text_similarity", "agreement", "structure_agreement",
                "guidance_cosine", "skipped_steps", "total_steps", "attention_density", "attention", "heads_reuse",
                "heads_own", "model_calls", "time_s", "time_saved_s", "reason", "probes", "candidates", "filtered",
                "skipped_donors", "notes", "stage"]
-ATTENTION_FIELDS = ["hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "skipped_steps",
+ATTENTION_FIELDS = ["hit", "verdict", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "skipped_steps",
                     "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s", "time_saved_s", "reason",
                     "attention"]
 ATTENTION_SUMMARY = {"density": 0.25, "sparse_calls": 6, "dense_calls": 2, "borrowed_sparse_calls": 0,
@@ -55,7 +56,7 @@ def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
     data = run.report(elapsed=2.0).as_dict()
     assert list(data) == FULL_FIELDS
     assert data == {
-        "hit": True, "mode": "balanced", "donor_id": "donor-1", "donor_prompt": "a red ball", "text_similarity": 0.95,
+        "hit": True, "verdict": "resumed", "mode": "balanced", "prompt": "a red ball", "donor_id": "donor-1", "donor_prompt": "a red ball", "text_similarity": 0.95,
         "agreement": 0.97, "structure_agreement": 0.99, "guidance_cosine": 0.93, "skipped_steps": 5,
         "total_steps": 10, "attention_density": 0.25, "attention": ATTENTION_SUMMARY, "heads_reuse": 3,
         "heads_own": 1, "model_calls": 6, "time_s": 2.0, "time_saved_s": 2.0, "reason": "",
@@ -75,7 +76,7 @@ def test_a_reuse_miss_says_why(tmp_path):
     data = run.report(elapsed=4.0).as_dict()
     assert list(data) == FULL_FIELDS
     assert data == {
-        "hit": False, "mode": "balanced", "donor_id": None, "donor_prompt": None, "text_similarity": 0.95,
+        "hit": False, "verdict": "miss", "mode": "balanced", "prompt": "a red ball", "donor_id": None, "donor_prompt": None, "text_similarity": 0.95,
         "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
         "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
         "model_calls": 10, "time_s": 4.0, "time_saved_s": 0.0, "reason": "probe rejected",
@@ -100,7 +101,7 @@ def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
     data = RunReport.plain("balanced", "denoise mask (inpainting)", 10, 10, 3.0).as_dict()
     assert list(data) == FULL_FIELDS
     assert data == {
-        "hit": False, "mode": "balanced", "donor_id": None, "donor_prompt": None, "text_similarity": None,
+        "hit": False, "verdict": "miss", "mode": "balanced", "prompt": "", "donor_id": None, "donor_prompt": None, "text_similarity": None,
         "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
         "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
         "model_calls": 10, "time_s": 3.0, "time_saved_s": 0.0, "reason": "denoise mask (inpainting)", "probes": [],
@@ -120,7 +121,7 @@ def test_a_sparse_attention_only_run_reports_the_attention_fields_only():
     data = RunReport.of_sparse_attention(attention, elapsed=1.5).as_dict()
     assert list(data) == ATTENTION_FIELDS
     assert data == {
-        "hit": False, "mode": "attention/borrowed", "donor_id": None, "donor_prompt": None, "text_similarity": None,
+        "hit": False, "verdict": "miss", "mode": "attention/borrowed", "donor_id": None, "donor_prompt": None, "text_similarity": None,
         "agreement": None, "skipped_steps": 0, "total_steps": 10, "attention_density": None, "heads_reuse": 0,
         "heads_own": 0, "time_s": 1.5, "time_saved_s": 0.0, "reason": "no donor masks adopted",
         "attention": attention.summary(),
@@ -129,4 +130,95 @@ def test_a_sparse_attention_only_run_reports_the_attention_fields_only():
     assert RunReport.of_sparse_attention(attention, 0.0).as_dict()["reason"] == attention.inactive
     attention.borrowed_sparse_calls = 4
     hit = RunReport.of_sparse_attention(attention, 0.0).as_dict()
-    assert hit["hit"] is True and hit["reason"] == attention.inactive
+    assert hit["hit"] is True and hit["verdict"] == "masks borrowed" and hit["reason"] == attention.inactive
+
+
+def _report(**changes) -> RunReport:
+    """A finished run as the engine reports it; `changes` say what it reused."""
+    return RunReport(**{"mode": "balanced", "total_steps": 30, "time_s": 2.0, "probes": [{"step": 0, "passed": True}],
+                        **changes})
+
+
+RESUMED = {"hit": True, "skipped_steps": 15, "donor_id": "donor-1", "donor_prompt": "a red ball",
+           "structure_agreement": 0.99, "guidance_cosine": 0.93, "time_saved_s": 1.5}
+# A skipped first stage resumes at the stage's length, so it also counts its steps as skipped.
+STAGE_SKIPPED = {**RESUMED, "skipped_steps": 30, "time_saved_s": 3.0,
+                 "stage": {"index": 0, "first_step": 0, "hands_over": True, "skipped_whole": True}}
+MASKS = {"hit": True, "attention": {**ATTENTION_SUMMARY, "borrowed_sparse_calls": 4}}
+MISS = {"reason": "probe rejected"}
+
+
+@pytest.mark.parametrize(("changes", "verdict", "label"), [
+    (RESUMED, Verdict.RESUMED, "HIT (resumed)"),
+    (STAGE_SKIPPED, Verdict.STAGE_SKIPPED, "HIT (stage skipped)"),
+    (MASKS, Verdict.MASKS_BORROWED, "HIT (masks)"),
+    (MISS, Verdict.MISS, "MISS"),
+])
+def test_the_verdict_says_what_the_run_reused(changes, verdict, label):
+    report = _report(**changes)
+    assert report.verdict is verdict and report.verdict.label == label
+    assert report.as_dict()["verdict"] == verdict.value
+    assert report.verdict.skips_steps == (verdict in (Verdict.RESUMED, Verdict.STAGE_SKIPPED))
+
+
+def test_a_handed_over_stage_that_sampled_is_judged_by_its_own_reuse():
+    stage = {"index": 0, "first_step": 0, "hands_over": True, "skipped_whole": False}
+    assert _report(**RESUMED, stage=stage).verdict is Verdict.RESUMED
+    assert _report(**MISS, stage=stage).verdict is Verdict.MISS
+
+
+def test_text_reads_the_verdict_the_donor_and_the_cost():
+    assert _report(**RESUMED).text().splitlines() == [
+        "HIT: resumed at step 15/30 from 'a red ball' (structure 0.990, guidance 0.930), ~1.5 s saved",
+        "  mode balanced, 2.0 s, probes 1",
+    ]
+    assert _report(**STAGE_SKIPPED).text().splitlines()[0] == (
+        "HIT: stage skipped (30/30 steps), output taken from 'a red ball' (structure 0.990, guidance 0.930), "
+        "~3.0 s saved")
+    assert _report(**{**RESUMED, "structure_agreement": None, "guidance_cosine": None}).headline().endswith(
+        "from 'a red ball' (unverified), ~1.5 s saved")
+    assert _report(**MASKS).text().splitlines() == [
+        "HIT: attention masks borrowed",
+        "  mode balanced, 2.0 s, probes 1",
+        "  attention density 0.250, heads reuse/own 3/1",
+    ]
+    assert _report(**MISS).text().splitlines()[0] == "MISS: probe rejected"
+    assert _report().headline() == "MISS: no reuse"
+
+
+def test_text_lists_the_kernel_fallbacks():
+    attention = {"density": 0.5, "heads_reuse": 2, "heads_own": 2, "kernel_fallbacks": ["triton: no GPU"]}
+    assert _report(**MISS, attention=attention).text().splitlines()[2:] == [
+        "  attention density 0.500, heads reuse/own 2/2", "  kernel fallback: triton: no GPU"]
+
+
+@pytest.mark.parametrize("changes", [RESUMED, STAGE_SKIPPED, MASKS, MISS])
+def test_the_json_rebuilds_the_same_report(changes):
+    report = _report(**changes)
+    rebuilt = RunReport.from_dict({**report.as_dict(), "prompt_id": "p", "node": "3"})  # as /history has it
+    assert rebuilt.verdict is report.verdict and rebuilt.text() == report.text()
+    assert rebuilt.as_dict() == report.as_dict()
+
+
+def test_the_json_of_a_sparse_attention_only_run_rebuilds_it():
+    attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed"), video_tokens=256,
+                                   first_frame_tokens=64, num_layers=4, total_steps=10)
+    attention.borrowed_sparse_calls = 4
+    data = RunReport.of_sparse_attention(attention, elapsed=1.5).as_dict()
+    rebuilt = RunReport.from_dict(data)
+    assert rebuilt.verdict is Verdict.MASKS_BORROWED and rebuilt.as_dict() == data
+
+
+def test_a_partial_json_still_renders():
+    assert RunReport.from_dict({}).text() == "MISS: no reuse\n  mode , 0.0 s, probes 0"
+    partial = RunReport.from_dict({"hit": True, "skipped_steps": 4, "total_steps": 8, "donor_prompt": None,
+                                   "attention_density": 0.4, "heads_reuse": 1, "heads_own": 3, "unknown": 1})
+    assert partial.verdict is Verdict.RESUMED
+    assert partial.text().splitlines() == ["HIT: resumed at step 4/8 from '' (unverified), ~0.0 s saved",
+                                           "  mode , 0.0 s, probes 0", "  attention density 0.400, heads reuse/own 1/3"]
+
+
+def test_a_prompt_of_several_runs_takes_the_most_reuse_any_got():
+    assert Verdict.strongest([Verdict.MISS, Verdict.RESUMED, Verdict.MASKS_BORROWED]) is Verdict.RESUMED
+    assert Verdict.strongest([Verdict.STAGE_SKIPPED, Verdict.MISS]) is Verdict.STAGE_SKIPPED
+    assert Verdict.strongest([]) is Verdict.MISS
