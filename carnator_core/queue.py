@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from carnator_core.client import ComfyClient, ComfyError, ServerLost
+from carnator_core.reuse.report import RunReport, Verdict
 
 CARNATOR_PROMPT_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler", "CarnatorCompatibilityLookup")
 SEED_INPUTS = ("seed", "noise_seed")
@@ -43,12 +44,14 @@ class WorkflowError(ValueError):
 
 @dataclass
 class PromptResult:
-    """One prompt of the batch. `hit` is None when no Carnator sampling ran (no Carnator node, or ComfyUI
-    served the whole prompt from its cache); `error` is None when the prompt ran to the end."""
+    """One prompt of the batch. `hit` and `verdict` (the strongest of its sampling runs') are None when no Carnator
+    sampling ran (no Carnator node, or ComfyUI served the whole prompt from its cache); `error` is None when the
+    prompt ran to the end."""
 
     prompt: str
     prompt_id: str | None = None
     hit: bool | None = None
+    verdict: str | None = None
     skipped_steps: int = 0
     total_steps: int = 0
     time_s: float | None = None
@@ -61,9 +64,9 @@ class PromptResult:
     def outcome(self) -> str:
         if self.error:
             return "ERROR"
-        if self.hit is None:
+        if self.verdict is None:
             return "cached" if self.cached else "-"
-        return "HIT" if self.hit else "MISS"
+        return Verdict(self.verdict).label
 
     def as_json(self) -> dict[str, Any]:
         record = asdict(self)
@@ -210,7 +213,8 @@ def _run_one(client: ComfyClient, graph: dict, result: PromptResult, timeout: fl
     result.error = run.error
     result.reports = run.statuses
     if result.reports:
-        result.hit = any(bool(r.get("hit")) for r in result.reports)
+        verdict = Verdict.strongest(RunReport.from_dict(r).verdict for r in result.reports)
+        result.verdict, result.hit = verdict.value, verdict is not Verdict.MISS
         result.skipped_steps = sum(int(r.get("skipped_steps") or 0) for r in result.reports)
         result.total_steps = sum(int(r.get("total_steps") or 0) for r in result.reports)
         result.time_saved_s = sum(float(r.get("time_saved_s") or 0.0) for r in result.reports)
@@ -265,18 +269,20 @@ def _short(text: str, width: int) -> str:
 
 def table(results: list[PromptResult]) -> str:
     width = min(60, max([len("prompt")] + [len(r.prompt) for r in results]))
-    lines = [f"{'#':>3}  {'prompt':<{width}}  {'result':<6}  {'skipped':>8}  {'time s':>7}",
-             "-" * (width + 33)]
+    result_width = max([len("result")] + [len(r.outcome) for r in results])
+    rule = "-" * (width + result_width + 27)
+    lines = [f"{'#':>3}  {'prompt':<{width}}  {'result':<{result_width}}  {'skipped':>8}  {'time s':>7}", rule]
     for number, r in enumerate(results, 1):
         skipped = f"{r.skipped_steps}/{r.total_steps}" if r.total_steps else "-"
         seconds = f"{r.time_s:7.1f}" if r.time_s is not None else f"{'-':>7}"
-        lines.append(f"{number:>3}  {_short(r.prompt, width):<{width}}  {r.outcome:<6}  {skipped:>8}  {seconds}")
+        lines.append(f"{number:>3}  {_short(r.prompt, width):<{width}}  {r.outcome:<{result_width}}  {skipped:>8}  "
+                     f"{seconds}")
     for number, r in enumerate(results, 1):
         if r.error:
             lines.append(f"  #{number}: {r.error}")
     t = totals(results)
     rate = f"{t['hit_rate']:.0%}" if t["hit_rate"] is not None else "-"
-    lines.append("-" * (width + 33))
+    lines.append(rule)
     lines.append(f"{t['prompts']} prompts, {t['completed']} completed, {t['failed']} failed; hits {t['hits']}, "
                  f"misses {t['misses']} (hit rate {rate}); skipped {t['skipped_steps']}/{t['total_steps']} steps; "
                  f"{t['time_s']:.1f} s total, ~{t['time_saved_s']:.1f} s saved")

@@ -26,7 +26,7 @@ def publish(run_report: RunReport) -> None:
         _reports.setdefault(report["prompt_id"] or "", []).append(report)
         while len(_reports) > _KEEP_PROMPTS:
             _reports.pop(next(iter(_reports)))
-    log.info("Carnator: %s", "HIT" if report["hit"] else f"MISS ({report.get('reason') or 'no reuse'})")
+    log.info("Carnator: %s", run_report.headline())
     try:
         from server import PromptServer
     except ImportError:  # ComfyUI used as a library without its server

@@ -6,6 +6,8 @@ import json
 
 from comfy_api.latest import io
 
+from carnator_core.lookup.prompt_text import find_prompt_text
+from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings, input_default, input_range
 
 from .attention_node import attention_choice_input, attention_settings, recall_inputs
@@ -24,8 +26,9 @@ def reuse_inputs() -> list[io.Input]:
     return [
         StoreType.Input("store", optional=True, tooltip="Reuse store; the default store when not connected."),
         io.String.Input("prompt", default=input_default("prompt"), multiline=True, optional=True,
-                        tooltip="Prompt text of this request, for text similarity and the store listing. "
-                                "Leave empty to match on the conditioning tensor alone."),
+                        tooltip="Prompt text of this request, for text similarity and the store listing. Leave "
+                                "empty to read it from the text encoder feeding the sampler's positive conditioning; "
+                                "where the graph does not say, matching uses the conditioning tensor alone."),
         io.Combo.Input("mode", options=list(MODES), default=input_default("mode"),
                        tooltip="safe: borrow attention masks only. balanced: also resume from a verified donor "
                                "state up to half-way. fast: resume up to 80% of the way (its last probe tries half-way "
@@ -74,6 +77,39 @@ def settings_from_inputs(store=None, **inputs) -> ReuseSettings:
     return ReuseSettings.from_inputs(store_directory=store.directory if store is not None else "", **inputs)
 
 
+# What a reuse node reads of the queued graph: the prompt text when its `prompt` input is empty.
+GRAPH_HIDDEN = [io.Hidden.prompt, io.Hidden.unique_id]
+
+
+def with_graph_prompt(node: type[io.ComfyNode], options: dict) -> dict:
+    """A reuse node's inputs with the prompt text read from the queued graph where its `prompt` is empty, and a
+    note saying where the text came from or why there is none. Unchanged outside a queued graph."""
+    if (options.get("prompt") or "").strip():
+        return options
+    graph, node_id = getattr(node.hidden, "prompt", None), getattr(node.hidden, "unique_id", None)
+    if graph is None or node_id is None:
+        return options
+    found = find_prompt_text(graph, node_id)
+    return {**options, "prompt": found.text, "prompt_note": found.note}
+
+
+def graph_prompt_fingerprint() -> str:
+    """The text this node reads from the graph now, as its `fingerprint_inputs`: the text node is no input of it,
+    so without this ComfyUI would serve its cached output, holding the previous prompt's text."""
+    try:
+        from comfy_execution.progress import get_progress_state
+        from comfy_execution.utils import get_executing_context
+
+        context, registry = get_executing_context(), get_progress_state()
+        graph = registry.dynprompt.get_original_prompt()
+    except (ImportError, AttributeError):  # a host without them: the node runs as cached as any other
+        return ""
+    if context is None or registry.prompt_id != context.prompt_id:
+        return ""
+    found = find_prompt_text(graph, context.node_id)
+    return f"{found.text}\n{found.note}"
+
+
 def model_level_inputs() -> list[io.Input]:
     """Reuse options plus the attention patch, for nodes that see the model (not a bare SAMPLER)."""
     return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs() + [probe_batch_input()]
@@ -97,11 +133,16 @@ class CarnatorReuse(io.ComfyNode):
                         "verified by the model itself, and records this one for later requests.",
             inputs=[io.Model.Input("model", tooltip="The model after LoRAs and other patches.")] + model_level_inputs(),
             outputs=[io.Model.Output(display_name="model")],
+            hidden=GRAPH_HIDDEN,
         )
 
     @classmethod
+    def fingerprint_inputs(cls, **inputs) -> str:
+        return graph_prompt_fingerprint()
+
+    @classmethod
     def execute(cls, model, **options) -> io.NodeOutput:
-        return io.NodeOutput(install_from_inputs(model, **options))
+        return io.NodeOutput(install_from_inputs(model, **with_graph_prompt(cls, options)))
 
 
 class CarnatorReport(io.ComfyNode):
@@ -126,28 +167,9 @@ class CarnatorReport(io.ComfyNode):
 
         context = get_executing_context()
         reports = reports_for(context.prompt_id if context else None)
-        text = "\n".join(format_report(report) for report in reports) or "Carnator: no Carnator sampling run yet."
+        text = "\n".join(RunReport.from_dict(report).text() for report in reports)
+        text = text or "Carnator: no Carnator sampling run yet."
         data = json.dumps(reports, default=str)
         # the JSON also goes into the UI output, so API clients find it in /history next to the text
         return io.NodeOutput(text, data, ui={"text": [text], "carnator_report": [data]})
 
-
-def format_report(report: dict) -> str:
-    """One readable paragraph per sampling run."""
-    if report.get("skipped_steps"):
-        head = (f"HIT: resumed at step {report['skipped_steps']}/{report['total_steps']} from "
-                f"{(report.get('donor_prompt') or '')[:60]!r}")
-        checks = [f"{name} {report[key]:.3f}" for name, key in (("structure", "structure_agreement"),
-                                                               ("guidance", "guidance_cosine"))
-                  if report.get(key) is not None]
-        head += f" ({', '.join(checks) or 'unverified'}), ~{report['time_saved_s']:.1f} s saved"
-    elif report.get("hit"):
-        head = "HIT: attention masks borrowed"
-    else:
-        head = f"MISS: {report.get('reason') or 'no reuse'}"
-    lines = [head, f"  mode {report['mode']}, {report['time_s']:.1f} s, probes {len(report.get('probes', []))}"]
-    if report.get("attention_density") is not None:
-        lines.append(f"  attention density {report['attention_density']:.3f}, heads reuse/own "
-                     f"{report['heads_reuse']}/{report['heads_own']}")
-    lines.extend(f"  kernel fallback: {line}" for line in (report.get("attention") or {}).get("kernel_fallbacks", ()))
-    return "\n".join(lines)

@@ -23,7 +23,16 @@ from .reuse_hooks import (
     reuse_lifecycle,
     sample_with_run,
 )
-from .reuse_nodes import install_from_inputs, model_level_inputs, probe_batch_input, reuse_inputs, settings_from_inputs
+from .reuse_nodes import (
+    GRAPH_HIDDEN,
+    graph_prompt_fingerprint,
+    install_from_inputs,
+    model_level_inputs,
+    probe_batch_input,
+    reuse_inputs,
+    settings_from_inputs,
+    with_graph_prompt,
+)
 from .types import MatchType
 
 log = logging.getLogger("carnator")
@@ -55,12 +64,13 @@ class CarnatorKSampler(io.ComfyNode):
                                tooltip="Amount of denoising; below 1 latent reuse is off (sparsity reuse stays)."),
             ] + model_level_inputs(),
             outputs=[io.Latent.Output(display_name="LATENT")],
+            hidden=GRAPH_HIDDEN,
         )
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise=1.0, **options) -> io.NodeOutput:
-        reusing = install_from_inputs(model, **options)
+        reusing = install_from_inputs(model, **with_graph_prompt(cls, options))
         (latent,) = comfy_nodes.common_ksampler(reusing, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                                 latent_image, denoise=denoise)
         return io.NodeOutput(latent)
@@ -115,11 +125,16 @@ class CarnatorReuseSampler(io.ComfyNode):
                                     tooltip="Candidates from Carnator Compatibility Lookup; without it the "
                                             "sampler looks them up itself.")] + reuse_inputs() + [probe_batch_input()],
             outputs=[io.Sampler.Output(display_name="SAMPLER")],
+            hidden=GRAPH_HIDDEN,
         )
 
     @classmethod
+    def fingerprint_inputs(cls, **inputs) -> str:
+        return graph_prompt_fingerprint()
+
+    @classmethod
     def execute(cls, sampler, match=None, **options) -> io.NodeOutput:
-        settings = settings_from_inputs(**options)
+        settings = settings_from_inputs(**with_graph_prompt(cls, options))
         if match is not None and not settings.store_directory:
             settings = settings.replace(store_directory=match.store_directory)
         return io.NodeOutput(ReuseSampler(sampler, settings, match))

@@ -3,7 +3,7 @@
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { badgeText, loadStylesheet, tooltipLines } from "./carnator_ui.js";
+import { badgeText, loadStylesheet, tooltipLines, verdictOf } from "./carnator_ui.js";
 
 const HIT_COLOR = "#2e7d32";
 const MISS_COLOR = "#8a6d00";
@@ -38,7 +38,8 @@ function showStatus(event) {
   const node = findNode(report.node);
   const Badge = window.LGraphBadge;
   if (!node || !Array.isArray(node.badges) || !Badge) return;
-  const badge = new Badge({ text: badgeText(report), fgColor: "#ffffff", bgColor: report.hit ? HIT_COLOR : MISS_COLOR });
+  const bgColor = verdictOf(report) === "miss" ? MISS_COLOR : HIT_COLOR;
+  const badge = new Badge({ text: badgeText(report), fgColor: "#ffffff", bgColor });
   const previous = badged.get(node);
   const index = previous ? node.badges.indexOf(previous.badge) : -1;
   if (index >= 0) node.badges[index] = badge;

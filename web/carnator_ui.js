@@ -43,12 +43,24 @@ function number(value, digits = 2) {
   return value === null || value === undefined || Number.isNaN(Number(value)) ? "–" : Number(value).toFixed(digits);
 }
 
-/** One line for the node badge: HIT (steps skipped, donor, density, time saved) or MISS (why). */
+/** What the run reused: the report's `verdict` (RunReport.verdict), derived the same way for a report without one. */
+export function verdictOf(report) {
+  if (report.verdict) return report.verdict;
+  if (report.stage?.skipped_whole) return "stage skipped";
+  if (report.skipped_steps) return "resumed";
+  return report.hit ? "masks borrowed" : "miss";
+}
+
+/** One line for the node badge: HIT and what it reused (steps skipped, donor, density, time saved) or MISS (why). */
 export function badgeText(report) {
-  if (!report.hit) return `MISS · ${shorten(report.reason || "no reuse", 40)}`;
+  const verdict = verdictOf(report);
+  if (verdict === "miss") return `MISS · ${shorten(report.reason || "no reuse", 40)}`;
   const parts = [];
-  if (report.skipped_steps) parts.push(`HIT ${report.skipped_steps}/${report.total_steps} steps`);
-  else parts.push(`HIT masks ${report.heads_reuse}/${(report.heads_reuse || 0) + (report.heads_own || 0)} heads`);
+  if (verdict === "masks borrowed") {
+    parts.push(`HIT masks ${report.heads_reuse}/${(report.heads_reuse || 0) + (report.heads_own || 0)} heads`);
+  } else {
+    parts.push(`HIT ${verdict} ${report.skipped_steps}/${report.total_steps} steps`);
+  }
   if (report.donor_prompt) parts.push(`“${shorten(report.donor_prompt, 24)}”`);
   if (report.attention_density !== null && report.attention_density !== undefined) {
     parts.push(`density ${number(report.attention_density)}`);
@@ -59,8 +71,10 @@ export function badgeText(report) {
 
 /** The tooltip's lines: everything the report says, one fact per line. */
 export function tooltipLines(report) {
-  const lines = [report.hit ? "Carnator HIT" : `Carnator MISS: ${report.reason || "no reuse"}`];
+  const verdict = verdictOf(report);
+  const lines = [verdict === "miss" ? `Carnator MISS: ${report.reason || "no reuse"}` : `Carnator HIT: ${verdict}`];
   lines.push(`mode ${report.mode}, ${report.total_steps} steps, ${report.model_calls ?? "–"} model calls`);
+  if (report.prompt) lines.push(`prompt: “${shorten(report.prompt, 120)}”`);
   if (report.skipped_steps) lines.push(`resumed at step ${report.skipped_steps} of ${report.total_steps}`);
   if (report.donor_id) {
     lines.push(`donor: “${shorten(report.donor_prompt || "(no prompt text)", 120)}” (${report.donor_id.slice(0, 8)})`);

@@ -62,6 +62,7 @@ from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
 from carnator_core.demo.wan_model import WanConfig
+from carnator_core.reuse.report import RunReport, Verdict
 from carnator_core.store.reuse_store import ReuseStore
 
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
@@ -141,7 +142,7 @@ class Sample:
 
     seconds: float
     model_calls: int
-    hit: bool
+    verdict: Verdict  # the strongest of its sampling runs' (two experts: two runs)
     skipped_steps: int
     density: float
     rgb: torch.Tensor
@@ -149,6 +150,10 @@ class Sample:
     quality: dict[str, Any] = field(default_factory=dict)
     cpu_seconds: float | None = None  # the server's CPU time for the whole prompt and its background store write
     first_expert_calls: int | None = None  # two-expert graph: the first expert's model calls
+
+    @property
+    def hit(self) -> bool:
+        return self.verdict is not Verdict.MISS
 
 
 class Bench:
@@ -197,8 +202,8 @@ class Bench:
         density = report.get("attention_density") if report else None
         first_expert = None if boundary is None else (reports[0]["model_calls"] if reports else boundary)
         return Sample(seconds=run.seconds_except(graphs.SHARED_NODES), model_calls=calls - skipped_by_easycache,
-                      hit=any(r.get("hit") for r in run.reports), skipped_steps=sum(int(r.get("skipped_steps", 0))
-                                                                               for r in reports),
+                      verdict=Verdict.strongest(RunReport.from_dict(r).verdict for r in run.reports),
+                      skipped_steps=sum(int(r.get("skipped_steps", 0)) for r in reports),
                       density=1.0 if density is None else float(density),
                       rgb=world.decode(world.from_raw(latent[0].float())), report=report,
                       first_expert_calls=first_expert)
@@ -244,7 +249,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
     rows = []
     for name, runs in samples.items():
         cpu = _median([s.cpu_seconds for s in runs if s.cpu_seconds is not None])
-        hits = [s for s in runs if s.skipped_steps > 0]
+        hits = [s for s in runs if s.verdict.skips_steps]
         first_expert = [s.first_expert_calls for s in runs if s.first_expert_calls is not None]
         rows.append({
             "name": name,
@@ -361,7 +366,7 @@ def per_kind(kinds: list[str], samples: dict[str, list[Sample]]) -> dict[str, di
         table[name] = {}
         for kind in dict.fromkeys(kinds):
             of_kind = [s for s, k in zip(runs, kinds, strict=True) if k == kind]
-            table[name][kind] = {"requests": len(of_kind), "resumed": sum(s.skipped_steps > 0 for s in of_kind),
+            table[name][kind] = {"requests": len(of_kind), "resumed": sum(s.verdict.skips_steps for s in of_kind),
                                  "skipped_steps": [s.skipped_steps for s in of_kind],
                                  "adherence": _round(_mean([s.quality["adherence"] for s in of_kind]), 3)}
     return table
@@ -452,6 +457,7 @@ def _details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sampl
     return [{"prompt": p, "seed": seed, "expected": world.parse_prompt(p), "configs": {
         name: {"time_s": round(s.seconds, 3),
                "cpu_s": None if s.cpu_seconds is None else round(s.cpu_seconds, 3), "model_calls": s.model_calls, "hit": s.hit,
+               "verdict": s.verdict.value,
                "skipped_steps": s.skipped_steps, "attention_density": round(s.density, 3),
                "psnr": round(s.quality["psnr"], 2), "ssim": round(s.quality["ssim"], 4),
                "adherence": s.quality["adherence"], "observed": s.quality["observed"],

@@ -201,13 +201,13 @@ def test_demo_workflow_badges_and_store_panel(page, server, tiny_models):
     prompt_box.as_element().fill(EDITED_PROMPT)
     _run(page)
     hit = _wait_for_badge(page, "KSampler", "HIT")
-    assert hit.startswith("HIT 4/8 steps") and "“a red circle moving" in hit, hit
+    assert hit.startswith("HIT resumed 4/8 steps") and "“a red circle moving" in hit, hit
     page.wait_for_function("() => document.querySelectorAll('.carnator-entry').length === 2")
     _focus(page, "KSampler")
     _hover_badge(page, "KSampler")
     tooltip = page.locator(".carnator-tooltip")
     tooltip.wait_for(state="visible")
-    assert "Carnator HIT" in tooltip.inner_text() and FIRST_PROMPT in tooltip.inner_text()
+    assert "Carnator HIT: resumed" in tooltip.inner_text() and FIRST_PROMPT in tooltip.inner_text()
     _shot(page, "05_hit_badge_tooltip_and_store_panel")
 
     entries = page.locator(".carnator-entry")

@@ -69,6 +69,7 @@ def test_a_same_prompt_repeat_skips_the_high_noise_stage(comfy, tiny_models, wan
     repeat, calls, (first, second) = _run(comfy, _with_reuse(graph, store_path, mode=mode))
     assert calls == {"high_noise": 1, "low_noise": low_noise_calls}, (calls, json.dumps([first, second]))
     assert first["hit"] and first["stage"]["skipped_whole"] and first["skipped_steps"] == boundary
+    assert first["verdict"] == "stage skipped"
     assert first["model_calls"] == 1 and second["model_calls"] == low_noise_calls
     if mode == "balanced":  # the second expert's first evaluation at the boundary agrees with the donor's
         assert [p["passed"] for p in second["probes"] if p.get("boundary")] == [True], json.dumps(second)

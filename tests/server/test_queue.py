@@ -55,11 +55,12 @@ def test_batch_reports_hits_on_near_duplicate_prompts(comfy_server: ComfyServer,
     results = json.loads(report.read_text())["results"]
     assert [r["prompt"] for r in results] == NEAR_DUPLICATES
     assert [r["hit"] for r in results] == [False, True, True], json.dumps(results, indent=1)
+    assert [r["verdict"] for r in results] == ["miss", "resumed", "resumed"]
     assert all(r["error"] is None and r["prompt_id"] and r["time_s"] > 0 for r in results)
     assert results[0]["skipped_steps"] == 0 and all(r["skipped_steps"] > 0 for r in results[1:])
     totals = json.loads(report.read_text())["totals"]
     assert totals["prompts"] == 3 and totals["hits"] == 2 and totals["failed"] == 0
-    assert "HIT" in run.stdout and "MISS" in run.stdout and "hit rate 67%" in run.stdout
+    assert "HIT (resumed)" in run.stdout and "MISS" in run.stdout and "hit rate 67%" in run.stdout
 
 
 def test_server_down_is_a_clear_message_and_exit_2(tiny_models, tmp_path, capsys):

@@ -39,7 +39,7 @@ RESUME_STEP = 4  # balanced mode: the deepest checkpoint (an 8-step run records 
 FP16_TOLERANCE = 2e-3  # checkpoints are stored as fp16: a resumed result matches the full run to that precision
 # The fields every `carnator.status` event and CarnatorReport entry carries (the frontend badge reads them).
 STATUS_FIELDS = {
-    "prompt_id", "node", "hit", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement",
+    "prompt_id", "node", "hit", "verdict", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement",
     "skipped_steps", "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s", "time_saved_s",
     "reason",
 }
@@ -159,12 +159,14 @@ def test_status_event_once_per_sampling_run_matches_report(comfy_server, tiny_mo
         assert status == run.report  # the websocket event and the CarnatorReport output carry the same data
     assert miss.statuses[0]["hit"] is False and miss.statuses[0]["reason"] == "no candidate"
     assert miss.statuses[0]["skipped_steps"] == 0 and miss.statuses[0]["agreement"] is None
-    assert "MISS" in miss.history["outputs"]["carnator_report"]["text"][0]
+    assert miss.statuses[0]["verdict"] == "miss"
+    assert miss.history["outputs"]["carnator_report"]["text"][0].startswith("MISS: no candidate")
     status = hit.statuses[0]
     assert status["hit"] is True and status["reason"] == "" and status["skipped_steps"] == RESUME_STEP
     assert status["donor_prompt"] == text and status["text_similarity"] == pytest.approx(1.0, abs=1e-2)
     assert status["agreement"] == pytest.approx(1.0, abs=1e-2) and status["time_saved_s"] > 0
-    assert "HIT" in hit.history["outputs"]["carnator_report"]["text"][0]
+    assert status["verdict"] == "resumed"
+    assert hit.history["outputs"]["carnator_report"]["text"][0].startswith(f"HIT: resumed at step {RESUME_STEP}/{STEPS}")
 
 
 def _with_easycache(graph: dict, easycache_first: bool) -> dict:

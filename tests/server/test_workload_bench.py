@@ -165,3 +165,5 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     assert data["per_kind"]["fast"]["rewording"] == {"requests": 1, "resumed": 1, "skipped_steps": [3],
                                                       "adherence": data["per_kind"]["fast"]["rewording"]["adherence"]}
     assert "| first-expert calls |" in (out / "workload_edit-loop_two-expert.md").read_text()
+    per_prompt = json.loads((out / "workload_edit-loop_two-expert.json").read_text())["per_prompt"]
+    assert [p["configs"]["fast"]["verdict"] for p in per_prompt] == ["miss", "stage skipped"], per_prompt
