@@ -9,16 +9,12 @@ import comfy.samplers
 import nodes as comfy_nodes
 from comfy_api.latest import io
 
-from carnator_core.lookup.fingerprint import FingerprintError
-from carnator_core.store.backend import StoreError
-
-from .host import per_run_options
+from .host import missing_hooks, per_run_options
 from .reuse_hooks import (
     RUN_KEY,
     WRAPPER_KEY,
-    HostState,
-    build_run,
     calc_cond_batch_wrapper,
+    open_run,
     predict_noise_wrapper,
     reuse_lifecycle,
     sample_with_run,
@@ -88,26 +84,27 @@ class ReuseSampler(comfy.samplers.Sampler):
     def sample(self, guider, sigmas, extra_args, callback, noise, latent_image=None, denoise_mask=None,
                disable_pbar=False):
         model_options = extra_args["model_options"]
+        plain = (guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
+        if missing_hooks():
+            return self.inner.sample(*plain)
         if RUN_KEY in model_options.get("transformer_options", {}):
             log.warning("Carnator: the model already goes through a Carnator Reuse node; the reuse sampler defers to it")
-            return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
-                                     disable_pbar)
+            return self.inner.sample(*plain)
         wrappers = comfy.patcher_extension.WrappersMP
         comfy.patcher_extension.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper,
                                                      model_options, is_model_options=True)
         with per_run_options(guider) as guider_options:
             comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper,
                                                          guider.model_options, is_model_options=True)
-            try:
-                run = build_run(guider, self.settings, noise, latent_image, sigmas, denoise_mask, extra_args.get("seed"))
-            except (StoreError, FingerprintError, ValueError) as error:
-                log.warning("Carnator: plain sampling for this run (clean miss): %s", error)
-                return self.inner.sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask,
-                                         disable_pbar)
-            state = HostState(run, self.settings)
+            # packed latents: the guider's model holds their shapes while it samples (CFGGuider.inner_sample)
+            call = {"noise": noise, "latent_image": latent_image, "sigmas": sigmas, "denoise_mask": denoise_mask,
+                    "seed": extra_args.get("seed"),
+                    "latent_shapes": getattr(getattr(guider, "inner_model", None), "latent_shapes", None)}
+            state = open_run(guider, self.settings, call)
             with reuse_lifecycle(guider, state, sigmas, guider_options, model_options["transformer_options"]):
-                return sample_with_run(self.inner.sample, self.inner, state, guider, sigmas, extra_args, callback,
-                                       noise, latent_image, denoise_mask, disable_pbar, match=self.match)
+                if state.run is None:
+                    return self.inner.sample(*plain)
+                return sample_with_run(self.inner.sample, self.inner, state, *plain, match=self.match)
 
 
 class CarnatorReuseSampler(io.ComfyNode):

@@ -120,6 +120,24 @@ def test_ltx2_audio_and_video_is_a_clean_miss_identical_to_plain(comfy, current_
     assert not list(_pack_module(comfy, "host").store_from_path(store_path).entry_ids())
 
 
+def test_ltx2_through_the_reuse_sampler_is_the_same_clean_miss(comfy, current_model, store_path, audio_latent):
+    """CarnatorReuseSampler (SamplerCustom's SAMPLER input) opens its run as the model wrapper does: the packed
+    latent is refused with the same reason, sampled plain and reported."""
+    from support.reuse_graphs import REUSE_DEFAULTS
+
+    graph = _graph(current_model, "ltxav", seed=3, steps=4)
+    plain, _ = _sample(comfy, graph)
+    graph["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
+    graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {
+        "sampler": ["ksampler_select", 0], "store": ["carnator_store", 0], "prompt": PROMPT, **REUSE_DEFAULTS}}
+    graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
+    graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
+    reused, (report,) = _sample(comfy, graph)
+    assert not report["hit"] and report["model_calls"] == 4
+    assert report["reason"] == "packed multi-latent (2 latents, e.g. audio + video): not supported, sampled plain"
+    assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
+
+
 # Every video self-attention call may go sparse: no dense steps or edge blocks, own masks at most half full.
 SPARSE_EVERYWHERE = {
     "source": "own", "block_size": "64", "tau": 0.5, "min_density": 0.1, "max_density": 0.5, "dense_fraction": 0.0,
