@@ -5,7 +5,12 @@ scene, two one-word edits of it, a paraphrase, an unrelated scene) with Carnator
 KSampler, saves each clip as an animated WEBP (stock SaveAnimatedWEBP) plus a JSON report into the output
 folder, prints progress while it runs and a summary table at the end, and stops the server.
 
-    python -m carnator_core.demo run [--out DIR] [--prompts FILE] [--steps N] [--weights FILE] [--port N]
+Every prompt samples from the same seed (42) for 30 steps at cfg 4 with CarnatorReuse in balanced mode: at these
+settings each built-in prompt's plain clip shows what its prompt asks for (tests/server/test_demo_run.py checks it),
+so the hits and misses are the only thing the stream shows.
+
+    python -m carnator_core.demo run [--out DIR] [--prompts FILE] [--steps N] [--seed N] [--cfg X] [--mode M]
+                                     [--weights FILE] [--port N]
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights, pick_port
+from carnator_core.reuse.report import RunReport, Verdict
 
 DEFAULT_PROMPTS = (
     "a red circle moving left on a black background",
     "a red circle moving left on a gray background",  # edit: background
     "a blue circle moving left on a black background",  # edit: object colour
     "a small red ball drifting leftwards over black",  # paraphrase of the first
-    "a yellow triangle rising on a white background",  # unrelated
+    "a green triangle rising on a white background",  # unrelated
 )
 STORE = "carnator_store"  # inside the (throwaway) ComfyUI base directory
 
@@ -69,22 +75,16 @@ def _progress(index: int, total: int, prompt: str):
 
 
 def _row(prompt: str, report: dict, adherence: float | None, seconds: float) -> dict:
-    return {"prompt": prompt, "hit": bool(report.get("hit")), "skipped_steps": report.get("skipped_steps", 0),
-            "total_steps": report.get("total_steps"), "time_s": round(seconds, 2),
+    run = RunReport.from_dict(report)
+    return {"prompt": prompt, "hit": run.hit, "verdict": run.verdict.value, "skipped_steps": run.skipped_steps,
+            "total_steps": run.total_steps, "time_s": round(seconds, 2),
             "adherence": "unscorable" if adherence is None else round(adherence, 2)}
-
-
-def _verdict(row: dict) -> str:
-    """HIT with what was reused: a donor's latent state (steps skipped) or only its attention masks."""
-    if not row["hit"]:
-        return "miss"
-    return "HIT (resumed)" if row["skipped_steps"] else "HIT (masks)"
 
 
 def summary_table(rows: list[dict]) -> str:
     lines = ["| # | prompt | hit/miss | skipped steps | time (s) | oracle adherence |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
-        lines.append(f"| {i} | {r['prompt']} | {_verdict(r)} | {r['skipped_steps']}/"
+        lines.append(f"| {i} | {r['prompt']} | {Verdict(r['verdict']).label} | {r['skipped_steps']}/"
                      f"{r['total_steps']} | {r['time_s']:.1f} | {r['adherence']} |")
     return "\n".join(lines)
 
@@ -118,7 +118,7 @@ def run_demo(prompts: list[str], out: Path, steps: int, weights: Path, port: int
                                 "expected": oracle.expected, "prompt_seconds": round(run.seconds, 2),
                                 "carnator_report": report})
                 print(("\r" if sys.stdout.isatty() else "") + f"[{i + 1}/{len(prompts)}] {prompt[:48]}  "
-                      f"{_verdict(rows[-1])}, skipped {rows[-1]['skipped_steps']} steps, "
+                      f"{Verdict(rows[-1]['verdict']).label}, skipped {rows[-1]['skipped_steps']} steps, "
                       f"{seconds:.1f} s, adherence {rows[-1]['adherence']}", flush=True)
     finally:
         if (base_dir / "comfyui.log").exists():
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "weights shipped in carnator_core/demo/weights)")
     run.add_argument("--port", type=int, default=8188, help="preferred port; another free one if it is taken")
     run.add_argument("--seed", type=int, default=42, help="one seed for every prompt (the prompt-editing loop)")
-    run.add_argument("--cfg", type=float, default=1.0)
+    run.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance scale (negative prompt: empty)")
     run.add_argument("--mode", choices=("safe", "balanced", "fast"), default="balanced")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the ComfyUI server is stopped

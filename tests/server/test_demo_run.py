@@ -1,8 +1,10 @@
 """`python -m carnator_core.demo run` end to end through a real headless ComfyUI, and its bad-input messages.
 
-The run uses a random-weight stand-in of the demo model (the trained weights may not be committed yet), three
-prompts (a scene, a one-word edit, an out-of-vocabulary prompt), two steps, and a preferred port that is
-already taken, so one run covers the port fallback and the "unscorable" oracle verdict as well.
+The mechanics run uses a random-weight stand-in of the demo model, three prompts (a scene, a one-word edit, an
+out-of-vocabulary prompt), two steps, and a preferred port that is already taken, so one run covers the port
+fallback and the "unscorable" oracle verdict as well. The default run (shipped weights, built-in prompts, default
+steps, seed and cfg) is checked for what a new user sees: every clip right, the one-word edits ruled out, the
+rewording resumed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from carnator_core.bench.random_wan import write_random_wan
+from carnator_core.demo.__main__ import DEFAULT_PROMPTS
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ("a red circle moving left on a black background", "a red circle moving left on a gray background",
@@ -56,6 +59,28 @@ def test_demo_run_end_to_end(tmp_path):
         clip = out / run["clip"]
         assert clip.suffix == ".webp" and clip.read_bytes()[8:12] == b"WEBP"
         assert run["carnator_report"]["total_steps"] == 2
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_default_demo_shows_right_clips_and_resumes_the_rewording(tmp_path):
+    out = tmp_path / "out"
+    result = _demo("--out", str(out), env={"CARNATOR_DEMO_WEIGHTS": ""})  # the shipped weights
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    runs = json.loads((out / "report.json").read_text())["runs"]
+    assert [r["prompt"] for r in runs] == list(DEFAULT_PROMPTS)
+    # every clip shows its prompt: the plain clips (the first, the missed edits, the unrelated scene) and the
+    # resumed rewording alike
+    assert [r["adherence"] for r in runs] == [1.0] * len(runs), [(r["prompt"], r["observed"]) for r in runs]
+    first, background_edit, colour_edit, rewording, unrelated = runs
+    assert not first["hit"] and first["skipped_steps"] == 0
+    for edit in (background_edit, colour_edit):  # the store offers the scene; the model's probe rules it out
+        report = edit["carnator_report"]
+        assert report["candidates"] and report["reason"] == "probe rejected", report
+        assert not edit["hit"] and edit["skipped_steps"] == 0
+    assert rewording["hit"] and rewording["skipped_steps"] > 0
+    assert rewording["carnator_report"]["donor_prompt"] == DEFAULT_PROMPTS[0]
+    assert unrelated["skipped_steps"] == 0  # no donor's latent state fits another scene
 
 
 def test_missing_comfyui_says_what_to_set(tmp_path):
