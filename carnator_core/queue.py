@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from carnator_core.client import ComfyClient, ComfyError, ServerLost
+from carnator_core.lookup.prompt_text import find_text_inputs, text_node_inputs
 from carnator_core.reuse.report import RunReport, Verdict
 
 CARNATOR_PROMPT_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler", "CarnatorCompatibilityLookup")
 SEED_INPUTS = ("seed", "noise_seed")
-_CONDITIONING_INPUTS = ("positive", "guider", "conditioning")  # followed upstream from a sampler, in this order
-_TEXT_INPUTS = ("text", "value", "string")  # a text encoder's text, a primitive's value
 MAX_SEED = 2**50
 
 
@@ -108,60 +107,28 @@ class Workflow:
         return cls(graph, text_node)
 
     def _find_text_target(self, text_node: str | None) -> tuple[str, str]:
+        """Where each prompt is written: the literal the positive prompt is read from, as the reuse nodes read it."""
         if text_node is not None:
             if text_node not in self.graph:
                 raise WorkflowError(f"--text-node {text_node}: no such node in the workflow")
-            target = self._literal_text(text_node, set())
-            if target is None:
+            targets = text_node_inputs(self.graph, text_node)
+            if len(targets) > 1:
+                raise WorkflowError(f"--text-node {text_node} ({self.graph[text_node]['class_type']}) takes its text "
+                                    f"from several inputs ({_places(targets)}); name the node of one")
+            if not targets:
                 raise WorkflowError(f"--text-node {text_node} ({self.graph[text_node]['class_type']}) has no "
                                     f"text input")
-            return target
-        samplers = [node_id for node_id, node in self.graph.items()
-                    if any(self._is_link(node["inputs"].get(name)) for name in ("positive", "guider"))]
-        for sampler in sorted(samplers):
-            target = self._trace(sampler, set())
-            if target is not None:
-                return target
+            return targets[0]
+        targets = find_text_inputs(self.graph)
+        if len(targets) == 1:
+            return targets[0]
         literal = [(node_id, "text") for node_id, node in self.graph.items()
                    if isinstance(node["inputs"].get("text"), str)]
         if len(literal) == 1:
             return literal[0]
-        raise WorkflowError("cannot tell which node holds the prompt text (no sampler's positive conditioning "
-                            "leads to a text input); name it with --text-node ID")
-
-    @staticmethod
-    def _is_link(value: Any) -> bool:
-        return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
-
-    def _trace(self, node_id: str, seen: set[str]) -> tuple[str, str] | None:
-        """Follow positive conditioning upstream to the first node with a text input."""
-        if node_id in seen or node_id not in self.graph:
-            return None
-        seen.add(node_id)
-        target = self._literal_text(node_id, set())
-        if target is not None:
-            return target
-        inputs = self.graph[node_id]["inputs"]
-        for name in _CONDITIONING_INPUTS:
-            if self._is_link(inputs.get(name)):
-                found = self._trace(inputs[name][0], seen)
-                if found is not None:
-                    return found
-        return None
-
-    def _literal_text(self, node_id: str, seen: set[str]) -> tuple[str, str] | None:
-        """(node, input) holding the literal text a node reads, following a linked text input to its source."""
-        if node_id in seen or node_id not in self.graph:
-            return None
-        seen.add(node_id)
-        inputs = self.graph[node_id]["inputs"]
-        for name in _TEXT_INPUTS:
-            value = inputs.get(name)
-            if isinstance(value, str):
-                return node_id, name
-            if self._is_link(value):
-                return self._literal_text(value[0], seen)
-        return None
+        reason = (f"the positive prompt is read from several text inputs: {_places(targets)}" if targets else
+                  "no sampler's positive conditioning leads to a text input")
+        raise WorkflowError(f"cannot tell which node holds the prompt text ({reason}); name it with --text-node ID")
 
     def for_prompt(self, text: str, seed: str, rng: random.Random) -> dict[str, dict]:
         """A copy of the graph with `text` in place (and fresh seeds with seed='random')."""
@@ -176,6 +143,10 @@ class Workflow:
                     if isinstance(node["inputs"].get(name), int):
                         node["inputs"][name] = rng.randrange(MAX_SEED)
         return graph
+
+
+def _places(targets: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{node_id}.{name}" for node_id, name in targets)
 
 
 def read_prompts(path: Path) -> list[str]:

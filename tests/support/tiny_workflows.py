@@ -44,6 +44,7 @@ import json
 from pathlib import Path
 
 from carnator_core.demo.graphs import latent_size
+from carnator_core.lookup.prompt_text import link_source
 from support.t2v_graphs import LTX2_AUDIO_LATENT
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
@@ -116,7 +117,7 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
 
 
 def _is_link(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+    return link_source(value) is not None
 
 
 def _passed_through(graph: dict) -> dict:

@@ -1,4 +1,5 @@
-"""The prompt text a reuse node reads from the queued graph when its `prompt` input is empty (API-format graphs)."""
+"""The prompt text a reuse node reads from the queued graph when its `prompt` input is empty (API-format graphs), and
+where the batch runner writes each prompt: the same search, so both take the same text for the prompt."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import pytest
 import torch
 
 from carnator_core.lookup.compatible import Match
-from carnator_core.lookup.prompt_text import MAX_NODES, PromptText, find_prompt_text
+from carnator_core.lookup.prompt_text import (
+    MAX_NODES,
+    PromptText,
+    find_prompt_text,
+    find_text_inputs,
+    link_source,
+    text_node_inputs,
+)
+from carnator_core.queue import Workflow, WorkflowError
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import HardKey
@@ -68,17 +77,17 @@ def _not_found(graph, node_id="reuse") -> str:
 
 def test_clip_text_encode_literal():
     result = _found(_wan())
-    assert result.text == TEXT and result.sources == ("pos",)
+    assert result.text == TEXT and result.sources == ("pos",) and result.locations == (("pos", "text"),)
     assert result.note == f"prompt text read from the graph (node pos CLIPTextEncode): {TEXT!r}"
 
 
 def test_text_of_a_primitive_string_node():
     graph = _wan(text=_node("PrimitiveStringMultiline", value=TEXT))
     graph["pos"]["inputs"]["text"] = ["text", 0]
-    assert _found(graph).text == TEXT
+    assert _found(graph).text == TEXT and _found(graph).locations == (("text", "value"),)
     graph["text"] = _node("PrimitiveString", value=["outer", 0])  # a primitive fed by another pack's value node
     graph["outer"] = _node("Text Multiline", text=TEXT)
-    assert _found(graph).text == TEXT
+    assert _found(graph).text == TEXT and _found(graph).locations == (("outer", "text"),)
 
 
 def test_text_of_a_string_concatenation():
@@ -86,6 +95,7 @@ def test_text_of_a_string_concatenation():
                  join=_node("StringConcatenate", string_a=["a", 0], string_b=["b", 0], delimiter=", "))
     graph["pos"]["inputs"]["text"] = ["join", 0]
     assert _found(graph).text == "a fox, in snow"
+    assert _found(graph).locations == (("a", "value"), ("join", "delimiter"), ("b", "value"))
 
 
 def test_conditioning_combine_joins_both_texts_in_input_order():
@@ -93,6 +103,7 @@ def test_conditioning_combine_joins_both_texts_in_input_order():
                  combine=_node("ConditioningCombine", conditioning_1=["subject", 0], conditioning_2=["scene", 0]))
     result = _found(graph)
     assert result.text == "a fox fresh snow, morning light" and result.sources == ("subject", "scene")
+    assert result.locations == (("subject", "text"), ("scene", "text"))
     assert "nodes subject CLIPTextEncode, scene CLIPTextEncode, joined" in result.note
 
 
@@ -298,8 +309,8 @@ def _upstream(graph: dict, link: list) -> set[str]:
     return {node_id for node_id, _ in followed}
 
 
-def _shipped_positive_text(graph: dict) -> str:
-    """The text of the one encoder on the sampler's positive side and on no negative side, read by its class."""
+def _shipped_positive_encoder(graph: dict) -> str:
+    """The one encoder on the sampler's positive side and on no negative side."""
     positive, negative = set(), set()
     for node in graph.values():
         for name, value in node["inputs"].items():
@@ -309,18 +320,114 @@ def _shipped_positive_text(graph: dict) -> str:
                 negative |= _upstream(graph, value)
     encoders = [i for i in positive - negative if graph[i]["class_type"] in ("CLIPTextEncode", "CarnatorDemoTextEncode")]
     assert len(encoders) == 1, encoders
-    text = graph[encoders[0]]["inputs"]["text"]
-    return graph[text[0]]["inputs"]["value"] if isinstance(text, list) else text
+    return encoders[0]
+
+
+def _shipped_positive_literal(graph: dict) -> tuple[str, str]:
+    """Where the positive encoder's text is written: its `text`, or the value of the primitive linked there."""
+    encoder = _shipped_positive_encoder(graph)
+    text = graph[encoder]["inputs"]["text"]
+    return (text[0], "value") if isinstance(text, list) else (encoder, "text")
 
 
 @pytest.mark.parametrize("path", sorted(WORKFLOWS.glob("*.json")), ids=lambda path: path.stem)
 def test_every_carnator_node_of_a_shipped_workflow_finds_its_positive_prompt(path):
     graph = json.loads(path.read_text())
-    expected = _shipped_positive_text(graph)
+    node_id, name = _shipped_positive_literal(graph)
+    expected = graph[node_id]["inputs"][name]
     nodes = [node_id for node_id, node in graph.items() if node["class_type"] in CARNATOR_SAMPLING]
     assert nodes and expected.strip()
     for node_id in nodes:
         assert find_prompt_text(copy.deepcopy(graph), node_id).text == expected, node_id
+
+
+@pytest.mark.parametrize("path", sorted(WORKFLOWS.glob("*.json")), ids=lambda path: path.stem)
+def test_the_queue_writes_each_prompt_where_the_positive_text_is_read(path):
+    """The batch runner's text target is the positive encoder's literal, which every Carnator node reads."""
+    graph = json.loads(path.read_text())
+    target = _shipped_positive_literal(graph)
+    assert Workflow(copy.deepcopy(graph)).text_target == target
+    assert find_text_inputs(graph) == [target]
+    for node_id in [node_id for node_id, node in graph.items() if node["class_type"] in CARNATOR_SAMPLING]:
+        assert find_text_inputs(graph, node_id) == [target], node_id
+
+
+# ---------------------------------------------------------------------- where the text is written
+
+
+def test_text_inputs_from_the_samplers_when_no_node_is_named():
+    graph = _wan()
+    del graph["reuse"]
+    graph["sampler"]["inputs"]["model"] = ["shift", 0]
+    assert find_text_inputs(graph) == [("pos", "text")] == find_text_inputs(graph, "sampler")
+    # a conditioning node on the negative side, first in id order, is no sampler
+    graph["0"] = _node("ConditioningSetTimestepRange", conditioning=["neg", 0], start=0.0, end=1.0)
+    graph["sampler"]["inputs"]["negative"] = ["0", 0]
+    assert find_text_inputs(graph) == [("pos", "text")]
+    graph["pos"]["inputs"]["text"] = ""  # a workflow left blank for the batch to fill
+    assert find_text_inputs(graph) == [("pos", "text")] and not find_prompt_text(graph, "sampler").found
+
+
+def test_text_inputs_of_a_guider_graph_and_of_joined_texts():
+    graph = _wan()
+    sampler = graph.pop("sampler")
+    graph.update(guider=_node("BasicGuider", model=["reuse", 0], conditioning=["flux", 0]),
+                 flux=_node("FluxGuidance", conditioning=["pos", 0], guidance=6.0),
+                 sampler=_node("SamplerCustomAdvanced", guider=["guider", 0], latent_image=sampler["inputs"]["latent_image"]))
+    assert find_text_inputs(graph) == [("pos", "text")] == find_text_inputs(graph, "reuse")
+    graph.update(subject=_encode("a fox"), combine=_node("ConditioningCombine", conditioning_1=["subject", 0],
+                                                          conditioning_2=["pos", 0]))
+    graph["flux"]["inputs"]["conditioning"] = ["combine", 0]
+    assert find_text_inputs(graph) == [("subject", "text"), ("pos", "text")]
+    graph["subject"]["inputs"]["text"] = ["pos_text", 0]  # one primitive behind both encoders: one place
+    graph["pos"]["inputs"]["text"] = ["pos_text", 0]
+    graph["pos_text"] = _node("PrimitiveStringMultiline", value=TEXT)
+    assert find_text_inputs(graph) == [("pos_text", "value")]
+
+
+def test_no_text_inputs_where_the_text_cannot_be_read():
+    graph = _wan(pos=_encode(["builder", 0]), builder=_node("CustomPromptBuilder", subject="fox", seed=3))
+    assert find_text_inputs(graph) == [] == find_text_inputs(graph, "reuse")
+    for hostile in (None, [], {}, {"1": None}, {"1": {"class_type": "KSampler", "inputs": {"positive": ["1", 0]}}}):
+        assert find_text_inputs(hostile) == [] and text_node_inputs(hostile, "1") == []
+    chain = {str(i): _node("ConditioningSetTimestepRange", conditioning=[str(i - 1), 0]) for i in range(1, MAX_NODES)}
+    chain["0"] = _encode(TEXT)
+    chain["k"] = _node("KSampler", positive=[str(MAX_NODES - 1), 0])
+    assert find_text_inputs(chain) == []  # too deep to follow
+
+
+def test_text_node_inputs_of_a_named_node():
+    graph = _wan(text=_node("PrimitiveStringMultiline", value=TEXT))
+    graph["pos"]["inputs"]["text"] = ["text", 0]
+    assert text_node_inputs(graph, "pos") == [("text", "value")] == text_node_inputs(graph, "text")
+    assert text_node_inputs(graph, "neg") == [("neg", "text")]
+    assert text_node_inputs(graph, "sampler") == [] == text_node_inputs(graph, "missing")
+
+
+def test_one_link_predicate():
+    assert link_source(["6", 0]) == ("6", 0) and link_source(["57:4", 1.0]) == ("57:4", 1)
+    for literal in ("6", ["6"], ["6", "0"], ["6", True], [6, 0], ["a", "b", 0], None):
+        assert link_source(literal) is None
+
+
+def test_the_queue_keeps_its_fallback_and_says_why_it_cannot_tell():
+    graph = _wan(positive="combine", subject=_encode("a fox"),
+                 combine=_node("ConditioningCombine", conditioning_1=["subject", 0], conditioning_2=["pos", 0]))
+    with pytest.raises(WorkflowError, match=r"cannot tell which node holds the prompt text \(the positive prompt is "
+                                            r"read from several text inputs: subject.text, pos.text\); name it with "
+                                            r"--text-node ID"):
+        Workflow(graph)
+    assert Workflow(graph, "subject").text_target == ("subject", "text")
+    graph = _wan(pos=_encode(["builder", 0]), builder=_node("CustomPromptBuilder", text="a fox", seed=3))
+    del graph["neg"], graph["sampler"]["inputs"]["negative"]
+    assert Workflow(graph).text_target == ("builder", "text")  # the search reads none: the one literal `text`
+    del graph["builder"]["inputs"]["text"]
+    with pytest.raises(WorkflowError, match="no sampler's positive conditioning leads to a text input"):
+        Workflow(graph)
+    graph = _wan(join=_node("StringConcatenate", string_a="a fox", string_b="in snow", delimiter=", "))
+    graph["pos"]["inputs"]["text"] = ["join", 0]
+    with pytest.raises(WorkflowError, match="takes its text from several inputs"):
+        Workflow(graph, "pos")
 
 
 # ---------------------------------------------------------------------- the note in the run report
