@@ -355,21 +355,39 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
             run.observe_end(resume.end.sigma, output)
             return output
         if resume is not None:
-            _adopt_step_cache(state, guider, extra_args, resume.target.x)
             start = resume.target.step
-            x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
-            if resume.x0 is not None:
-                state.cached_eval = CachedEvaluation(x_k, resume.target.sigma, resume.x0, resume.guidance, exact=False)
-            noise, latent_image = _start_state(guider, resume.target.sigma, x_k)
+            noise, latent_image = _resume_from(state, guider, extra_args, resume, noise, sigma_values)
             sigmas = sigmas[start:]
-            boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
-            state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
         elif run.start_evaluation is not None:
             _adopt_step_cache(state, guider, extra_args, run.start_state)
             x0, guidance = run.start_evaluation
             state.cached_eval = CachedEvaluation(run.start_state, sigma_values[0], x0, guidance, exact=True)
 
     run.lend_masks(state.attention)
+    output = sample(guider, sigmas, extra_args, _recording_callback(state, extra_args, callback, start, sigma_values),
+                    noise, latent_image, denoise_mask, disable_pbar, **passed_on)
+    run.observe_end(sigma_values[-1], output)
+    return output
+
+
+def _resume_from(state: HostState, guider, extra_args: dict, resume, noise: torch.Tensor,
+                 sigma_values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Set the run up to continue from the resume's state; returns the (noise, latent) the sampler starts from.
+    The probe's evaluation there serves the sampler's first call, and the guidance boost covers the next steps."""
+    _adopt_step_cache(state, guider, extra_args, resume.target.x)
+    start = resume.target.step
+    x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
+    if resume.x0 is not None:
+        state.cached_eval = CachedEvaluation(x_k, resume.target.sigma, resume.x0, resume.guidance, exact=False)
+    boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
+    state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
+    return _start_state(guider, resume.target.sigma, x_k)
+
+
+def _recording_callback(state: HostState, extra_args: dict, callback, start: int, sigma_values: list[float]):
+    """The sampler's step callback: records the steps the run wants (at the state the model really evaluated, with
+    its guidance), then calls the host's own callback."""
+    run = state.run
 
     def step_callback(step, x0, x, total_steps):
         state.last_x0 = x0
@@ -386,10 +404,7 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
         if callback is not None:
             callback(step, x0, x, total_steps)
 
-    output = sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
-                    **passed_on)
-    run.observe_end(sigma_values[-1], output)
-    return output
+    return step_callback
 
 
 def _first_state(guider, sampler, sigmas: torch.Tensor, noise: torch.Tensor, latent_image) -> torch.Tensor:
