@@ -84,22 +84,12 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
     """A copy of an API-format workflow that runs on the tiny `family` model (see the module docstring)."""
     graph = _passed_through(copy.deepcopy(graph))
     for node_id, node in list(graph.items()):
-        kind, inputs = node["class_type"], node["inputs"]
-        if kind in _REMOVED:
+        tiny = _on_tiny_model(node, family, unet_name, low_noise_unet)
+        if tiny is None:
             del graph[node_id]
-        elif kind in ("UNETLoader", "CheckpointLoaderSimple"):
-            graph[node_id] = {"class_type": "UNETLoader",
-                              "inputs": {"unet_name": _tiny_unet(inputs, unet_name, low_noise_unet),
-                                         "weight_dtype": "default"}}
-        elif kind == "VAELoader":
-            inputs["vae_name"] = "pixel_space"
-        elif kind == "CLIPTextEncode":
-            graph[node_id] = {"class_type": "HarnessTextConditioning",
-                              "inputs": {"text": inputs["text"], "family": _TEXT_FAMILY.get(family, family), "seed": 0}}
-        elif kind == "LTXVEmptyLatentAudio":
-            graph[node_id] = {"class_type": "LoadLatent", "inputs": {"latent": LTX2_AUDIO_LATENT}}
-        elif kind in _LATENT_SIZE:
-            inputs["width"], inputs["height"], inputs["length"] = _LATENT_SIZE[kind]
+            continue
+        graph[node_id] = tiny
+        kind, inputs = node["class_type"], tiny["inputs"]
         if kind in _STEPS:
             inputs[_STEPS[kind]] = steps
         if kind in REUSE_NODES and reuse:
@@ -114,6 +104,26 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
             if _is_link(value) and value[0] not in graph:
                 raise ValueError(f"node {node_id}.{name} links to removed node {value[0]}: extend on_tiny_models")
     return graph
+
+
+def _on_tiny_model(node: dict, family: str, unet_name: str, low_noise_unet: str | None) -> dict | None:
+    """The node as it runs on the tiny model (None: removed); loaders, encoders and latent sizes replaced."""
+    kind, inputs = node["class_type"], node["inputs"]
+    if kind in _REMOVED:
+        return None
+    if kind in ("UNETLoader", "CheckpointLoaderSimple"):
+        return {"class_type": "UNETLoader", "inputs": {"unet_name": _tiny_unet(inputs, unet_name, low_noise_unet),
+                                                       "weight_dtype": "default"}}
+    if kind == "VAELoader":
+        inputs["vae_name"] = "pixel_space"
+    elif kind == "CLIPTextEncode":
+        return {"class_type": "HarnessTextConditioning",
+                "inputs": {"text": inputs["text"], "family": _TEXT_FAMILY.get(family, family), "seed": 0}}
+    elif kind == "LTXVEmptyLatentAudio":
+        return {"class_type": "LoadLatent", "inputs": {"latent": LTX2_AUDIO_LATENT}}
+    elif kind in _LATENT_SIZE:
+        inputs["width"], inputs["height"], inputs["length"] = _LATENT_SIZE[kind]
+    return node
 
 
 def _is_link(value) -> bool:
