@@ -36,6 +36,7 @@ from .host import (
     REUSE_SETTINGS_KEY,
     joint_attention_text_first,
     missing_hooks,
+    note_bypassed_attention,
     outer_sample_arguments,
     patch_size,
     per_run_options,
@@ -89,11 +90,13 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
         options[PREVIOUS_OVERRIDE_KEY] = previous
     options["optimized_attention_override"] = carnator_attention_override
     options[SETTINGS_KEY] = settings
-    options[TEXT_FIRST_KEY] = joint_attention_text_first(model.get_model_object("diffusion_model"))
+    diffusion_model = model.get_model_object("diffusion_model")
+    note_bypassed_attention(diffusion_model)
+    options[TEXT_FIRST_KEY] = joint_attention_text_first(diffusion_model)
     if donor is not None:
         options[DONOR_KEY] = donor
     existing = options.get("patches_replace", {}).get("dit", {})
-    for index, key in enumerate(_block_lists(model.get_model_object("diffusion_model"))):
+    for index, key in enumerate(_block_lists(diffusion_model)):
         model.set_model_patch_replace(_index_patch(index, existing.get(key)), "dit", key[0], key[1])
     model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, attention_outer_sample)
     return model

@@ -56,6 +56,22 @@ def missing_hooks() -> tuple[str, ...]:
     return missing
 
 
+_told: set[str] = set()
+
+
+def note_bypassed_attention(diffusion_model: torch.nn.Module) -> None:
+    """Say once when a model's layers carry attention functions of their own (a host's per-layer `comfy_attention`,
+    e.g. a quantized kernel): ComfyUI hands a call to an installed attention override instead of them, so under
+    Carnator's sparse attention those layers' dense calls run ComfyUI's default attention."""
+    if "layer attention" in _told:
+        return
+    if any(getattr(getattr(module, "comfy_attention", None), "function", None) is not None
+           for module in diffusion_model.modules()):
+        _told.add("layer attention")
+        log.warning("Carnator: this model's layers have attention functions of their own; while Carnator's sparse "
+                    "attention is on, their dense calls use ComfyUI's default attention instead")
+
+
 def default_store_directory() -> str:
     """`<ComfyUI user directory>/carnator/store`: shared by every ComfyUI process on this base directory."""
     return os.path.join(folder_paths.get_user_directory(), "carnator", "store")

@@ -98,3 +98,24 @@ def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, ti
                                                         sampler_name="euler"), "stores/bypass", prompt="a red ball",
                                                 sparse_attention="own", top_k=5))
     assert plain_attention[0]["attention"]["self_attention_calls"] > 0 and not plain_attention[0]["attention"]["inactive"]
+
+
+def test_layers_with_attention_functions_of_their_own_are_named_once(comfy):
+    """Newer hosts give a layer its own attention function (`comfy_attention.function`); an override installed on
+    the model takes its calls, so Carnator says once that those layers' dense calls use the default attention."""
+    host = _pack_module("host")
+
+    class LayerAttention:
+        function = staticmethod(torch.nn.functional.scaled_dot_product_attention)
+
+    plain, carrying = torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.nn.Sequential(torch.nn.Linear(2, 2))
+    carrying[0].comfy_attention = LayerAttention()
+    host._told.discard("layer attention")
+    with captured_logs() as lines:
+        host.note_bypassed_attention(plain)
+        assert not lines
+        host.note_bypassed_attention(carrying)
+        host.note_bypassed_attention(carrying)
+    assert lines == [
+        "Carnator: this model's layers have attention functions of their own; while Carnator's sparse attention is "
+        "on, their dense calls use ComfyUI's default attention instead"]
