@@ -253,7 +253,7 @@ def fresh_step_cache(model_options: dict, guider) -> Iterator[object | None]:
     Those caches follow the sampler's calls in order and may answer a call with an extrapolation. A probe is
     out of order (a deep state, before step 0), must be a true model evaluation, and a rejected one must leave
     the run's cache as it found it: otherwise a rejected probe at a low sigma followed by step 0 at sigma 1
-    breaks EasyCache's bookkeeping (it crashed on `relative_transformation_rate * None`). The copy is made
+    breaks EasyCache's bookkeeping (its rate of change is computed from a history the probe emptied). The copy is made
     with the cache's own clone/prepare_timesteps, as its OUTER_SAMPLE wrapper does for every run; the caller
     adopts the accepted probe's copy, whose history is exactly the evaluation the resumed run starts from.
     """

@@ -272,9 +272,8 @@ class ReuseRun:
         """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
 
         A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
-        decides the most (demo model, `python -m carnator_core.bench probe`, cfg 5: rewordings agree 0.93-0.96
-        there, pairs with any attribute changed at most 0.76; on the cfg-1 workload streams rewordings 0.98-0.99,
-        other donors 0.70-0.92), so one call judges every such donor at once. It is not extra work: without a
+        decides the most (docs/measurements.md, "Probe calibration"), so one call judges every such donor at once.
+        It is not extra work: without a
         resume the sampler's first call is served from it (`start_evaluation`); with one it replaces the
         confirmation of the deep pass. Donors that fail get no probe; those that pass need no confirmation later.
         Others are left as they were.

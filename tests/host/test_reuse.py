@@ -178,7 +178,7 @@ def test_probes_of_several_donors_share_one_model_call(comfy, tiny_models, store
 
 def test_rejected_probes_leave_easycache_as_they_found_it(comfy, tiny_models, store_path):
     """Probes run at deep states before step 0; EasyCache follows calls in order. A rejected probe must not
-    leave it state that breaks step 0 (it crashed), nor change what EasyCache does in the run. A donor rejected at
+    leave it state that breaks step 0, nor change what EasyCache does in the run. A donor rejected at
     step 0 by the request's own first evaluation hands the run that evaluation and EasyCache's state after it."""
     _sample(comfy, with_reuse(_wan(tiny_models, seed=31), store_path, prompt="a red ball"))
     reject_all = {"structure_threshold": 1.0, "guidance_threshold": 1.0, "depth_slope": 0.0, "record": False,

@@ -11,7 +11,7 @@ import torch
 from support.comfy_host import PACK_NAME, ComfyNotFound, captured_logs, find_comfyui
 from support.t2v_graphs import GRAPHS, SAMPLER, STATS
 
-# The required nodes; whatever else the extension returns is checked generically.
+# The nodes every Carnator install has; whatever else the extension returns is checked generically.
 REQUIRED_NODE_IDS = {"CarnatorStore", "CarnatorCompatibilityLookup", "CarnatorStoreInfo"}
 # Latent each template graph samples at its default test size (64x64; 5 frames, LTX 9 frames).
 EXPECTED_SHAPES = {"wan": [1, 16, 2, 8, 8], "hunyuan_video": [1, 16, 2, 8, 8], "ltxv": [1, 128, 2, 2, 2]}
