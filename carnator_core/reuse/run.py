@@ -273,9 +273,8 @@ class ReuseRun:
 
         A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
         decides the most (docs/measurements.md, "Probe calibration"), so one call judges every such donor at once.
-        It is not extra work: without a
-        resume the sampler's first call is served from it (`start_evaluation`); with one it replaces the
-        confirmation of the deep pass. Donors that fail get no probe; those that pass need no confirmation later.
+        It is not extra work: without a resume the sampler's first call is served from it (`start_evaluation`);
+        with one it replaces the confirmation of the deep pass. Donors that fail get no probe; those that pass need no confirmation later.
         Others are left as they were.
         """
         start_state = self.start_state
