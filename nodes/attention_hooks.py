@@ -33,7 +33,6 @@ from carnator_core.lookup.fingerprint import token_grid
 from carnator_core.reuse.report import RunReport
 
 from .host import (
-    REUSE_SETTINGS_KEY,
     joint_attention_text_first,
     missing_hooks,
     note_bypassed_attention,
@@ -45,17 +44,20 @@ from .host import (
     store_from_path,
     unsupported_latent,
 )
+from .keys import (
+    ATTENTION_DONOR_KEY,
+    ATTENTION_RUN_KEY,
+    ATTENTION_SETTINGS_KEY,
+    ATTENTION_WRAPPER_KEY,
+    BLOCK_KEY,
+    PREVIOUS_OVERRIDE_KEY,
+    REUSE_SETTINGS_KEY,
+    TEXT_FIRST_KEY,
+)
 from .reports import publish
 
 log = logging.getLogger("carnator")
 
-SETTINGS_KEY = "carnator_attention"
-RUN_KEY = "carnator_attention_run"
-BLOCK_KEY = "carnator_block"
-PREVIOUS_OVERRIDE_KEY = "carnator_previous_attention_override"
-DONOR_KEY = "carnator_attention_donor"  # (store directory, entry id) to borrow masks from, set by a lookup match
-WRAPPER_KEY = "carnator_attention"
-TEXT_FIRST_KEY = "carnator_text_first"  # the model's joint attention puts text before video
 
 
 def _block_lists(diffusion_model) -> list[tuple[str, int]]:
@@ -89,16 +91,16 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
     if previous is not None and previous is not carnator_attention_override:
         options[PREVIOUS_OVERRIDE_KEY] = previous
     options["optimized_attention_override"] = carnator_attention_override
-    options[SETTINGS_KEY] = settings
+    options[ATTENTION_SETTINGS_KEY] = settings
     diffusion_model = model.get_model_object("diffusion_model")
     note_bypassed_attention(diffusion_model)
     options[TEXT_FIRST_KEY] = joint_attention_text_first(diffusion_model)
     if donor is not None:
-        options[DONOR_KEY] = donor
+        options[ATTENTION_DONOR_KEY] = donor
     existing = options.get("patches_replace", {}).get("dit", {})
     for index, key in enumerate(_block_lists(diffusion_model)):
         model.set_model_patch_replace(_index_patch(index, existing.get(key)), "dit", key[0], key[1])
-    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, attention_outer_sample)
+    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, ATTENTION_WRAPPER_KEY, attention_outer_sample)
     return model
 
 
@@ -111,20 +113,20 @@ def attention_outer_sample(executor, *args, **kwargs):
         if reason:  # attention stays dense; the reuse wrapper, when there is one, reports the run
             if REUSE_SETTINGS_KEY not in options:
                 log.warning("Carnator: dense attention for this run: %s", reason)
-                publish(RunReport.plain(f"attention/{options[SETTINGS_KEY].source}", reason,
+                publish(RunReport.plain(f"attention/{options[ATTENTION_SETTINGS_KEY].source}", reason,
                                         steps_of(call["sigmas"]), 0, 0.0))
             return executor(*args, **kwargs)
         patcher = guider.model_patcher
         sigmas = call["sigmas"]
         grid = token_grid(call["noise"].shape, patch_size(patcher))
-        run = SparseAttentionRun(settings=options[SETTINGS_KEY], video_tokens=math.prod(grid),
+        run = SparseAttentionRun(settings=options[ATTENTION_SETTINGS_KEY], video_tokens=math.prod(grid),
                                  first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
                                  num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
                                  total_steps=steps_of(sigmas), persistent=persistent_allocations())
-        donor = options.get(DONOR_KEY)
+        donor = options.get(ATTENTION_DONOR_KEY)
         if donor is not None:
             run.borrowed = load_donor_masks(store_from_path(donor[0]), donor[1])
-        options[RUN_KEY] = run
+        options[ATTENTION_RUN_KEY] = run
         started = time.perf_counter()
         output = executor(*args, **kwargs)
         settle(run, patcher)
@@ -204,7 +206,7 @@ def _attend_video_first(run: SparseAttentionRun, options: dict, q: torch.Tensor,
 
 def carnator_attention_override(func, *args, **kwargs):
     options = kwargs.get("transformer_options") or {}
-    run: SparseAttentionRun | None = options.get(RUN_KEY)
+    run: SparseAttentionRun | None = options.get(ATTENTION_RUN_KEY)
     previous = options.get(PREVIOUS_OVERRIDE_KEY)
 
     def dense():

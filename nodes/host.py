@@ -29,10 +29,6 @@ log = logging.getLogger("carnator")
 
 _fingerprints: dict[tuple[int, str], str] = {}
 
-# Where a CarnatorReuse model keeps its settings in transformer_options (the attention wrapper leaves the run's
-# report to the reuse wrapper when both are installed).
-REUSE_SETTINGS_KEY = "carnator_reuse"
-
 
 _HOOKS = {
     "OUTER_SAMPLE / SAMPLER_SAMPLE / PREDICT_NOISE / CALC_COND_BATCH wrappers": lambda: all(

@@ -38,10 +38,8 @@ from carnator_core.reuse.trajectory import Handover, handovers
 from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import preview_png
 
-from .attention_hooks import RUN_KEY as ATTENTION_RUN_KEY
 from .attention_hooks import install_sparse_attention, settle
 from .host import (
-    REUSE_SETTINGS_KEY,
     hard_key,
     missing_hooks,
     outer_sample_arguments,
@@ -50,13 +48,11 @@ from .host import (
     store_from_path,
     unsupported_latent,
 )
+from .keys import ATTENTION_RUN_KEY, REUSE_RUN_KEY, REUSE_SETTINGS_KEY, REUSE_WRAPPER_KEY
 from .reports import publish
 
 log = logging.getLogger("carnator")
 
-SETTINGS_KEY = REUSE_SETTINGS_KEY
-RUN_KEY = "carnator_run"
-WRAPPER_KEY = "carnator_reuse"
 
 
 
@@ -65,12 +61,12 @@ def install(model, settings: ReuseSettings, attention: SparseAttentionSettings |
     if missing_hooks():
         return model.clone()
     model = install_sparse_attention(model, attention) if attention is not None else model.clone()
-    model.model_options["transformer_options"][SETTINGS_KEY] = settings
+    model.model_options["transformer_options"][REUSE_SETTINGS_KEY] = settings
     wrappers = comfy.patcher_extension.WrappersMP
-    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, WRAPPER_KEY, outer_sample_wrapper)
-    model.add_wrapper_with_key(wrappers.SAMPLER_SAMPLE, WRAPPER_KEY, sampler_sample_wrapper)
-    model.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper)
-    model.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper)
+    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, REUSE_WRAPPER_KEY, outer_sample_wrapper)
+    model.add_wrapper_with_key(wrappers.SAMPLER_SAMPLE, REUSE_WRAPPER_KEY, sampler_sample_wrapper)
+    model.add_wrapper_with_key(wrappers.PREDICT_NOISE, REUSE_WRAPPER_KEY, predict_noise_wrapper)
+    model.add_wrapper_with_key(wrappers.CALC_COND_BATCH, REUSE_WRAPPER_KEY, calc_cond_batch_wrapper)
     return model
 
 
@@ -197,7 +193,7 @@ def reuse_lifecycle(guider, state: HostState, sigmas: torch.Tensor, run_options:
     """
     holders = (run_options, *shared_options)
     for options in holders:
-        options[RUN_KEY] = state
+        options[REUSE_RUN_KEY] = state
     started = time.perf_counter()
     try:
         yield
@@ -208,7 +204,7 @@ def reuse_lifecycle(guider, state: HostState, sigmas: torch.Tensor, run_options:
         publish(_finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention))
     finally:
         for options in holders:
-            options.pop(RUN_KEY, None)
+            options.pop(REUSE_RUN_KEY, None)
 
 
 def _finish(state: HostState, guider, total_steps: int, elapsed: float,
@@ -225,7 +221,7 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as transformer_options:
-        state = open_run(guider, transformer_options[SETTINGS_KEY], call)
+        state = open_run(guider, transformer_options[REUSE_SETTINGS_KEY], call)
         with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
             output = executor(*args, **kwargs)
             if state.run is not None and state.run.hands_over and isinstance(output, torch.Tensor):
@@ -310,7 +306,7 @@ def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tenso
 
 
 def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
-    state: HostState | None = extra_args["model_options"]["transformer_options"].get(RUN_KEY)
+    state: HostState | None = extra_args["model_options"]["transformer_options"].get(REUSE_RUN_KEY)
     if state is None or state.run is None:
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
     named = {**dict(zip(("latent_image", "denoise_mask", "disable_pbar"), args, strict=False)), **kwargs}
@@ -439,7 +435,7 @@ def _first_sigma(timestep) -> float:
 
 def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     model_options = args[0] if args else kwargs.get("model_options", {})
-    state: HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
+    state: HostState | None = model_options.get("transformer_options", {}).get(REUSE_RUN_KEY)
     if state is None:
         return executor(x, timestep, *args, **kwargs)
     sigma = _first_sigma(timestep)
@@ -465,7 +461,7 @@ def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
 
 def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
     output = executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
-    state: HostState | None = model_options.get("transformer_options", {}).get(RUN_KEY)
+    state: HostState | None = model_options.get("transformer_options", {}).get(REUSE_RUN_KEY)
     if state is None or len(output) < 2 or output[1] is None or conds[1] is None:
         return output
     sigma = _first_sigma(timestep)

@@ -10,9 +10,8 @@ import nodes as comfy_nodes
 from comfy_api.latest import io
 
 from .host import missing_hooks, per_run_options
+from .keys import REUSE_RUN_KEY, REUSE_WRAPPER_KEY
 from .reuse_hooks import (
-    RUN_KEY,
-    WRAPPER_KEY,
     calc_cond_batch_wrapper,
     open_run,
     predict_noise_wrapper,
@@ -87,14 +86,14 @@ class ReuseSampler(comfy.samplers.Sampler):
         plain = (guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         if missing_hooks():
             return self.inner.sample(*plain)
-        if RUN_KEY in model_options.get("transformer_options", {}):
+        if REUSE_RUN_KEY in model_options.get("transformer_options", {}):
             log.warning("Carnator: the model already goes through a Carnator Reuse node; the reuse sampler defers to it")
             return self.inner.sample(*plain)
         wrappers = comfy.patcher_extension.WrappersMP
-        comfy.patcher_extension.add_wrapper_with_key(wrappers.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch_wrapper,
+        comfy.patcher_extension.add_wrapper_with_key(wrappers.CALC_COND_BATCH, REUSE_WRAPPER_KEY, calc_cond_batch_wrapper,
                                                      model_options, is_model_options=True)
         with per_run_options(guider) as guider_options:
-            comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, WRAPPER_KEY, predict_noise_wrapper,
+            comfy.patcher_extension.add_wrapper_with_key(wrappers.PREDICT_NOISE, REUSE_WRAPPER_KEY, predict_noise_wrapper,
                                                          guider.model_options, is_model_options=True)
             # packed latents: the guider's model holds their shapes while it samples (CFGGuider.inner_sample)
             call = {"noise": noise, "latent_image": latent_image, "sigmas": sigmas, "denoise_mask": denoise_mask,
