@@ -1,12 +1,12 @@
 """The key-value layer under the reuse store, and the errors every backend reports in.
 
-`ReuseStore` (store.py) holds all entry logic: layout, validation, eviction, schema. It only
+`ReuseStore` (reuse_store.py) holds all entry logic: layout, validation, eviction, schema. It only
 needs a handful of operations from the storage it sits on, and this interface names them. A
 backend stores bytes under string keys, small records of numbers that can be updated in
 place atomically (hit counters), one append-only log (the order entries were written in),
 and offers two compound atomic operations, `commit` and `delete`, so that a reader never
-sees half an entry. Two implementations: a local diskcache directory (store_diskcache.py)
-and a Redis server shared by a fleet of workers (store_redis.py).
+sees half an entry. Two implementations: a local diskcache directory (diskcache_backend.py)
+and a Redis server shared by a fleet of workers (redis_backend.py).
 """
 
 from __future__ import annotations

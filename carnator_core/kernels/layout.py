@@ -4,7 +4,7 @@ Rows are padded CSR: `kv_indices[b, h, i, :kv_counts[b, h, i]]` are the key bloc
 ascending; entries past the count are padding and never read. The leading two dimensions are either the
 real batch/head counts or 1 (shared), so one layout can serve every head alike or give each head (and each
 batch element, e.g. cond and uncond) its own density. Masks live in `carnator_core.attention.masks`; this module is
-the neutral ground both sides import, because kernels must not depend on the engine.
+the neutral ground both sides import, because the kernels must not depend on the rest of the engine.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `block_sparse_attention(q, k, v, layout, heads=..., scale=...)` is the entry point; `BlockLayout` says
 which key blocks each query block attends; `kernel_fallbacks()` lists kernel configurations that failed their
-first-call check and run dense. Nothing here imports the engine (`carnator_core`).
+first-call check and run dense. Nothing here imports the rest of `carnator_core`.
 """
 
 from .dispatch import BACKENDS, block_sparse_attention, kernel_fallbacks
