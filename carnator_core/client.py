@@ -6,6 +6,9 @@ progress, `carnator.status` reports, how the prompt ended, a lost server) and re
 aiohttp, which every ComfyUI installation has. The client is synchronous: its one aiohttp session runs
 on an event loop of its own, on a background thread, so it never touches its caller's event loop (a test
 process may hold ComfyUI's) and keeps answering the websocket's heartbeat while the caller computes.
+
+`HeadlessServer` (and `headless_server`, its `with` form) starts ComfyUI with this pack as a loopback subprocess
+on a base directory of its own; the demo, the benchmarks and the tests start theirs with it.
 """
 
 from __future__ import annotations
@@ -353,39 +356,101 @@ def server_command(comfy: Path, base_dir: Path, port: int, extra_args: tuple[str
             "--base-directory", str(base_dir), "--database-url", "sqlite:///:memory:", *extra_args]
 
 
-@contextmanager
-def headless_server(base_dir: Path, port: int | None = None, log_path: Path | None = None,
-                    extra_args: tuple[str, ...] = ()) -> Iterator[ComfyClient]:
-    """A headless ComfyUI (CPU unless a GPU is there) with this pack, stopped by its PID on exit."""
-    comfy = find_comfyui()
-    for sub in ("custom_nodes", "models/diffusion_models", "input", "output", "temp", "user"):
+BASE_SUBDIRS = ("custom_nodes", "models/diffusion_models", "input", "output", "temp", "user")
+PACK_LINK = "carnator"  # this pack's folder name under custom_nodes
+
+
+def prepare_base_dir(base_dir: Path) -> Path:
+    """Lay out a ComfyUI base directory (`--base-directory`): its folders, with this pack linked in as
+    custom_nodes/carnator. Existing folders and links are kept, so a caller may add models or other packs first."""
+    for sub in BASE_SUBDIRS:
         (base_dir / sub).mkdir(parents=True, exist_ok=True)
-    link = base_dir / "custom_nodes" / "carnator"
+    link = base_dir / "custom_nodes" / PACK_LINK
     if not link.exists():
         link.symlink_to(PACK_DIR, target_is_directory=True)
-    port = free_port(port)
-    log_path = log_path or base_dir / "comfyui.log"
+    return base_dir
+
+
+class HeadlessServer:
+    """A headless ComfyUI subprocess with this pack on `base_dir`; `client` speaks to it.
+
+    Construction lays out the base directory (`prepare_base_dir`) and starts the process without waiting for it;
+    `wait_ready` waits until it answers. `comfy` is the ComfyUI checkout (default `find_comfyui()`); `extra_args`
+    go to its command line, with --cpu added where there is no GPU. The server runs in its base directory, in a
+    session of its own: `stop` (or leaving a `with` block) ends its whole process group, SIGTERM then SIGKILL. Its
+    stdout and stderr go to `log_path` (default base_dir/comfyui.log), which `log` reads back. `env` adds to or
+    overrides this process's environment for the server.
+    """
+
+    def __init__(self, base_dir: Path, *, port: int | None = None, log_path: Path | None = None,
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 comfy: Path | None = None) -> None:
+        comfy = comfy or find_comfyui()
+        self.base_dir = prepare_base_dir(Path(base_dir))
+        self.port = free_port(port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path or self.base_dir / "comfyui.log"
+        if "--cpu" not in extra_args and not _gpu_available():
+            extra_args = (*extra_args, "--cpu")
+        command = server_command(comfy, self.base_dir.resolve(), self.port, extra_args)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=self.base_dir, env={**os.environ, **(env or {})}, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.client = ComfyClient(self.url, server_pid=self.process.pid)
+
+    def __enter__(self) -> HeadlessServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process has not exited (it may still be starting)."""
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        """Everything the server has written to stdout and stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 180.0) -> HeadlessServer:
+        """Block until the server answers; if it exits or stays silent for `timeout` s, stop it and raise
+        ComfyError with the end of its log."""
+        deadline = time.monotonic() + timeout
+        while not self.client.alive():
+            if not self.running or time.monotonic() > deadline:
+                what = (f"exited with code {self.process.returncode}" if not self.running
+                        else f"did not answer on {self.url} within {timeout:.0f} s")
+                self.stop()
+                raise ComfyError(f"ComfyUI {what} (log {self.log_path}):\n{self.log()[-6000:]}")
+            time.sleep(0.25)
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """End the server's process group (SIGTERM, then SIGKILL after `timeout` s) and close the client."""
+        if self.running:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.client.close()
+
+
+def _gpu_available() -> bool:
     import torch  # only here: the API client itself must start fast
 
-    if not torch.cuda.is_available() and "--cpu" not in extra_args:
-        extra_args = (*extra_args, "--cpu")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(server_command(comfy, base_dir, port, extra_args), cwd=comfy, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        with ComfyClient(f"http://127.0.0.1:{port}", server_pid=process.pid) as client:
-            deadline = time.monotonic() + 180
-            while not client.alive():
-                if process.poll() is not None or time.monotonic() > deadline:
-                    tail = log_path.read_text(errors="replace")[-3000:]
-                    raise ComfyError(f"ComfyUI did not start (log {log_path}):\n{tail}")
-                time.sleep(0.5)
-            yield client
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    return torch.cuda.is_available()
+
+
+@contextmanager
+def headless_server(base_dir: Path, port: int | None = None, log_path: Path | None = None,
+                    extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[ComfyClient]:
+    """A started `HeadlessServer` (see there) for the `with` block; yields its client, stops it on exit."""
+    with HeadlessServer(base_dir, port=port, log_path=log_path, extra_args=extra_args, env=env) as server:
+        yield server.wait_ready().client

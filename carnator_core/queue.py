@@ -30,6 +30,8 @@ from typing import Any
 
 from carnator_core.client import ComfyClient, ComfyError, ServerLost
 from carnator_core.lookup.prompt_text import find_text_inputs, text_node_inputs
+from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
+from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict
 
 CARNATOR_PROMPT_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler", "CarnatorCompatibilityLookup")
@@ -149,19 +151,6 @@ def _places(targets: list[tuple[str, str]]) -> str:
     return ", ".join(f"{node_id}.{name}" for node_id, name in targets)
 
 
-def read_prompts(path: Path) -> list[str]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise WorkflowError(f"cannot read prompts file {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise WorkflowError(f"prompts file {path} is not UTF-8 text: {error}") from None
-    prompts = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    if not prompts:
-        raise WorkflowError(f"prompts file {path} holds no prompts (one per line; # starts a comment)")
-    return prompts
-
-
 # ------------------------------------------------------------------ running
 def _run_one(client: ComfyClient, graph: dict, result: PromptResult, timeout: float) -> None:
     """Queue one graph and follow its events to the end, filling `result`; ServerLost when the server is gone."""
@@ -264,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.queue", description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", default="http://127.0.0.1:8188", help="ComfyUI URL (default %(default)s)")
     parser.add_argument("--workflow", type=Path, required=True, help="API-format workflow JSON (workflows/api/)")
-    parser.add_argument("--prompts", type=Path, required=True, help="text file, one prompt per line")
+    parser.add_argument("--prompts", type=Path, required=True, help=f"UTF-8 text file, {PROMPT_FILE_RULE}")
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",
                         help="fixed: keep the workflow's seeds (the prompt-editing loop); random: new seeds per prompt")
     parser.add_argument("--json", type=Path, help="also write the results and totals to this JSON file")
@@ -274,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         workflow = Workflow.load(args.workflow, args.text_node)
-        prompts = read_prompts(args.prompts)
-    except WorkflowError as error:
+        prompts = read_prompt_file(args.prompts)
+    except (WorkflowError, PromptFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     node_id, name = workflow.text_target

@@ -41,7 +41,7 @@ from .host import (
     per_run_options,
     persistent_allocations,
     steps_of,
-    store_from_path,
+    store_at,
     unsupported_latent,
 )
 from .keys import (
@@ -51,7 +51,7 @@ from .keys import (
     ATTENTION_WRAPPER_KEY,
     BLOCK_KEY,
     PREVIOUS_OVERRIDE_KEY,
-    REUSE_SETTINGS_KEY,
+    REUSE_KEY,
     TEXT_FIRST_KEY,
 )
 from .reports import publish
@@ -111,7 +111,7 @@ def attention_outer_sample(executor, *args, **kwargs):
     with per_run_options(guider) as options:
         reason = unsupported_latent(call)
         if reason:  # attention stays dense; the reuse wrapper, when there is one, reports the run
-            if REUSE_SETTINGS_KEY not in options:
+            if REUSE_KEY not in options:
                 log.warning("Carnator: dense attention for this run: %s", reason)
                 publish(RunReport.plain(f"attention/{options[ATTENTION_SETTINGS_KEY].source}", reason,
                                         steps_of(call["sigmas"]), 0, 0.0))
@@ -125,7 +125,7 @@ def attention_outer_sample(executor, *args, **kwargs):
                                  total_steps=steps_of(sigmas), persistent=persistent_allocations())
         donor = options.get(ATTENTION_DONOR_KEY)
         if donor is not None:
-            run.borrowed = load_donor_masks(store_from_path(donor[0]), donor[1])
+            run.borrowed = load_donor_masks(store_at(donor[0]), donor[1])
         options[ATTENTION_RUN_KEY] = run
         started = time.perf_counter()
         output = executor(*args, **kwargs)
@@ -159,15 +159,15 @@ def attention_patcher(diffusion_model) -> str:
 
 def _step_index(options: dict, run: SparseAttentionRun) -> int:
     """The sampling step of this call, computed once per model evaluation: every attention call of one
-    evaluation sees the same `sigmas` tensor object, so it is cached on the run by identity."""
+    evaluation sees the same `sigmas` tensor object, so it is memoised on the run (`sigma_step`) by identity."""
     sigma, schedule = options.get("sigmas"), options.get("sample_sigmas")
     if not isinstance(sigma, torch.Tensor) or not isinstance(schedule, torch.Tensor) or schedule.numel() == 0:
         return 0
-    cached = run.step_cache
-    if cached is not None and cached[0] is sigma:
-        return cached[1]
+    memo = run.sigma_step
+    if memo is not None and memo[0] is sigma:
+        return memo[1]
     step = int((schedule.flatten().float() - float(sigma.flatten()[0])).abs().argmin())
-    run.step_cache = (sigma, step)  # holding the tensor keeps its identity from being reused
+    run.sigma_step = (sigma, step)  # holding the tensor keeps its identity from being reused
     return step
 
 

@@ -8,7 +8,7 @@ from carnator_core.attention.hysteresis import check_recall_thresholds
 from carnator_core.attention.sparse_attention import MASK_SOURCES, SparseAttentionSettings
 
 from .attention_hooks import install_sparse_attention
-from .types import MatchType, expert
+from .types import MatchType, advanced_input
 
 SPARSE_CHOICES = ("off",) + MASK_SOURCES
 ATTENTION = SparseAttentionSettings()  # the defaults every attention input shows
@@ -31,10 +31,10 @@ def attention_choice_input(default: str) -> io.Input:
 
 def recall_inputs() -> list[io.Input]:
     return [
-        io.Float.Input("enter_recall", **expert(), default=ATTENTION.enter_recall, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("enter_recall", **advanced_input(), default=ATTENTION.enter_recall, min=0.0, max=1.0, step=0.01,
                        tooltip="A head borrows the donor mask only while the mask covers at least this share of the "
                                "live attention mass (and re-enters after two consecutive checks at this level)."),
-        io.Float.Input("exit_recall", **expert(), default=ATTENTION.exit_recall, min=0.0, max=1.0, step=0.01,
+        io.Float.Input("exit_recall", **advanced_input(), default=ATTENTION.exit_recall, min=0.0, max=1.0, step=0.01,
                        tooltip="A borrowing head falls back to its own mask when recall drops below this "
                                "(must be lower than enter_recall: the gap prevents flapping)."),
     ]
@@ -91,5 +91,5 @@ class CarnatorSparseAttention(io.ComfyNode):
         settings = attention_settings(source=source, block_size=int(block_size), **knobs)
         donor = None
         if match is not None and match.best is not None and source != "own":
-            donor = (match.store_directory, match.best.entry_id)
+            donor = (match.store_location, match.best.entry_id)
         return io.NodeOutput(install_sparse_attention(model, settings, donor))

@@ -78,7 +78,7 @@ def configured_store() -> str | None:
     return configured_store_url(os.path.join(folder_paths.get_user_directory(), "carnator", SETTINGS_FILE))
 
 
-def store_from_path(path: str = "", size_limit: int | None = None) -> ReuseStore:
+def store_at(path: str = "", size_limit: int | None = None) -> ReuseStore:
     """Open the store a node asked for: a directory (base-directory rule), a Redis URL, or the default.
 
     The default is the configured fleet store, else the local directory. Remote stores keep a

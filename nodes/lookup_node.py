@@ -10,7 +10,7 @@ from carnator_core.lookup.fingerprint import FingerprintError
 from carnator_core.reuse.settings import input_default, input_range
 from carnator_core.store.backend import StoreError
 
-from .host import conditioning_tensor, hard_key, store_from_path
+from .host import conditioning_tensor, hard_key, store_at
 from .types import MatchType, StoreType
 
 
@@ -49,7 +49,7 @@ class CarnatorCompatibilityLookup(io.ComfyNode):
     def execute(cls, model, positive, latent, top_k: int, min_similarity: float, prompt: str = "",
                 store=None, sigmas=None) -> io.NodeOutput:
         try:
-            store = store if store is not None else store_from_path()
+            store = store if store is not None else store_at()
         except StoreError as error:
             raise ValueError(f"Carnator Compatibility Lookup: {error}") from error
         samples = latent["samples"]
@@ -58,7 +58,7 @@ class CarnatorCompatibilityLookup(io.ComfyNode):
             key = hard_key(model, samples, sigmas)
             cond = condition_vector(conditioning_tensor(positive))
         except (FingerprintError, ValueError) as error:
-            match = Match(store_directory=store.directory, request=None, candidates=[],
+            match = Match(store_location=store.location, request=None, candidates=[],
                           notes=[f"no lookup (clean miss): {error}"])
             return io.NodeOutput(match, match.report())
         text_vector, note = embed_prompt(prompt or "")

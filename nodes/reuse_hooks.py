@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import comfy.model_management
 import comfy.model_patcher
@@ -31,10 +30,12 @@ from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseA
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError, content_fingerprint, noise_fingerprint
 from carnator_core.reuse.applicability import latent_reuse_refusal
+from carnator_core.reuse.cached_evaluation import CachedEvaluation, same_sigma
+from carnator_core.reuse.decision import Decision
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
-from carnator_core.reuse.settings import MAX_AUTO_PROBE_BATCH, ReuseSettings
-from carnator_core.reuse.trajectory import Handover, handovers
+from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.trajectory import continued_stage
 from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import preview_png
 
@@ -45,10 +46,10 @@ from .host import (
     outer_sample_arguments,
     per_run_options,
     steps_of,
-    store_from_path,
+    store_at,
     unsupported_latent,
 )
-from .keys import ATTENTION_RUN_KEY, REUSE_RUN_KEY, REUSE_SETTINGS_KEY, REUSE_WRAPPER_KEY
+from .keys import ATTENTION_RUN_KEY, REUSE_KEY, REUSE_WRAPPER_KEY
 from .reports import publish
 
 log = logging.getLogger("carnator")
@@ -61,7 +62,7 @@ def install(model, settings: ReuseSettings, attention: SparseAttentionSettings |
     if missing_hooks():
         return model.clone()
     model = install_sparse_attention(model, attention) if attention is not None else model.clone()
-    model.model_options["transformer_options"][REUSE_SETTINGS_KEY] = settings
+    model.model_options["transformer_options"][REUSE_KEY] = ReuseHolder(settings)
     wrappers = comfy.patcher_extension.WrappersMP
     model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, REUSE_WRAPPER_KEY, outer_sample_wrapper)
     model.add_wrapper_with_key(wrappers.SAMPLER_SAMPLE, REUSE_WRAPPER_KEY, sampler_sample_wrapper)
@@ -70,33 +71,16 @@ def install(model, settings: ReuseSettings, attention: SparseAttentionSettings |
     return model
 
 
-@dataclass
-class CachedEvaluation:
-    """A model evaluation made while probing that the sampler's next call at `x`, `sigma` gets instead of the model.
+class ReuseHolder:
+    """Carnator's one object in `transformer_options` (as EasyCache keeps its holder): on the patched model it holds
+    the settings; each sampling run gets its own, opened for it (`open_run`), with the run's ReuseRun (or why it
+    samples plain), its tensors on the device and its counters, and dropped when the run ends."""
 
-    `exact`: served only for the identical state (step 0 without a resume: the output must be bit-identical to the
-    plain sampler's); a resume's state comes back through the sampler's noise scaling, equal only to rounding.
-    """
-
-    x: torch.Tensor
-    sigma: float
-    x0: torch.Tensor
-    guidance: torch.Tensor | None
-    exact: bool
-
-    def serves(self, x: torch.Tensor, sigma: float) -> bool:
-        if abs(self.sigma - sigma) >= 1e-6 or self.x.shape != x.shape:
-            return False
-        return torch.equal(self.x, x) if self.exact else torch.allclose(self.x, x, rtol=1e-4, atol=1e-5)
-
-
-class HostState:
-    """Host-side companions of a ReuseRun: tensors on the device and counters."""
-
-    def __init__(self, run: ReuseRun | None, settings: ReuseSettings, plain_reason: str = "",
-                 plain_notes: list[str] | None = None) -> None:
-        self.run = run
+    def __init__(self, settings: ReuseSettings, run: ReuseRun | None = None, plain_reason: str = "",
+                 plain_notes: list[str] | None = None, opened: bool = False) -> None:
         self.settings = settings
+        self.run = run
+        self.opened = opened  # a run's own holder, not the model's template
         # without a run: why the run samples plain, and the report's notes when other than the reason
         self.plain_reason = plain_reason
         self.plain_notes = plain_notes
@@ -129,7 +113,7 @@ def _positive_cross_attn(guider) -> torch.Tensor | None:
 
 
 def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed) -> ReuseRun:
-    store = store_from_path(settings.store_directory)
+    store = store_at(settings.store_location)
     cross_attn = _positive_cross_attn(guider)
     if cross_attn is None:
         raise ValueError("the positive conditioning carries no cross-attention tensor")
@@ -145,55 +129,36 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
                     latent_reuse_refusal=refusal, continues=continues)
 
 
-def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor, first_sigma: float,
-                    refusal: str) -> tuple[Handover | None, str]:
-    """The hand-over a run continues when its input latent is a stage output this process handed over, it adds no
-    noise and starts where that stage ended; with why latent reuse does not apply ("" when it may)."""
-    if torch.count_nonzero(latent_image) == 0:
-        return None, refusal
-    fingerprint = content_fingerprint(latent_image)
-    handover, why = handovers.claim(fingerprint)
-    if handover is None:
-        return None, why or (refusal + " (and not the output of a stage sampled here: edited, resized, another seed "
-                                       "or another process)")
-    if torch.count_nonzero(noise) or abs(handover.sigma - first_sigma) > 1e-6:
-        handovers.give_back(fingerprint, handover)
-        return None, ("a stage output sampled with fresh noise or from another sigma than the stage ended at: "
-                      "not a stage order Carnator knows, latent reuse off")
-    if handover.donor is None:
-        return handover, "continues a stage that sampled in full: latent reuse off for this stage"
-    return handover, ""
-
-
-def open_run(guider, settings: ReuseSettings, call: dict) -> HostState:
-    """The state of a run the model wrapper takes: with its ReuseRun, or without one and why (it then samples plain
-    and reports that)."""
+def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
+    """The holder of one sampling run, for the model wrapper and the reuse sampler alike: with its ReuseRun, or
+    without one and why (it then samples plain and reports that)."""
     reason, notes = unsupported_latent(call), None
     if not reason:
         try:
             run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
                             call.get("denoise_mask"), call.get("seed"))
-            return HostState(run, settings)
+            return ReuseHolder(settings, run, opened=True)
         except StoreError as error:
             reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
         except (FingerprintError, ValueError) as error:
             reason = str(error)
     log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
-    return HostState(None, settings, reason, notes)
+    return ReuseHolder(settings, None, reason, notes, opened=True)
 
 
 @contextlib.contextmanager
-def reuse_lifecycle(guider, state: HostState, sigmas: torch.Tensor, run_options: dict,
+def reuse_lifecycle(guider, state: ReuseHolder, sigmas: torch.Tensor, run_options: dict,
                     *shared_options: dict) -> Iterator[None]:
     """One sampling run under Carnator, for the model wrapper and the reuse sampler alike.
 
     While the body samples, the hooks find `state` in `run_options` (the run's own transformer options) and in
-    `shared_options`; afterwards the attention is settled and the run recorded and reported, once. The state is
-    dropped in `finally`, so an aborted run leaves nothing behind and reports nothing.
+    `shared_options`; afterwards the attention is settled and the run recorded and reported, once: this is the one
+    place that publishes a reuse run's report. What the options held before is put back in `finally`, so an aborted
+    run leaves nothing behind and reports nothing.
     """
-    holders = (run_options, *shared_options)
-    for options in holders:
-        options[REUSE_RUN_KEY] = state
+    holders = [(options, options.get(REUSE_KEY)) for options in (run_options, *shared_options)]
+    for options, _ in holders:
+        options[REUSE_KEY] = state
     started = time.perf_counter()
     try:
         yield
@@ -203,11 +168,14 @@ def reuse_lifecycle(guider, state: HostState, sigmas: torch.Tensor, run_options:
             attention.defer_report()
         publish(_finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention))
     finally:
-        for options in holders:
-            options.pop(REUSE_RUN_KEY, None)
+        for options, held in holders:
+            if held is None:
+                options.pop(REUSE_KEY, None)
+            else:
+                options[REUSE_KEY] = held
 
 
-def _finish(state: HostState, guider, total_steps: int, elapsed: float,
+def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
             attention: SparseAttentionRun | None) -> RunReport:
     """Record the run and return its report; without a ReuseRun, the plain run's report."""
     if state.run is not None:
@@ -221,7 +189,7 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as transformer_options:
-        state = open_run(guider, transformer_options[REUSE_SETTINGS_KEY], call)
+        state = open_run(guider, transformer_options[REUSE_KEY].settings, call)
         with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
             output = executor(*args, **kwargs)
             if state.run is not None and state.run.hands_over and isinstance(output, torch.Tensor):
@@ -266,27 +234,18 @@ def fresh_step_cache(model_options: dict, guider) -> Iterator[object | None]:
         options[STEP_CACHE_KEY] = holder
 
 
-def probe_batch_limit(guider, noise: torch.Tensor, requested: int) -> int:
-    """Donor states per probe call: the user's number, else (auto) as many as fit in free GPU memory.
-
-    Same rule as ComfyUI's own cond batching (model.memory_required x 1.5 < free memory, free memory as the
-    patcher counts it where it can: hosts with dynamic VRAM add what their allocator can release). On CPU auto
-    is 1: a batched call there costs as much as the separate calls, and those can stop at the first pass.
-    """
-    if requested > 0:
-        return requested
-    if noise.device.type == "cpu":
-        return 1
+def probe_batch_limit(guider, noise: torch.Tensor, settings: ReuseSettings) -> int:
+    """Donor states per probe call (`ReuseSettings.probe_batch_limit`), with ComfyUI's own cond-batching memory
+    rule: model.memory_required x 1.5 < free memory, free memory as the patcher counts it where it can (hosts with
+    dynamic VRAM add what their allocator can release)."""
     model = guider.model_patcher.model
-    free_memory = getattr(guider.model_patcher, "get_free_memory", comfy.model_management.get_free_memory)
-    free = free_memory(noise.device)
-    fits = 1
-    for n in range(2, MAX_AUTO_PROBE_BATCH + 1):
-        shape = [2 * n * noise.shape[0], *noise.shape[1:]]  # cond and uncond of n states
-        if model.memory_required(shape) * 1.5 >= free:
-            break
-        fits = n
-    return fits
+
+    def fits(states: int) -> bool:
+        free_memory = getattr(guider.model_patcher, "get_free_memory", comfy.model_management.get_free_memory)
+        shape = [2 * states * noise.shape[0], *noise.shape[1:]]  # cond and uncond of each state
+        return model.memory_required(shape) * 1.5 < free_memory(noise.device)
+
+    return settings.probe_batch_limit(noise.device.type == "cpu", fits)
 
 
 def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,20 +265,20 @@ def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tenso
 
 
 def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
-    state: HostState | None = extra_args["model_options"]["transformer_options"].get(REUSE_RUN_KEY)
+    state: ReuseHolder | None = extra_args["model_options"]["transformer_options"].get(REUSE_KEY)
     if state is None or state.run is None:
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
     named = {**dict(zip(("latent_image", "denoise_mask", "disable_pbar"), args, strict=False)), **kwargs}
     return sample_with_run(executor, executor.class_obj, state, guider, sigmas, extra_args, callback, noise, **named)
 
 
-def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_args, callback, noise, latent_image=None,
+def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_args, callback, noise, latent_image=None,
                     denoise_mask=None, disable_pbar=False, match=None, **passed_on):
     """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording.
     Arguments a newer host adds (`passed_on`) go to `sample` untouched."""
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
-    batch_limit = probe_batch_limit(guider, noise, state.settings.probe_batch)
+    batch_limit = probe_batch_limit(guider, noise, state.settings)
     run.start_state = _first_state(guider, sampler, sigmas, noise, latent_image)
     targets = run.plan(match, batch_limit)
     state.attention = extra_args["model_options"]["transformer_options"].get(ATTENTION_RUN_KEY)
@@ -345,14 +304,14 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
 
     start = 0
     if targets:
-        resume = run.probe(targets, evaluate, batch_limit)
-        if resume is not None and resume.end is not None:  # the stage is skipped whole: return the donor's output
-            output = resume.end.latent.to(device=noise.device, dtype=noise.dtype)
-            run.observe_end(resume.end.sigma, output)
+        decision = run.decide(targets, evaluate, batch_limit)
+        if decision is not None and decision.end is not None:  # the stage is skipped whole: the donor's output
+            output = decision.end.latent.to(device=noise.device, dtype=noise.dtype)
+            run.observe_end(decision.end.sigma, output)
             return output
-        if resume is not None:
-            start = resume.target.step
-            noise, latent_image = _resume_from(state, guider, extra_args, resume, noise, sigma_values)
+        if decision is not None:
+            start = decision.target.step
+            noise, latent_image = _resume_from(state, guider, extra_args, decision, noise, sigma_values)
             sigmas = sigmas[start:]
         elif run.start_evaluation is not None:
             _adopt_step_cache(state, guider, extra_args, run.start_state)
@@ -366,7 +325,7 @@ def sample_with_run(sample, sampler, state: HostState, guider, sigmas, extra_arg
     return output
 
 
-def _resume_from(state: HostState, guider, extra_args: dict, resume, noise: torch.Tensor,
+def _resume_from(state: ReuseHolder, guider, extra_args: dict, resume: Decision, noise: torch.Tensor,
                  sigma_values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """Set the run up to continue from the resume's state; returns the (noise, latent) the sampler starts from.
     The probe's evaluation there serves the sampler's first call, and the guidance boost covers the next steps."""
@@ -375,12 +334,11 @@ def _resume_from(state: HostState, guider, extra_args: dict, resume, noise: torc
     x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
     if resume.x0 is not None:
         state.cached_eval = CachedEvaluation(x_k, resume.target.sigma, resume.x0, resume.guidance, exact=False)
-    boost_steps = sigma_values[start:start + state.settings.guidance_boost_steps]
-    state.boost_sigmas = set(boost_steps) if state.settings.guidance_boost > 0 else set()
+    state.boost_sigmas = state.settings.boost_sigmas(sigma_values, start)
     return _start_state(guider, resume.target.sigma, x_k)
 
 
-def _recording_callback(state: HostState, extra_args: dict, callback, start: int, sigma_values: list[float]):
+def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: int, sigma_values: list[float]):
     """The sampler's step callback: records the steps the run wants (at the state the model really evaluated, with
     its guidance), then calls the host's own callback."""
     run = state.run
@@ -390,10 +348,10 @@ def _recording_callback(state: HostState, extra_args: dict, callback, start: int
         absolute = start + step
         if run.wants_step(absolute):
             guidance = None
-            if state.last_guidance is not None and abs(state.last_guidance[0] - sigma_values[absolute]) < 1e-6:
+            if state.last_guidance is not None and same_sigma(state.last_guidance[0], sigma_values[absolute]):
                 guidance = state.last_guidance[1]
             evaluated_at = x
-            if state.model_input is not None and abs(state.model_input[0] - sigma_values[absolute]) < 1e-6:
+            if state.model_input is not None and same_sigma(state.model_input[0], sigma_values[absolute]):
                 evaluated_at = state.model_input[1]
             run.observe_step(absolute, sigma_values[absolute], evaluated_at, x0, guidance,
                              evaluated=not _step_cache_skipped(extra_args["model_options"]))
@@ -413,7 +371,7 @@ def _first_state(guider, sampler, sigmas: torch.Tensor, noise: torch.Tensor, lat
     return guider.inner_model.model_sampling.noise_scaling(sigmas[0], noise, latent, max_denoise)
 
 
-def _adopt_step_cache(state: HostState, guider, extra_args: dict, evaluated: torch.Tensor) -> None:
+def _adopt_step_cache(state: ReuseHolder, guider, extra_args: dict, evaluated: torch.Tensor) -> None:
     """Let EasyCache/LazyCache continue from the probe call the run continues from. The guider's (per-run) options
     get it too, so the cache's own end-of-run summary and reset see the cache the run actually used."""
     step_cache = state.step_cache_of(evaluated)
@@ -435,8 +393,8 @@ def _first_sigma(timestep) -> float:
 
 def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     model_options = args[0] if args else kwargs.get("model_options", {})
-    state: HostState | None = model_options.get("transformer_options", {}).get(REUSE_RUN_KEY)
-    if state is None:
+    state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
+    if state is None or not state.opened:
         return executor(x, timestep, *args, **kwargs)
     sigma = _first_sigma(timestep)
     if not state.capture_guidance:
@@ -461,11 +419,11 @@ def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
 
 def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
     output = executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
-    state: HostState | None = model_options.get("transformer_options", {}).get(REUSE_RUN_KEY)
-    if state is None or len(output) < 2 or output[1] is None or conds[1] is None:
+    state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
+    if state is None or not state.opened or len(output) < 2 or output[1] is None or conds[1] is None:
         return output
     sigma = _first_sigma(timestep)
-    if state.capture_guidance or any(abs(sigma - s) < 1e-6 for s in state.checkpoint_sigmas):
+    if state.capture_guidance or any(same_sigma(sigma, s) for s in state.checkpoint_sigmas):
         state.last_guidance = (sigma, output[0] - output[1])
     return output
 

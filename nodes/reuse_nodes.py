@@ -13,7 +13,7 @@ from carnator_core.reuse.settings import MODES, SEED_POLICIES, VERIFICATIONS, Re
 from .attention_node import attention_choice_input, attention_settings, recall_inputs
 from .reports import reports_for
 from .reuse_hooks import install
-from .types import StoreType, expert
+from .types import StoreType, advanced_input
 
 
 def _setting(name: str) -> dict:
@@ -36,28 +36,28 @@ def reuse_inputs() -> list[io.Input]:
         io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default=input_default("seed_policy"),
                        tooltip="same-noise: resume only from donors with identical initial noise (same seed), the "
                                "prompt-editing loop. serving: any compatible donor (throughput first)."),
-        io.Int.Input("top_k", **expert(), **_setting("top_k"), tooltip="Candidates shortlisted by similarity."),
-        io.Float.Input("min_similarity", **expert(), **_setting("min_similarity"), step=0.01,
+        io.Int.Input("top_k", **advanced_input(), **_setting("top_k"), tooltip="Candidates shortlisted by similarity."),
+        io.Float.Input("min_similarity", **advanced_input(), **_setting("min_similarity"), step=0.01,
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
-        io.Int.Input("max_probes", **expert(), **_setting("max_probes"),
+        io.Int.Input("max_probes", **advanced_input(), **_setting("max_probes"),
                      tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
                              "states). Not counted here: the step-0 check of same-seed donors (the run's own first "
                              "step) and, for other donors, one call confirming a pass at their earliest checkpoint."),
-        io.Float.Input("structure_threshold", **expert(), **_setting("structure_threshold"), step=0.01,
+        io.Float.Input("structure_threshold", **advanced_input(), **_setting("structure_threshold"), step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope."),
-        io.Float.Input("guidance_threshold", **expert(), **_setting("guidance_threshold"), step=0.01,
+        io.Float.Input("guidance_threshold", **advanced_input(), **_setting("guidance_threshold"), step=0.01,
                        tooltip="Cosine between the new and the donor guidance direction (cond - uncond) needed "
                                "at depth 0 (CFG only); rises with depth by depth_slope."),
-        io.Float.Input("depth_slope", **expert(), **_setting("depth_slope"), step=0.01,
+        io.Float.Input("depth_slope", **advanced_input(), **_setting("depth_slope"), step=0.01,
                        tooltip="How much stricter both thresholds get per unit of depth (fraction of steps skipped)."),
-        io.Float.Input("guidance_boost", **expert(), **_setting("guidance_boost"), step=0.05,
+        io.Float.Input("guidance_boost", **advanced_input(), **_setting("guidance_boost"), step=0.05,
                        tooltip="Extra CFG (as a fraction of cfg) for the first steps after a resume. 0 = off."),
-        io.Int.Input("guidance_boost_steps", **expert(), **_setting("guidance_boost_steps"),
+        io.Int.Input("guidance_boost_steps", **advanced_input(), **_setting("guidance_boost_steps"),
                      tooltip="How many steps after a resume get the guidance boost."),
         io.Boolean.Input("record", default=input_default("record"),
                          tooltip="Record this run in the store so later requests can reuse it."),
-        io.Combo.Input("verification", **expert(), options=list(VERIFICATIONS), default=input_default("verification"),
+        io.Combo.Input("verification", **advanced_input(), options=list(VERIFICATIONS), default=input_default("verification"),
                        optional=True,
                        tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "
                                "depth from prompt similarity alone, unverified (a baseline for comparison)."),
@@ -66,7 +66,7 @@ def reuse_inputs() -> list[io.Input]:
 
 def probe_batch_input() -> io.Input:
     """Last input of every reuse node: saved workflows hold widget values by position, so it stays last."""
-    return io.Int.Input("probe_batch", **expert(), **_setting("probe_batch"), optional=True,
+    return io.Int.Input("probe_batch", **advanced_input(), **_setting("probe_batch"), optional=True,
                         tooltip="Donor states probed in one model call (other donors' checkpoints at the same "
                                 "step). 0 = auto: as many as fit in free GPU memory, up to 4; 1 on CPU, where a "
                                 "batched call costs as much as the separate ones it replaces.")
@@ -74,7 +74,7 @@ def probe_batch_input() -> io.Input:
 
 def settings_from_inputs(store=None, **inputs) -> ReuseSettings:
     """The `ReuseSettings` of a reuse node's inputs (`store` is the connected store, if any)."""
-    return ReuseSettings.from_inputs(store_directory=store.directory if store is not None else "", **inputs)
+    return ReuseSettings.from_inputs(store_location=store.location if store is not None else "", **inputs)
 
 
 # What a reuse node reads of the queued graph: the prompt text when its `prompt` input is empty.

@@ -10,7 +10,7 @@ import nodes as comfy_nodes
 from comfy_api.latest import io
 
 from .host import missing_hooks, per_run_options
-from .keys import REUSE_RUN_KEY, REUSE_WRAPPER_KEY
+from .keys import REUSE_KEY, REUSE_WRAPPER_KEY
 from .reuse_hooks import (
     calc_cond_batch_wrapper,
     open_run,
@@ -86,7 +86,7 @@ class ReuseSampler(comfy.samplers.Sampler):
         plain = (guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         if missing_hooks():
             return self.inner.sample(*plain)
-        if REUSE_RUN_KEY in model_options.get("transformer_options", {}):
+        if REUSE_KEY in model_options.get("transformer_options", {}):
             log.warning("Carnator: the model already goes through a Carnator Reuse node; the reuse sampler defers to it")
             return self.inner.sample(*plain)
         wrappers = comfy.patcher_extension.WrappersMP
@@ -131,6 +131,6 @@ class CarnatorReuseSampler(io.ComfyNode):
     @classmethod
     def execute(cls, sampler, match=None, **options) -> io.NodeOutput:
         settings = settings_from_inputs(**with_graph_prompt(cls, options))
-        if match is not None and not settings.store_directory:
-            settings = settings.replace(store_directory=match.store_directory)
+        if match is not None and not settings.store_location:
+            settings = settings.replace(store_location=match.store_location)
         return io.NodeOutput(ReuseSampler(sampler, settings, match))

@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from carnator_core.store.backend import StoreError
 from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT
 
-from .host import configured_store, store_from_path
+from .host import configured_store, store_at
 from .types import StoreType
 
 _GIB = 2**30
@@ -23,8 +23,8 @@ def check_configured_store() -> None:
     try:
         url = configured_store()
         if url is not None:
-            store = store_from_path()
-            log.info("Carnator: using the configured store %s%s", store.directory,
+            store = store_at()
+            log.info("Carnator: using the configured store %s%s", store.location,
                      f" (unavailable for now: {store.unavailable})" if store.unavailable else "")
     except StoreError as error:
         log.error("Carnator: the configured store cannot be used; Carnator nodes will fail until it is fixed: %s",
@@ -62,7 +62,7 @@ class CarnatorStore(io.ComfyNode):
         if not math.isfinite(size_limit_gb) or size_limit_gb <= 0:  # NaN passes the input's min/max checks
             raise ValueError(f"Carnator Store: size_limit_gb must be a positive number of GiB, got {size_limit_gb}")
         try:
-            store = store_from_path(path, int(size_limit_gb * _GIB))
+            store = store_at(path, int(size_limit_gb * _GIB))
         except StoreError as error:
             raise ValueError(f"Carnator Store: {error}") from error
         return io.NodeOutput(store)
@@ -86,11 +86,11 @@ class CarnatorStoreInfo(io.ComfyNode):
     @classmethod
     def execute(cls, store=None) -> io.NodeOutput:
         try:
-            store = store if store is not None else store_from_path()
+            store = store if store is not None else store_at()
         except StoreError as error:
             raise ValueError(f"Carnator Store Info: {error}") from error
         totals = store.totals()
-        summary = (f"Carnator store {store.directory}\n"
+        summary = (f"Carnator store {store.location}\n"
                    f"entries: {totals['entries']}\n"
                    f"size: {totals['bytes'] / 2**20:.1f} MiB of {totals['size_limit'] / 2**30:.1f} GiB "
                    f"(storage uses {totals['disk_bytes'] / 2**20:.1f} MiB)\n"

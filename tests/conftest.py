@@ -6,7 +6,8 @@
 - `current_model`         factory: family -> TinyModel for "wan22", "hunyuan_video15", "ltxav" (newer hosts' models),
                           written on first use; skips the test where the host lacks the model's config class
 - `new_base_dir`          factory: a fresh ComfyUI base directory with pack + tiny models linked in
-- `comfy_server`          one headless server per test module
+- `comfy_server`          one headless server per test module (the product's HeadlessServer; drive it through
+                          its `client`, the product's ComfyClient)
 - `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
 - `redis_server`          one loopback redis-server for the session; `redis_url` empties it for each test
 - `redis_factory`         start more redis-servers (password, persistence, maxmemory) for one test
@@ -37,6 +38,8 @@ from support.comfy_host import (
 from support.redis_host import RedisNotFound, RedisServer
 from support.tiny_models import CURRENT_SPECS, SPECS, TinyModelSpec, host_lacks, write_tiny_model
 
+from carnator_core.client import ExecutionFailed
+
 _INPROCESS_BASE = pytest.StashKey[Path]()
 
 
@@ -54,6 +57,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     base = config.stash.get(_INPROCESS_BASE, None)
     if base is not None:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A prompt that failed on a server says only which node raised what; the report adds the node's traceback."""
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, ExecutionFailed) and error.details.get("traceback"):
+        report.sections.append(("ComfyUI traceback", "".join(error.details["traceback"])))
+    return report
 
 
 @dataclass(frozen=True)

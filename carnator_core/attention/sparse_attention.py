@@ -91,7 +91,9 @@ class SparseAttentionRun:
     self_attention_calls: int = 0  # video self-attention calls that reached the override, sparse or dense
     inactive: str = ""  # why no video self-attention reached the override (another patch replaced it), if so
     _report_deferred: bool = field(default=False, init=False, repr=False)  # see `defer_report`
-    step_cache: tuple[Any, int] | None = None  # (host's sigma object, step): the host's per-evaluation cache
+    # The last model evaluation's (host's sigma tensor, step index): a memo that maps the sigma object every attention
+    # call of one evaluation shares to its sampling step, computed once per evaluation (nodes/attention_hooks.py).
+    sigma_step: tuple[Any, int] | None = None
     # Context under which tensors kept across model calls (masks, kernel layouts) are made: a host that records its
     # allocations into a replayed graph (ComfyUI's model compiler) must not own them.
     persistent: Callable[[], AbstractContextManager] = nullcontext

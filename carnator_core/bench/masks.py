@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from carnator_core.attention.masks import BlockSparseMask, recall
 from carnator_core.bench.probe import load_model
 from carnator_core.demo import world
 from carnator_core.demo.attention_density import block_mass, self_attention_probs
@@ -43,11 +44,15 @@ DENSITIES = (0.25, 0.5)
 SOURCES = ("own", "paraphrase", "one-word edit", "arbitrary", "static prior", "random")
 
 
-def top_blocks(scores: torch.Tensor, density: float) -> torch.Tensor:
-    """Boolean mask keeping the `density` share of key blocks with the highest scores per query block."""
+def top_blocks(scores: torch.Tensor, density: float, n_tokens: int) -> BlockSparseMask:
+    """The mask keeping the `density` share of key blocks with the highest scores per query block.
+
+    A fixed share, unlike the engine's `select_blocks` (which keeps blocks up to a mass threshold and always the
+    diagonal and first-frame blocks): every source is compared at the same cost, and a source's blocks are its own
+    choice alone. Recall is then the engine's `recall`."""
     keep = max(1, round(density * scores.shape[-1]))
     index = scores.topk(keep, dim=-1).indices
-    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, index, True)
+    return BlockSparseMask(torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, index, True), BLOCK, n_tokens)
 
 
 class Maps:
@@ -57,21 +62,23 @@ class Maps:
         context = token_embeddings(prompts)
         noise = torch.stack([torch.randn(16, *world.CLIP, generator=torch.Generator().manual_seed(s)) for s in seeds])
         x0 = sample(model, context, None, noise, steps)
-        self.mass = {sigma: [block_mass(p, BLOCK) for p in self_attention_probs(
-            model, sigma * noise + (1 - sigma) * x0, torch.full((len(prompts),), sigma * 1000), context)]
-            for sigma in SIGMAS}
+        self.mass: dict[float, list[torch.Tensor]] = {}
+        for sigma in SIGMAS:
+            probs = self_attention_probs(model, sigma * noise + (1 - sigma) * x0,
+                                         torch.full((len(prompts),), sigma * 1000), context)
+            self.n_tokens = probs[0].shape[-1]
+            self.mass[sigma] = [block_mass(p, BLOCK) for p in probs]
 
 
 def measure(model: WanT2V, n: int, steps: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    sets = world.all_attribute_sets()
-    chosen = [sets[int(i)] for i in rng.choice(len(sets), n, replace=False)]
+    chosen = world.pick_attribute_sets(rng, n)
     requests = [world.canonical_prompt(a) for a in chosen]
     seeds = [1000 + i for i in range(n)]
     paraphrases = [world.paraphrase(a, rng) for a in chosen]
     edits = [world.canonical_prompt(world.swap(a, world.ATTRIBUTES[i % 4], rng)) for i, a in enumerate(chosen)]
-    unrelated = [world.canonical_prompt(sets[int(i)]) for i in rng.choice(len(sets), n, replace=False)]
-    prior_sets = [sets[int(i)] for i in rng.choice(len(sets), 8, replace=False)]
+    unrelated = [world.canonical_prompt(a) for a in world.pick_attribute_sets(rng, n)]
+    prior_sets = world.pick_attribute_sets(rng, 8)
     maps = {
         "own": Maps(model, requests, seeds, steps),
         "paraphrase": Maps(model, paraphrases, seeds, steps),
@@ -94,8 +101,8 @@ def measure(model: WanT2V, n: int, steps: int, seed: int = 0) -> dict:
                         scores = torch.rand(true_mass.shape, generator=generator)
                     else:
                         scores = maps[source].mass[sigma][layer]
-                    kept = (true_mass * top_blocks(scores, density)).sum(-1)
-                    recalls.append(float(kept.mean()))
+                    mask = top_blocks(scores, density, maps["own"].n_tokens)
+                    recalls.append(float(recall(mask, true_mass).mean()))
                 row[source] = round(statistics.mean(recalls), 4)
             rows.append(row)
     return {"requests": n, "steps": steps, "block_tokens": BLOCK, "rows": rows}

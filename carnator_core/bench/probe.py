@@ -54,7 +54,7 @@ class Row:
     adherence_plain: float
     adherence_resumed: float
     lost: list[str] = field(default_factory=list)  # attributes plain drew as asked and the resumed run did not
-    # the pair's step-0 signals (the new prompt's first evaluation against the donor's, same noise): ReuseRun._screen
+    # the pair's step-0 signals (the new prompt's first evaluation against the donor's, same noise): Decider._screen
     start_structure_agreement: float = float("nan")
     start_guidance_cosine: float | None = None
 

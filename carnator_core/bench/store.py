@@ -37,7 +37,7 @@ from carnator_core.attention.sparse_attention import masks_to_blob
 from carnator_core.bench.lookup import build_index
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 from carnator_core.lookup.fingerprint import noise_fingerprint
-from carnator_core.reuse.recorder import RunRecorder
+from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
@@ -92,7 +92,7 @@ def fetch_hit(store: ReuseStore, entry_id: str) -> None:
     """What a hit reads: metadata, then the checkpoints the probe needs and the masks attention borrows."""
     if (store.get_meta(entry_id) is None or store.get_tensors(entry_id, "checkpoints") is None
             or store.get_tensors(entry_id, "masks") is None):
-        raise RuntimeError(f"entry {entry_id} could not be read back from {store.directory}")
+        raise RuntimeError(f"entry {entry_id} could not be read back from {store.location}")
 
 
 def bench_put_get(location: str, puts: int, cache_root: str | None) -> dict[str, float]:

@@ -144,12 +144,3 @@ def make_stream(name: str, n: int, seed: int = 0) -> list[str]:
     if n < 1:
         raise ValueError("a stream needs at least one prompt")
     return GENERATORS[name](n, np.random.default_rng(seed))
-
-
-def read_prompts(path: str) -> list[str]:
-    """One prompt per line, in order; blank lines are skipped."""
-    with open(path, encoding="utf-8") as handle:
-        prompts = [line.strip() for line in handle if line.strip()]
-    if not prompts:
-        raise ValueError(f"{path}: no prompts (one prompt per line)")
-    return prompts

@@ -55,13 +55,15 @@ from safetensors.torch import load_file
 from carnator_core.bench import plot
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream, read_prompts
+from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
 from carnator_core.demo.wan_model import WanConfig
+from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
+from carnator_core.prompt_file import read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -208,6 +210,19 @@ class Bench:
                       rgb=world.decode(world.from_raw(latent[0].float())), report=report,
                       first_expert_calls=first_expert)
 
+    def sample_recorded(self, name: str, graph: dict, steps: int, boundary: int | None = None, *,
+                        store: str | None = None, entries: int = 0) -> Sample:
+        """`sample`, then, for a configuration that records into `store`, the wait until the server's background
+        writer has stored `entries` entries; the server's CPU time over both is the sample's `cpu_seconds`."""
+        cpu_before = self.server_cpu_seconds()
+        sample = self.sample(name, graph, steps, boundary)
+        if store is not None:
+            self.wait_for_entries(store, entries)
+        cpu_after = self.server_cpu_seconds()
+        if cpu_before is not None and cpu_after is not None:
+            sample.cpu_seconds = cpu_after - cpu_before
+        return sample
+
     def wait_for_entries(self, store: str, count: int, timeout: float = 60.0) -> dict[str, float]:
         """Store totals once the server's background writer has stored `count` entries."""
         deadline = time.monotonic() + timeout
@@ -307,14 +322,9 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
         order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
         for name in order:
-            cpu_before = bench.server_cpu_seconds()
-            sample = bench.sample(name, config_graph(name, base, prompt, donor, seed_policy=seed_policy), steps)
-            if name in RECORDING:
-                bench.wait_for_entries(_store_dir(name), i + 1)
-            cpu_after = bench.server_cpu_seconds()
-            if cpu_before is not None and cpu_after is not None:
-                sample.cpu_seconds = cpu_after - cpu_before
-            samples[name].append(sample)
+            graph = config_graph(name, base, prompt, donor, seed_policy=seed_policy)
+            store = _store_dir(name) if name in RECORDING else None
+            samples[name].append(bench.sample_recorded(name, graph, steps, store=store, entries=i + 1))
         times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in CONFIGS)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
     store_bytes = {}
@@ -344,14 +354,9 @@ def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: li
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
         order = TWO_EXPERT_CONFIGS[i % len(TWO_EXPERT_CONFIGS):] + TWO_EXPERT_CONFIGS[:i % len(TWO_EXPERT_CONFIGS)]
         for name in order:
-            cpu_before = bench.server_cpu_seconds()
-            sample = bench.sample(name, graph(name, prompt, seed, steps), steps, boundary)
-            if name != "plain":
-                bench.wait_for_entries(_store_dir(f"two-expert-{name}"), i + 1)
-            cpu_after = bench.server_cpu_seconds()
-            if cpu_before is not None and cpu_after is not None:
-                sample.cpu_seconds = cpu_after - cpu_before
-            samples[name].append(sample)
+            store = _store_dir(f"two-expert-{name}") if name != "plain" else None
+            samples[name].append(bench.sample_recorded(name, graph(name, prompt, seed, steps), steps, boundary,
+                                                       store=store, entries=i + 1))
         calls = ", ".join(f"{n} {samples[n][-1].model_calls} calls ({samples[n][-1].first_expert_calls} first expert)"
                           for n in TWO_EXPERT_CONFIGS)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {calls}")
@@ -487,7 +492,7 @@ def main(argv: list[str]) -> int:
                         help="single: one model and KSampler (every configuration); two-expert: the Wan 2.2 14B "
                              "template's shape, the demo model as both experts in two KSamplerAdvanced with the "
                              "boundary half-way (plain and the reuse modes)")
-    parser.add_argument("--prompts", help="your own stream: one prompt per line, run in order")
+    parser.add_argument("--prompts", help=f"your own stream, run in order: a UTF-8 text file, {PROMPT_FILE_RULE}")
     parser.add_argument("--n", type=int, default=6, help="prompts in a generated stream")
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",
                         help="fixed: one seed for every prompt (the editing loop); random: a seed per prompt, "
@@ -506,7 +511,7 @@ def main(argv: list[str]) -> int:
     try:
         if args.steps < 2:
             raise DemoSetupError("--steps must be at least 2")
-        prompts = read_prompts(args.prompts) if args.prompts else make_stream(args.stream, args.n)
+        prompts = read_prompt_file(args.prompts) if args.prompts else make_stream(args.stream, args.n)
         weights = demo_weights(args.weights)
         result, settings, details = _run(args, prompts, weights, say)
     except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:

@@ -32,6 +32,8 @@ from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights, pick_port
+from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
+from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict
 
 DEFAULT_PROMPTS = (
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a short prompt stream through a headless ComfyUI with Carnator")
     run.add_argument("--out", type=Path, default=Path("carnator-demo-output"), help="output folder (clips, report)")
-    run.add_argument("--prompts", help="file with one prompt per line (default: a built-in stream of five)")
+    run.add_argument("--prompts", help=f"UTF-8 text file, {PROMPT_FILE_RULE} (default: a built-in stream of five)")
     run.add_argument("--steps", type=int, default=30)
     run.add_argument("--weights", help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else the "
                                        "weights shipped in carnator_core/demo/weights)")
@@ -149,13 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             raise DemoSetupError("--steps must be at least 1")
         prompts = list(DEFAULT_PROMPTS)
         if args.prompts:
-            prompts = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-            if not prompts:
-                raise DemoSetupError(f"{args.prompts}: no prompts (one prompt per line)")
+            prompts = read_prompt_file(args.prompts)
         find_comfyui()
         weights = demo_weights(args.weights)
         rows = run_demo(prompts, args.out, args.steps, weights, args.port, args.seed, args.cfg, args.mode)
-    except (DemoSetupError, ComfyNotFound, ComfyError, OSError) as error:
+    except (DemoSetupError, PromptFileError, ComfyNotFound, ComfyError, OSError) as error:
         print(f"carnator demo: {error}", file=sys.stderr)
         return 1
     print()

@@ -55,7 +55,6 @@ def base_graph(unet_name: str, prompt: str, *, seed: int = 0, steps: int = 30, c
 
 
 HIGH_NOISE = "high_noise"  # the first expert's KSamplerAdvanced in `two_expert_graph` (SAMPLER is the second's)
-EXPERT_CHAINS = {HIGH_NOISE: "high_noise_sampling", SAMPLER: MODEL_CHAIN}  # sampler -> its model chain
 
 
 def two_expert_graph(unet_name: str, prompt: str, *, seed: int = 0, steps: int = 4, boundary: int = 2,
@@ -77,23 +76,24 @@ def two_expert_graph(unet_name: str, prompt: str, *, seed: int = 0, steps: int =
     return graph
 
 
-def with_expert_reuse(graph: dict, store_path: str, prompt: str, **options) -> dict:
-    """One CarnatorReuse per expert chain of a `two_expert_graph`, sharing one store, plus a report."""
+def with_expert_reuse(graph: dict, store_path: str, prompt: str, *, experts: tuple[str, ...] = (HIGH_NOISE, SAMPLER),
+                      **options) -> dict:
+    """One CarnatorReuse (`carnator_reuse_<sampler>`) in front of each sampler named in `experts` (default both of a
+    `two_expert_graph`), sharing one store, plus a report on SAMPLER."""
     graph = with_store(graph, store_path)
-    for sampler, chain in EXPERT_CHAINS.items():
-        node_id = f"carnator_reuse_{sampler}"
-        graph[node_id] = _node("CarnatorReuse", model=[chain, 0], store=[STORE, 0], prompt=prompt, **options)
-        graph[sampler]["inputs"]["model"] = [node_id, 0]
+    for sampler in experts:
+        graph = _splice(graph, f"carnator_reuse_{sampler}",
+                        _node("CarnatorReuse", store=[STORE, 0], prompt=prompt, **options), consumer=sampler)
     return with_report(graph)
 
 
-def _splice(graph: dict, node_id: str, node: dict) -> dict:
-    """Insert a MODEL -> MODEL node between the sampler and whatever fed its model."""
+def _splice(graph: dict, node_id: str, node: dict, consumer: str = SAMPLER) -> dict:
+    """Insert a MODEL -> MODEL node between `consumer` (the node that takes the model) and whatever fed its model."""
     graph = copy.deepcopy(graph)
     node = copy.deepcopy(node)
-    node["inputs"]["model"] = graph[SAMPLER]["inputs"]["model"]
+    node["inputs"]["model"] = graph[consumer]["inputs"]["model"]
     graph[node_id] = node
-    graph[SAMPLER]["inputs"]["model"] = [node_id, 0]
+    graph[consumer]["inputs"]["model"] = [node_id, 0]
     return graph
 
 
@@ -104,10 +104,11 @@ def with_store(graph: dict, path: str, size_limit_gb: float = 1.0) -> dict:
     return graph
 
 
-def with_reuse(graph: dict, store_path: str, prompt: str, **options) -> dict:
-    """CarnatorReuse in front of the sampler (node defaults unless `options` override them) plus a report."""
+def with_reuse(graph: dict, store_path: str, prompt: str, *, consumer: str = SAMPLER, **options) -> dict:
+    """CarnatorReuse (node defaults unless `options` override them) in front of `consumer`, the node that takes the
+    model (the sampler; the guider of a SamplerCustomAdvanced graph), plus a report on SAMPLER."""
     graph = _splice(with_store(graph, store_path), "carnator_reuse",
-                    _node("CarnatorReuse", store=[STORE, 0], prompt=prompt, **options))
+                    _node("CarnatorReuse", store=[STORE, 0], prompt=prompt, **options), consumer)
     return with_report(graph)
 
 

@@ -52,7 +52,7 @@ class TrainConfig:
     ema_decay: float = 0.999
     shift: float = 3.0  # sigma = shift*u / (1 + (shift-1)*u), u ~ U(0,1): more steps at high noise, where
     # layout, shape and motion are decided
-    fg_weight: float = 4.0  # extra loss weight on (dilated) object pixels: the object is ~15% of the frame
+    fg_weight: float = 4.0  # extra loss weight on (dilated) object pixels, a minority of the frame's pixels
     drop_empty: float = 0.08  # share trained with the empty prompt's embedding (CFG's negative)
     drop_zero: float = 0.02  # share trained with all-zero conditioning (ConditioningZeroOut)
     paraphrases: int = 15  # wordings per attribute set besides the canonical one
@@ -60,7 +60,7 @@ class TrainConfig:
     curriculum_end: int = 4000  # ... then the share of paraphrases ramps up to max_paraphrase_share
     max_paraphrase_share: float = 0.8
     frame_jitter: float = 0.5  # share of samples whose frames get unequal noise levels (see frame_sigmas)
-    frame_jitter_start: int = 0  # from this step on (the shipped run started it at step 1967)
+    frame_jitter_start: int = 0  # from this step on
     frame_jitter_width: float = 0.5  # per-frame sigma offsets ~ U(-w, w)
     cooldown_start: int = -1  # from this step the learning rate falls linearly ... (-1: never)
     cooldown_steps: int = 3000  # ... over this many steps to cooldown_floor * lr (train it on a --branch-from
@@ -180,9 +180,9 @@ def frame_sigmas(cfg: TrainConfig, step: int, sigma: torch.Tensor, frames: int, 
     """[B, F] noise level of each latent frame: `sigma` for most samples, jittered per frame for some.
 
     Why: with every frame equally noisy, the clip itself shows where the object is in each frame, so the motion
-    and shape words barely change the loss (sensitivity ~0.0002 after 2000 steps) and the model never learns
-    them. A clearer frame next to a noisier one makes the motion word decide where the object goes next. The
-    model still gets the sample's `sigma` as its timestep, as at inference.
+    and shape words barely change the loss and the model does not learn them (docs/measurements.md has the
+    learning curve). A clearer frame next to a noisier one makes the motion word decide where the object goes
+    next. The model still gets the sample's `sigma` as its timestep, as at inference.
     """
     jitter = (torch.rand(sigma.shape[0], frames, generator=gen) * 2 - 1) * cfg.frame_jitter_width
     chosen = torch.rand(sigma.shape[0], 1, generator=gen) < (cfg.frame_jitter if step >= cfg.frame_jitter_start else 0)
@@ -345,7 +345,7 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a lent GPU trains in minutes
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = WanT2V(cfg.model_config()).to(device)
     ema = WanT2V(cfg.model_config()).to(device)
     decay, no_decay = [], []
@@ -371,8 +371,8 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model.cfg} ({n_params / 1e6:.2f}M params), clip {world.CLIP}, batch {cfg.batch}, "
           f"threads {threads}, device {device}, target step {steps}", flush=True)
-    # torch.compile + bf16 autocast ran ~1.5x faster here but its first loss was NaN (torch 2.14 CPU inductor),
-    # so it is opt-in until that is understood; eager bf16 autocast is the default.
+    # torch.compile is opt-in (--compile): with bf16 autocast on the CPU inductor it can give NaN losses
+    # (docs/demo-model.md); eager bf16 autocast is the default.
     step_model = torch.compile(model) if compile_model else model
     last_save = time.time()
     window: list[float] = []
@@ -418,9 +418,7 @@ def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed
     torch.set_num_threads(threads)
     model, step = load_ema(out)
     rng = np.random.default_rng(seed)
-    sets = world.all_attribute_sets()
-    chosen = [sets[int(i)] for i in rng.choice(len(sets), n, replace=False)]
-    prompts = [world.canonical_prompt(a) for a in chosen]
+    prompts = [world.canonical_prompt(a) for a in world.pick_attribute_sets(rng, n)]
     context = token_embeddings(prompts)
     uncond = token_embeddings([""] * n)
     noise = torch.randn((n, 16, *world.CLIP), generator=torch.Generator().manual_seed(seed))
@@ -450,8 +448,7 @@ def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
     torch.set_num_threads(threads)
     model, step = load_ema(out)
     rng = np.random.default_rng(seed)
-    sets = world.all_attribute_sets()
-    scenes = [world.sample_scene(rng, **sets[int(i)]) for i in rng.choice(len(sets), n, replace=False)]
+    scenes = [world.sample_scene(rng, **attrs) for attrs in world.pick_attribute_sets(rng, n)]
     x0 = torch.stack([world.encode(world.render(s)[0]) for s in scenes])
     context = token_embeddings([world.canonical_prompt(s.attributes()) for s in scenes])
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
@@ -463,8 +460,8 @@ def density(out: Path, n: int, threads: int, seed: int = 4321) -> dict:
 
 
 def sensitivity(out: Path, threads: int) -> dict:
-    """The training probe (Sensitivity) on the latest EMA weights: for comparing checkpoints, including ones
-    whose training log predates a probe such as the motion sign; plus the text path's motion-word separation."""
+    """The training probe (Sensitivity) on the latest EMA weights, for comparing checkpoints whatever their training
+    log recorded; plus the text path's motion-word separation and the start-frame test."""
     torch.set_num_threads(threads)
     model, step = load_ema(out)
     cfg = saved_config(latest_checkpoint(out))
@@ -479,10 +476,11 @@ def start_frame_test(model: WanT2V, bank: PromptBank, size: int = 24) -> dict[st
 
     Losses of four (clip, prompt) pairs, each clip a moving scene: `true_own` (the scene, its prompt),
     `true_opposite` (the scene, the opposite direction's prompt), `reversed_opposite` (the same start going the
-    other way, with the prompt that asks for it) and `reversed_own`. Why: when the world kept objects inside every
-    frame, an object moving >= 2 latent pixels per frame across 5 frames had to start at the far edge, so the
-    start alone gave the direction, and models trained there followed it (true clip low and other way high under
-    either prompt). A model that reads the word scores each clip lower under its own prompt.
+    other way, with the prompt that asks for it) and `reversed_own`. Why: where a clip's start position gives its
+    direction away (an object kept inside every frame must start at the far edge), a model can follow the start
+    and ignore the word; such a model scores the true clip low and the reversed one high under either prompt. A
+    model that reads the word scores each clip lower under its own prompt (docs/measurements.md, "Motion sign:
+    the start-frame test").
     """
     rng = np.random.default_rng(5)
     moving = [a for a in bank.sets if a["motion"] != "still"]

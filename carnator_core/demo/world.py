@@ -301,3 +301,9 @@ def all_attribute_sets() -> list[dict[str, str]]:
     return [{"shape": s, "colour": c, "motion": m, "background": b}
             for s in SHAPES for c in COLOURS for m in MOTIONS for b in BACKGROUNDS]
 
+
+def pick_attribute_sets(rng: np.random.Generator, n: int) -> list[dict[str, str]]:
+    """`n` different attribute sets drawn at random (one `rng.choice` without replacement over `all_attribute_sets`)."""
+    sets = all_attribute_sets()
+    return [sets[int(i)] for i in rng.choice(len(sets), n, replace=False)]
+

@@ -23,7 +23,7 @@ _indexes_lock = threading.Lock()
 def index_for(store: ReuseStore) -> ShortlistIndex:
     """The process-wide index of a store directory, brought up to date with the store."""
     with _indexes_lock:
-        index = _indexes.setdefault(store.directory, ShortlistIndex())
+        index = _indexes.setdefault(store.location, ShortlistIndex())
     index.refresh(store)
     return index
 
@@ -43,7 +43,7 @@ class LookupRequest:
 class Match:
     """The lookup's answer (the CARNATOR_MATCH value): candidates, best first, and why others fell out."""
 
-    store_directory: str
+    store_location: str  # the searched store's location: a directory or a store URL
     request: LookupRequest | None
     candidates: list[Candidate]
     filtered: dict[str, int] = field(default_factory=dict)
@@ -92,7 +92,7 @@ def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_s
     live = []
     metas = store.get_metas([candidate.entry_id for candidate in result.candidates])
     if store.unavailable:  # nothing can be reused now; keep the index as it is for when the store is back
-        return Match(store_directory=store.directory, request=request, candidates=[], searched=result.searched,
+        return Match(store_location=store.location, request=request, candidates=[], searched=result.searched,
                      notes=[f"store unavailable, generating without reuse: {store.unavailable}"])
     for candidate, meta in zip(result.candidates, metas, strict=True):
         if meta is None:
@@ -102,5 +102,5 @@ def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_s
     kept = [c for c in live if c.same_noise][:same_noise_limit]
     kept += [c for c in live if not c.same_noise][:top_k]
     kept.sort(key=lambda c: c.score, reverse=True)
-    return Match(store_directory=store.directory, request=request, candidates=kept,
+    return Match(store_location=store.location, request=request, candidates=kept,
                  filtered=result.filtered, searched=result.searched)

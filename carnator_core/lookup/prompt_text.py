@@ -102,12 +102,17 @@ def text_node_inputs(graph: Any, node_id: Any) -> list[Location]:
         return []
 
 
+def is_link(value: Any) -> bool:
+    """Whether an API-format input value is a link to another node's output, `[source node id, output index]`,
+    as ComfyUI tells one from a literal: a two-item list, a string id, a number (not a bool) for the index.
+    The one such test of the pack; `link_source` gives the link's two parts."""
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and \
+        isinstance(value[1], (int, float)) and not isinstance(value[1], bool)
+
+
 def link_source(value: Any) -> tuple[str, int] | None:
-    """(source node id, output index) when `value` is a link, as ComfyUI tells one from a literal."""
-    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and \
-            isinstance(value[1], (int, float)) and not isinstance(value[1], bool):
-        return value[0], int(value[1])
-    return None
+    """(source node id, output index) when `value` is a link (`is_link`), else None."""
+    return (value[0], int(value[1])) if is_link(value) else None
 
 
 def _flat(locations: dict[str, tuple[Location, ...]]) -> tuple[Location, ...]:

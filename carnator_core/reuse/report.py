@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun
+from carnator_core.reuse.decision import ProbeRecord
 
 SPARSE_ATTENTION_MODE = "attention/"  # the mode prefix of a sparse-attention-only run
 
@@ -74,7 +75,7 @@ class RunReport:
     attention: dict[str, Any] = field(default_factory=dict)  # the sparse-attention summary; empty without one
     model_calls: int = 0
     time_saved_s: float = 0.0
-    probes: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[ProbeRecord] = field(default_factory=list)
     candidates: list[dict[str, Any]] = field(default_factory=list)
     filtered: dict[str, int] = field(default_factory=dict)
     skipped_donors: dict[str, int] = field(default_factory=dict)
@@ -112,6 +113,7 @@ class RunReport:
         values.setdefault("mode", "")
         values.setdefault("total_steps", 0)
         values.setdefault("time_s", 0.0)
+        values["probes"] = [ProbeRecord.from_dict(probe) for probe in values.get("probes", ()) if isinstance(probe, dict)]
         if "attention" not in values:  # only the flat attention fields: keep what they say
             flat = {"density": "attention_density", "heads_reuse": "heads_reuse", "heads_own": "heads_own"}
             values["attention"] = {key: data[name] for key, name in flat.items() if data.get(name) is not None}
@@ -177,7 +179,7 @@ class RunReport:
             "time_s": self.time_s,
             "time_saved_s": self.time_saved_s,
             "reason": self.reason,
-            "probes": self.probes,
+            "probes": [probe.as_dict() for probe in self.probes],
             "candidates": self.candidates,
             "filtered": self.filtered,
             "skipped_donors": self.skipped_donors,

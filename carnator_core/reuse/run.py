@@ -1,16 +1,22 @@
-"""One sampling run under Carnator: lookup, probes, resume decision, recording, report.
+"""One request's reuse, from lookup to report: the coordinator of a plan, a decision and a recording.
 
-The host layer drives it (it owns the model and the sampler) through a handful of calls:
-`start_state` set and `plan()` called before sampling, `probe()` with a model-evaluation callback,
-`observe_step()` from the sampler's step callback, and `finish()` or nothing (an aborted run
-records nothing).
+A request goes through three typed steps, each in its own module with its contract:
+
+1. plan (`carnator_core.reuse.plan`): the candidates the lookup shortlisted (or a lookup node's `Match`) and the
+   donor states worth asking the model about, by everything certain without it;
+2. decision (`carnator_core.reuse.decision`): the live model screened at step 0 and probed, giving a `Decision`
+   (resume at a state, skip the stage whole) or none (a miss, whose reason the report gives);
+3. recording (`carnator_core.reuse.recording`): the checkpoints this request leaves for later ones, written in the
+   background, or handed to the stage that continues it (`carnator_core.reuse.trajectory`).
+
+The host (it owns the model and the sampler) drives a `ReuseRun` through a handful of calls: `start_state` set and
+`plan()` before sampling, `decide()` with a model-evaluation callback, `observe_step()` from the sampler's step
+callback, `observe_end()`, and `finish()` or nothing (an aborted run records nothing).
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,56 +27,33 @@ from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAtten
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.planner import (
+from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
+from carnator_core.reuse.plan import (
     ProbeTarget,
     RequestFacts,
     StartPrediction,
     boundary_prediction,
     plan_probes,
 )
-from carnator_core.reuse.probe import ProbeSignals, probe_signals
-from carnator_core.reuse.recorder import PendingEntry, RunRecorder, writer
+from carnator_core.reuse.recording import PendingEntry, RunRecorder, writer
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
-from carnator_core.reuse.trajectory import Handover, StageEnd, append_stage, handovers, stage_view, trajectory_steps
+from carnator_core.reuse.trajectory import Handover, append_stage, handovers
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
+from carnator_core.store.stages import stage_entry, trajectory_steps
 from carnator_core.store.tensor_codec import encode_tensors
 
-log = logging.getLogger("carnator.run")
-
 STORE_UNAVAILABLE = "store unavailable: generated without reuse"
-
-# The live request's model at several states sharing one sigma, in one call: per state its
-# (x0 prediction, guidance direction or None).
-Evaluate = Callable[[list[torch.Tensor], float], list[tuple[torch.Tensor, torch.Tensor | None]]]
-
-
-def text_similarity_depth(similarity: float) -> float:
-    """NIRVANA's table as a line: similarity 0.65 skips 10% of the steps, 0.95 skips 50%; below 0.65 none."""
-    if similarity < 0.65:
-        return 0.0
-    return min(0.5, 0.1 + (similarity - 0.65) / 0.30 * 0.4)
-
-
-@dataclass
-class Resume:
-    """The accepted latent reuse: start sampling at `step` from the donor state."""
-
-    target: ProbeTarget
-    signals: ProbeSignals | None  # None for the unverified text-similarity baseline
-    x0: torch.Tensor | None  # the live model's prediction at the resume state: reused as step `step`'s evaluation
-    guidance: torch.Tensor | None = None  # and its guidance direction, recorded with it
-    end: StageEnd | None = None  # the stage is skipped whole: the run returns the donor stage's output
-
-    @property
-    def step(self) -> int:
-        """The step sampling resumes at (the stage's length when it is skipped whole)."""
-        return self.target.meta.total_steps if self.end is not None else self.target.step
 
 
 @dataclass
 class ReuseRun:
+    """The state of one request's reuse: what it knows of the request, and what plan, decision and recording found.
+
+    Model calls it makes itself (the screen, probes) are counted by its `Decider`; `finish` adds the sampler's.
+    """
+
     settings: ReuseSettings
     store: ReuseStore
     hard_key: HardKey
@@ -83,19 +66,15 @@ class ReuseRun:
     latent_reuse_refusal: str = ""  # why latent reuse does not apply to this request ("" when it does)
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
-    probes: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
-    resume: Resume | None = None
+    decision: Decision | None = None
     recorder: RunRecorder | None = None
-    model_calls: int = 0
+    model_calls: int = 0  # every model call of the run, once `finish` has added the sampler's
     candidate_checkpoints: int = 0
     attention: dict[str, Any] = field(default_factory=dict)
     store_problem: str | None = None  # why the store could not be used during this run
     # The prompt's text vector as the lookup computed it, recorded with the entry (None: the writer embeds the prompt)
     text_vector: torch.Tensor | None = None
-    # The live request's own step-0 evaluation (x0, guidance) when probing made it (`_screen`): without a resume the
-    # sampler's first call is served from it, so the screen costs a miss nothing.
-    start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
     # The state the sampler starts from (the host computes it as the sampler does, for every run): its fingerprint
     # identifies step 0 in the store, so a donor and a request compare the same computation whatever the sampler.
     start_state: torch.Tensor | None = None
@@ -107,7 +86,7 @@ class ReuseRun:
     # A continuation of a stage skipped to a donor's output: that donor's first prediction in this stage, which the
     # run's own first evaluation is compared with (the boundary check, reported; it costs no call).
     boundary: StartPrediction | None = None
-    _screened: dict[str, ProbeSignals] = field(default_factory=dict, init=False, repr=False)  # donors passed at step 0
+    _decider: Decider | None = field(default=None, init=False, repr=False)
     _start_fingerprint: str | None = field(default=None, init=False, repr=False)
 
     @property
@@ -133,6 +112,26 @@ class ReuseRun:
                             model=self.hard_key.model if handover is not None else "",
                             first_step=handover.next_step if handover is not None else 0,
                             trajectory_steps=trajectory_steps(donor) if donor is not None else None)
+
+    @property
+    def decider(self) -> Decider:
+        """The run's decision step, made once the start state is known (the host sets it before `plan`)."""
+        if self._decider is None:
+            self._decider = Decider(settings=self.settings, facts=self.facts, sigmas=self.sigmas,
+                                    start_state=self.start_state, start_fingerprint=self.start_fingerprint,
+                                    on_start=lambda sigma, x, x0, guidance: self.observe_step(0, sigma, x, x0, guidance))
+        return self._decider
+
+    @property
+    def probes(self) -> list[ProbeRecord]:
+        """Every question the run put to the model, in order."""
+        return self._decider.probes if self._decider is not None else []
+
+    @property
+    def start_evaluation(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The request's own step-0 evaluation (x0, guidance) when the screen made it: without a decision the
+        sampler's first call is served from it, so the screen costs a miss nothing."""
+        return self._decider.start_evaluation if self._decider is not None else None
 
     # ------------------------------------------------------------------ before sampling
     def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
@@ -181,8 +180,8 @@ class ReuseRun:
         if donor is not None:
             candidates = [Candidate(entry_id=donor.entry_id, prompt=donor.prompt, score=1.0, cond_similarity=1.0,
                                     text_similarity=None)]
-        self.match = Match(store_directory=self.settings.store_directory, request=None, candidates=candidates)
-        view = stage_view(donor, self.stage) if donor is not None else None
+        self.match = Match(store_location=self.settings.store_location, request=None, candidates=candidates)
+        view = stage_entry(donor, self.stage) if donor is not None else None
         if view is not None and view.hard_key.model == self.hard_key.model:
             self.boundary = boundary_prediction(self.store, view, self.latent_shape)
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
@@ -193,165 +192,24 @@ class ReuseRun:
                                             fallback_targets=max(1, batch_limit))
         return [replace(target, anchor=None) for target in targets]
 
-    def probe(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Resume | None:
-        """Evaluate targets in planner order; resume from the deepest checkpoint whose signals pass.
-
-        At most `max_probes` model calls. Each call takes the next unprobed target together with up to
-        `batch_limit - 1` later ones at the same step (other donors' checkpoints), so one evaluation probes
-        several candidates. A call with a pass ends probing and resumes from its first passing target: all
-        targets of a call share one depth, and later calls are only shallower or lower-ranked. A donor that
-        misses the structure threshold by more than `give_up_margin` gets no further probe. In fast mode the last
-        call goes to targets no deeper than balanced's limit when no earlier call was that shallow. A pass deeper than
-        the donor's shallowest checkpoint is confirmed there with one more call (`ProbeTarget.anchor`), unless the
-        donor was already confirmed at step 0 by `_screen` (given the live request's first state, `start_state`).
-        """
+    def decide(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Decision | None:
+        """Ask the live model about the plan's targets (`Decider.decide`); the decision, or None for a miss."""
         self.candidate_checkpoints = len(targets)
-        if self.settings.verification == "text-only":
-            return self._resume_by_text_similarity(targets)
-        pending = [target for target in targets if not target.screen_only]
-        if self.start_state is not None and self.settings.max_probes > 0:
-            pending = self._screen(list(targets), evaluate)
-            if self._skip_stage(pending) is not None:
-                return self.resume
-        thresholds = self.settings.thresholds
-        fallback = self.settings.fallback_resume_fraction
-        fallback_step = None if fallback is None else self.facts.max_step(fallback)
-        for call_index in range(self.settings.max_probes):
-            if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
-                    p["step"] <= fallback_step and not p["confirms_deeper"] for p in self.probes):
-                pending = [t for t in pending if t.step <= fallback_step] or pending
-            if not pending:
-                break
-            call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]
-            pending = [t for t in pending if not any(t is c for c in call)]
-            results = evaluate([t.x for t in call], call[0].sigma)
-            self.model_calls += 1
-            hopeless: set[str] = set()
-            for target, (x0_new, guidance_new) in zip(call, results, strict=True):
-                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
-                passed = thresholds.passes(signals)
-                given_up = not passed and thresholds.donor_hopeless(signals)
-                self._record_probe(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
-                if passed and self.resume is None and target.anchor is not None:
-                    passed = self._confirm(target.anchor, evaluate)  # a failed confirmation rules out the donor
-                    given_up = not passed
-                if given_up:
-                    hopeless.add(target.meta.entry_id)
-                if passed and self.resume is None:
-                    self.resume = Resume(target=target, signals=signals, x0=x0_new, guidance=guidance_new)
-            pending = [t for t in pending if t.meta.entry_id not in hopeless]
-            if self.resume is not None:
-                return self.resume
-        return None
-
-    def _skip_stage(self, screened: list[ProbeTarget]) -> Resume | None:
-        """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's
-        share of the trajectory lies within the mode's depth and the screen passes at that depth's thresholds: the
-        run returns the output of the donor it agrees with most, and the next stage starts from it (its own model's
-        first evaluation there is the boundary check)."""
-        if not self.hands_over or self.stage != 0:
-            return None
-        limit = self.settings.max_resume_fraction + 1e-9
-        skips = []
-        for target in screened:
-            signals = self._screened.get(target.meta.entry_id)
-            if target.end is None or signals is None or target.end.share > limit \
-                    or abs(target.end.sigma - self.sigmas[-1]) >= 1e-6:
-                continue
-            # the screen must pass at the depth the skip reaches, as a probe there would
-            if self.settings.thresholds.passes(replace(signals, depth=target.end.share)):
-                skips.append((signals.structure_agreement, -len(skips), target, signals))
-        if not skips:
-            return None
-        # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too
-        _, _, target, signals = max(skips, key=lambda skip: skip[:2])
-        self.resume = Resume(target=target, signals=signals, x0=None, end=target.end)
-        return self.resume
-
-    def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate) -> list[ProbeTarget]:
-        """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
-
-        A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
-        decides the most (docs/measurements.md, "Probe calibration"), so one call judges every such donor at once.
-        It is not extra work: without a resume the sampler's first call is served from it (`start_evaluation`);
-        with one it replaces the confirmation of the deep pass. Donors that fail get no probe; those that pass need no confirmation later.
-        Others are left as they were.
-        """
-        start_state = self.start_state
-        starts = {t.meta.entry_id: t.start for t in targets
-                  if t.start is not None and t.start.state == self.start_fingerprint}
-        if not starts:
-            return [target for target in targets if not target.screen_only]
-        sigma = self.sigmas[0]
-        [(x0_new, guidance_new)] = evaluate([start_state], sigma)
-        self.model_calls += 1
-        self.start_evaluation = (x0_new, guidance_new)
-        self.observe_step(0, sigma, start_state, x0_new, guidance_new)
-        ruled_out: set[str] = set()
-        for entry_id, start in starts.items():
-            signals = probe_signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
-            passed = self.settings.thresholds.passes(signals)
-            self._record_probe(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
-            if not passed:
-                ruled_out.add(entry_id)
-            else:
-                self._screened[entry_id] = signals
-        kept = [replace(target, anchor=None) if target.meta.entry_id in starts else target
-                for target in targets if target.meta.entry_id not in ruled_out
-                and (not target.screen_only or target.meta.entry_id in starts)]
-        return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
-
-    def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
-        """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and
-        motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
-        [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
-        self.model_calls += 1
-        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
-        confirmed = self.settings.thresholds.passes(signals)
-        self._record_probe(anchor.meta, anchor.step, signals, confirmed, not confirmed, batched_with=0,
-                           confirms=True)
-        return confirmed
-
-    def _record_probe(self, donor: EntryMeta, step: int, signals: ProbeSignals, passed: bool, given_up: bool,
-                      batched_with: int, confirms: bool = False) -> None:
-        self.probes.append({"donor_id": donor.entry_id, "donor_prompt": donor.prompt, "step": step, "passed": passed,
-                            "donor_given_up": given_up, "batched_with": batched_with, "confirms_deeper": confirms,
-                            **signals.as_dict()})
-
-    def _resume_by_text_similarity(self, targets: list[ProbeTarget]) -> Resume | None:
-        """Baseline (NIRVANA/Chorus style): skip depth from prompt similarity alone, no model check."""
-        for target in targets:
-            similarity = target.candidate.text_similarity
-            similarity = target.candidate.score if similarity is None else similarity
-            if target.depth <= text_similarity_depth(similarity):
-                self.resume = Resume(target=target, signals=None, x0=None)
-                return self.resume
-        return None
+        self.decision = self.decider.decide(targets, evaluate, batch_limit)
+        return self.decision
 
     # ------------------------------------------------------------------ during sampling
     def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                      guidance: torch.Tensor | None, evaluated: bool = True) -> None:
         if step == 0 and self.boundary is not None and evaluated:
-            self._check_boundary(x, x0, guidance)
+            boundary, self.boundary = self.boundary, None
+            self.decider.check_boundary(boundary, x, x0, guidance)
         if self.recorder is None or not self.recorder.wants(step):
             return
         if step > 0:
             self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
         elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
             self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance)
-
-    def _check_boundary(self, x: torch.Tensor, x0: torch.Tensor, guidance: torch.Tensor | None) -> None:
-        """Compare this stage's first evaluation, at the donor output the previous stage was skipped to, with the
-        donor's own there. It changes nothing (the skip is done); the report shows it beside the step-0 screen."""
-        boundary, self.boundary = self.boundary, None
-        donor_guidance = boundary.guidance.to(x0.device) if boundary.guidance is not None else None
-        signals = probe_signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance)
-        passed = self.settings.thresholds.passes(signals)
-        self._record_probe(boundary.meta, 0, signals, passed, False, batched_with=0, confirms=True)
-        self.probes[-1]["boundary"] = True
-        if not passed:
-            log.warning("Carnator: the state stage %d was skipped to disagrees at the boundary with donor %s (%s)",
-                        self.stage - 1, boundary.meta.entry_id[:8], signals.as_dict())
 
     def observe_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
@@ -375,8 +233,8 @@ class ReuseRun:
     @property
     def mask_donor(self) -> str | None:
         """The entry that lends this run its attention masks: the donor it resumed from, else its best candidate."""
-        if self.resume is not None:
-            return self.resume.target.meta.entry_id
+        if self.decision is not None:
+            return self.decision.target.meta.entry_id
         if self.continues is not None:
             return self.continues.mask_donor
         best = self.match.best if self.match is not None else None
@@ -395,15 +253,15 @@ class ReuseRun:
                thumbnail: bytes | None = None) -> RunReport:
         """Submit the entry for background writing (or hand it to the stage that continues this one) and return the
         report."""
-        self.model_calls += model_calls
+        self.model_calls = model_calls + (self._decider.model_calls if self._decider is not None else 0)
         if attention is not None:
             self.attention = attention.summary()
         elapsed = time.perf_counter() - self.started_at
         self.store_problem = self.store_problem or self.store.unavailable
-        if self.resume is not None:
-            saved_steps = self.resume.step
-            donor_seconds_per_step = self.resume.target.meta.sample_seconds / max(1, self.resume.target.meta.total_steps)
-            self.store.record_hit(self.resume.target.meta.entry_id, saved_steps * donor_seconds_per_step)
+        if self.decision is not None:
+            saved_steps = self.decision.step
+            donor = self.decision.target.meta
+            self.store.record_hit(donor.entry_id, saved_steps * donor.sample_seconds / max(1, donor.total_steps))
         recorded = self.settings.record and self.recorder is not None
         self._hand_on(self._entry(elapsed, attention, thumbnail) if recorded else None)
         return self.report(elapsed)
@@ -419,9 +277,9 @@ class ReuseRun:
                 masks_meta, mask_tensors = masks_to_blob(masks)
                 blobs["masks"] = encode_tensors(mask_tensors)
         lineage = {}
-        if self.resume is not None:
-            lineage = {"donor_id": self.resume.target.meta.entry_id, "depth": self.resume.step}
-        skipped_steps = self.resume.step if self.resume is not None else 0
+        if self.decision is not None:
+            lineage = {"donor_id": self.decision.target.meta.entry_id, "depth": self.decision.step}
+        skipped_steps = self.decision.step if self.decision is not None else 0
         # work of a full run, so that saved-work estimates stay honest for entries that themselves reused
         full_seconds = elapsed * self.total_steps / max(1, self.total_steps - skipped_steps)
         extra: dict[str, Any] = {"sigmas": [round(s, 6) for s in self.sigmas]}
@@ -448,8 +306,8 @@ class ReuseRun:
         if self.hands_over and self.output_fingerprint is not None:
             first_step = self.continues.next_step if self.continues is not None else 0
             donor = None
-            if self.resume is not None:
-                donor = self.resume.target.meta if self.continues is None else self.continues.donor
+            if self.decision is not None:
+                donor = self.decision.target.meta if self.continues is None else self.continues.donor
             handovers.park(self.output_fingerprint, Handover(
                 sigma=self.sigmas[-1], next_stage=self.stage + 1, next_step=first_step + self.total_steps,
                 pending=entry, donor=donor, mask_donor=self.mask_donor))
@@ -457,14 +315,14 @@ class ReuseRun:
             writer.submit(entry)
 
     def report(self, elapsed: float) -> RunReport:
-        best = self.resume.target if self.resume is not None else None
+        best = self.decision.target if self.decision is not None else None
         candidate = best.candidate if best is not None else (self.match.best if self.match else None)
-        skipped_steps = self.resume.step if self.resume is not None else 0
+        skipped_steps = self.decision.step if self.decision is not None else 0
         reason = ""
         if best is None:
             reason = self._miss_reason()
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
-        signals = self.resume.signals if self.resume is not None else None
+        signals = self.decision.signals if self.decision is not None else None
         return RunReport(
             hit=best is not None or bool(self.attention.get("borrowed_sparse_calls")),
             mode=self.settings.mode,
@@ -482,7 +340,7 @@ class ReuseRun:
             time_s=elapsed,
             time_saved_s=per_step * skipped_steps,
             reason=reason,
-            probes=self.probes,
+            probes=list(self.probes),
             candidates=[{"entry_id": c.entry_id, "prompt": c.prompt, "score": c.score}
                         for c in (self.match.candidates if self.match else [])],
             filtered=dict(self.match.filtered) if self.match else {},
@@ -495,7 +353,7 @@ class ReuseRun:
         if self.continues is None and not self.hands_over:
             return {}
         return {"index": self.stage, "first_step": self.continues.next_step if self.continues is not None else 0,
-                "hands_over": self.hands_over, "skipped_whole": self.resume is not None and self.resume.end is not None}
+                "hands_over": self.hands_over, "skipped_whole": self.decision is not None and self.decision.skips_stage}
 
     def _notes(self) -> list[str]:
         notes = list(self.match.notes if self.match else [])
@@ -517,7 +375,7 @@ class ReuseRun:
             return self.latent_reuse_refusal
         if self.settings.max_resume_fraction <= 0:
             return "mode 'safe': latent reuse off"
-        if self.continues is not None and not any(not probe.get("boundary") for probe in self.probes):
+        if self.continues is not None and not any(not probe.boundary for probe in self.probes):
             return ("continues a stage skipped to a donor's output: the mode's depth ends at the boundary"
                     if self.continues.donor is not None else "continues a stage that sampled in full: no donor state")
         if self.match is None or not self.match.candidates:

@@ -7,6 +7,7 @@ settings through `ReuseSettings.from_inputs`, so a node input is defined, defaul
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from carnator_core.reuse.probe import ProbeThresholds
@@ -47,7 +48,7 @@ class ReuseSettings:
     """
 
     mode: str = "balanced"
-    store_directory: str = ""
+    store_location: str = ""  # the store's location: a directory or a store URL (empty: the default store)
     prompt: str = ""
     top_k: int = 4
     min_similarity: float = 0.5
@@ -76,7 +77,7 @@ class ReuseSettings:
             raise ValueError("checkpoint fractions must lie strictly between 0 and 1")
 
     @classmethod
-    def from_inputs(cls, store_directory: str = "", prompt: str | None = "", **inputs) -> ReuseSettings:
+    def from_inputs(cls, store_location: str = "", prompt: str | None = "", **inputs) -> ReuseSettings:
         """Settings from a reuse node's inputs, by the names the node declares; an input left out takes its default.
 
         Raises ValueError naming the input when a number lies outside its range (`INPUT_RANGES`) or a choice is
@@ -90,7 +91,7 @@ class ReuseSettings:
         thresholds = ProbeThresholds(structure=inputs.pop("structure_threshold", input_default("structure_threshold")),
                                      guidance=inputs.pop("guidance_threshold", input_default("guidance_threshold")),
                                      structure_slope=slope, guidance_slope=slope)
-        return cls(store_directory=store_directory, prompt=prompt or "", thresholds=thresholds, **inputs)
+        return cls(store_location=store_location, prompt=prompt or "", thresholds=thresholds, **inputs)
 
     @property
     def max_resume_fraction(self) -> float:
@@ -107,10 +108,29 @@ class ReuseSettings:
         balanced = RESUME_LIMITS["balanced"]
         return balanced if self.max_resume_fraction > balanced else None
 
+    def probe_batch_limit(self, on_cpu: bool, fits: Callable[[int], bool]) -> int:
+        """Donor states per probe call: the user's number, else (auto) the most, up to MAX_AUTO_PROBE_BATCH, that
+        `fits` (the host's memory check for a call of that many states) allows. On CPU auto is 1: a batched call
+        there costs as much as the separate calls, and those can stop at the first pass."""
+        if self.probe_batch > 0:
+            return self.probe_batch
+        if on_cpu:
+            return 1
+        limit = 1
+        for states in range(2, MAX_AUTO_PROBE_BATCH + 1):
+            if not fits(states):
+                break
+            limit = states
+        return limit
+
+    def boost_sigmas(self, sigmas: list[float], start: int) -> set[float]:
+        """The sigmas of the steps after a resume at `start` that sample with the guidance boost."""
+        return set(sigmas[start:start + self.guidance_boost_steps]) if self.guidance_boost > 0 else set()
+
     def checkpoint_steps(self, total_steps: int) -> list[int]:
         """Steps at which a run records (x_k, x0_k, guidance_k) for later requests.
 
-        Step 0 always: it is what later requests confirm a donor on (`ReuseRun._screen`), never a resume point.
+        Step 0 always: it is what later requests confirm a donor on (`Decider._screen`), never a resume point.
         Few-step schedules (distilled models, LoRAs such as lightx2v) record every step: each step is a large
         share of the run, and the fractions would leave some steps out.
         """

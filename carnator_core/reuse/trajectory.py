@@ -8,9 +8,7 @@ another process or server is not a known stage output: that run samples plain an
 
 The request is recorded as one entry. Its first stage is the entry itself (hard key, checkpoints, masks), so it is
 found and planned like any other entry; its output is kept as the tensor `end` of the checkpoint blob
-(`extra["stage_end"]`). `extra["stages"]` lists the later stages, each with its own model fingerprint (expert, LoRA
-and strength), schedule slice, checkpoints numbered within the stage and blobs `checkpoints_<i>` / `masks_<i>`;
-`stage_view` presents one of them as an entry of its own, so the planner treats every stage alike.
+(`extra["stage_end"]`); the later stages are records in the same entry (`carnator_core.store.stages`).
 """
 
 from __future__ import annotations
@@ -19,73 +17,24 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from carnator_core.reuse.recorder import END_TENSOR, PendingEntry, writer
+from carnator_core.lookup.fingerprint import content_fingerprint
+from carnator_core.reuse.cached_evaluation import same_sigma
+from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
 from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.stages import (
+    StageRecord,
+    checkpoint_blob,
+    masks_blob,
+    stage_index,
+    trajectory_steps,
+)
 
 log = logging.getLogger("carnator.trajectory")
-
-
-def checkpoint_blob(stage: int) -> str:
-    return "checkpoints" if stage == 0 else f"checkpoints_{stage}"
-
-
-def masks_blob(stage: int) -> str:
-    return "masks" if stage == 0 else f"masks_{stage}"
-
-
-def _stage_records(meta: EntryMeta) -> list[dict[str, Any]]:
-    stages = meta.extra.get("stages")
-    return stages if isinstance(stages, list) else []
-
-
-def trajectory_steps(meta: EntryMeta) -> int:
-    """Steps of the whole recorded trajectory: the first stage's and every later stage's."""
-    later = 0
-    for record in _stage_records(meta):
-        steps = record.get("steps") if isinstance(record, dict) else None
-        if not isinstance(steps, int) or steps <= 0:
-            return meta.total_steps  # a malformed record: the later stages do not count
-        later += steps
-    return meta.total_steps + later
-
-
-def _valid_checkpoints(listing: Any) -> bool:
-    return isinstance(listing, list) and all(
-        isinstance(c, dict) and isinstance(c.get("step"), int) and isinstance(c.get("sigma"), (int, float))
-        for c in listing)
-
-
-def stage_view(meta: EntryMeta, stage: int) -> EntryMeta | None:
-    """Stage `stage` of a recorded trajectory as an entry of its own (stage 0 is the entry); None when the entry has
-    no such stage or its record is malformed."""
-    if stage == 0:
-        return meta
-    records = _stage_records(meta)
-    if not 0 < stage <= len(records) or not isinstance(records[stage - 1], dict):
-        return None
-    record = records[stage - 1]
-    model, schedule, steps = record.get("model"), record.get("schedule"), record.get("steps")
-    if not (isinstance(model, str) and isinstance(schedule, str) and isinstance(steps, int) and steps > 0
-            and _valid_checkpoints(record.get("checkpoints"))):
-        return None
-    extra: dict[str, Any] = {"stage": stage, "trajectory_steps": trajectory_steps(meta)}
-    if isinstance(record.get("end"), dict):
-        extra["stage_end"] = record["end"]
-    masks = record.get("masks")
-    return replace(meta, hard_key=HardKey(model=model, grid=meta.hard_key.grid, schedule=schedule),
-                   total_steps=steps, checkpoints=list(record["checkpoints"]),
-                   masks=dict(masks) if isinstance(masks, dict) else {}, lineage={}, extra=extra)
-
-
-def view_stage(meta: EntryMeta) -> int:
-    """Which stage of its trajectory an entry (or `stage_view`) stands for."""
-    stage = meta.extra.get("stage", 0)
-    return stage if isinstance(stage, int) else 0
 
 
 @dataclass
@@ -110,7 +59,7 @@ def stage_end_of(meta: EntryMeta, tensors: dict[str, torch.Tensor] | None,
     never skipped whole."""
     record = meta.extra.get("stage_end")
     latent = tensors.get(END_TENSOR) if tensors is not None else None
-    if view_stage(meta) or not isinstance(record, dict) or not isinstance(record.get("sigma"), (int, float)):
+    if stage_index(meta) or not isinstance(record, dict) or not isinstance(record.get("sigma"), (int, float)):
         return None
     if latent is None or tuple(latent.shape) != tuple(latent_shape) or not bool(torch.isfinite(latent).all()):
         return None
@@ -204,11 +153,29 @@ handovers = HandoverRegistry()
 def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: int, listing: list[dict],
                  blobs: dict[str, bytes], masks: dict[str, Any], end_sigma: float | None) -> None:
     """Add a later stage's record and blobs to the request's entry so far."""
-    record: dict[str, Any] = {"model": hard_key.model, "schedule": hard_key.schedule, "steps": steps,
-                              "checkpoints": listing, "masks": masks}
-    if end_sigma is not None:
-        record["end"] = {"sigma": end_sigma}
-    pending.meta.extra.setdefault("stages", []).append(record)
+    record = StageRecord(model=hard_key.model, schedule=hard_key.schedule, steps=steps, checkpoints=listing,
+                         masks=masks, end_sigma=end_sigma)
+    pending.meta.extra.setdefault("stages", []).append(record.as_dict())
     names = {"checkpoints": checkpoint_blob(stage), "masks": masks_blob(stage)}
     for name, blob in blobs.items():
         pending.blobs[names.get(name, name)] = blob  # the last stage's thumbnail previews the request
+
+
+def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor, first_sigma: float,
+                    refusal: str) -> tuple[Handover | None, str]:
+    """The hand-over a run continues when its input latent is a stage output this process handed over, it adds no
+    noise and starts where that stage ended; with why latent reuse does not apply ("" when it may)."""
+    if torch.count_nonzero(latent_image) == 0:
+        return None, refusal
+    fingerprint = content_fingerprint(latent_image)
+    handover, why = handovers.claim(fingerprint)
+    if handover is None:
+        return None, why or (refusal + " (and not the output of a stage sampled here: edited, resized, another seed "
+                                       "or another process)")
+    if torch.count_nonzero(noise) or not same_sigma(handover.sigma, first_sigma):
+        handovers.give_back(fingerprint, handover)
+        return None, ("a stage output sampled with fresh noise or from another sigma than the stage ended at: "
+                      "not a stage order Carnator knows, latent reuse off")
+    if handover.donor is None:
+        return handover, "continues a stage that sampled in full: latent reuse off for this stage"
+    return handover, ""

@@ -30,12 +30,13 @@ class HardKey:
     def mismatch(self, other: HardKey) -> str | None:
         """Why `other` is not compatible with this key, or None when it is.
 
-        An empty schedule on this key matches any schedule: a lookup made before the sampler
-        has chosen its sigmas; the sampler checks the schedule again before any reuse.
+        An empty field on this key matches anything there: a lookup made before the sampler has chosen its sigmas
+        (the sampler checks the schedule again before any reuse), or a plan whose candidates the lookup already
+        matched on model and grid.
         """
-        if other.model != self.model:
+        if self.model and other.model != self.model:
             return "other model"
-        if other.grid != self.grid:
+        if self.grid and other.grid != self.grid:
             return "other token grid"
         if self.schedule and other.schedule != self.schedule:
             return "other sigma schedule"

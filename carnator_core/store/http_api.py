@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import ipaddress
 import os
 import re
 import sqlite3
@@ -25,8 +24,7 @@ from typing import Any, TypeVar
 
 from carnator_core.store.backend import CorruptValueError, StoreError, StoreUnavailable
 from carnator_core.store.entry import EntryMeta
-from carnator_core.store.location import opened_stores, store_key
-from carnator_core.store.redis_backend import is_redis_url
+from carnator_core.store.location import host_address, is_loopback_host, is_store_url, opened_stores, store_key
 from carnator_core.store.reuse_store import EntryStats, ReuseStore
 
 ENTRY_ID = re.compile(r"[0-9a-f]{32}")
@@ -101,29 +99,20 @@ def _host_port(netloc: str, scheme: str) -> tuple[str, int | None]:
     return (parsed.hostname or "").lower(), port if port is not None else _DEFAULT_PORTS.get(scheme)
 
 
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The IP address `text` spells (brackets and IPv4-mapped IPv6 undone), or None for a name."""
-    try:
-        address = ipaddress.ip_address(text.strip().strip("[]"))
-    except ValueError:
-        return None
-    return getattr(address, "ipv4_mapped", None) or address
-
-
 def trusted_host(host: str, listen: Iterable[str], local_address: str | None) -> bool:
     """Whether a Host name names this server: a loopback name or address, a name or address ComfyUI was told to
     listen on (`--listen`, comma-separated), or, where it listens on every address (0.0.0.0, ::), the address this
     connection reached. A DNS-rebinding page reaches the server under its own domain, which is none of these."""
-    address = _address(host)
-    if host == "localhost" or (address is not None and address.is_loopback):
+    if is_loopback_host(host):
         return True
+    address = host_address(host)
     for entry in (entry.strip().lower() for entry in listen):
-        listened = _address(entry)
+        listened = host_address(entry)
         if listened is None:
             if entry == host:
                 return True
         elif listened.is_unspecified:
-            if address is not None and local_address is not None and address == _address(local_address):
+            if address is not None and local_address is not None and address == host_address(local_address):
                 return True
         elif address == listened:
             return True
@@ -207,7 +196,7 @@ class ServedStores:
         """The default store before any node opened it; None while its directory holds no store (no request
         creates one: there is nothing to list, pin or delete there anyway)."""
         with self._lock, _store_failures(key, "opened"):
-            if not is_redis_url(location) and not os.path.isfile(os.path.join(location, "cache.db")):
+            if not is_store_url(location) and not os.path.isfile(os.path.join(location, "cache.db")):
                 if os.path.exists(location) and (not os.path.isdir(location) or os.listdir(location)):
                     raise ApiError(409, f"{location} is not a Carnator store")
                 return None
@@ -238,7 +227,7 @@ def _on_store(verb: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
         def guarded(store: ReuseStore | None, *args: Any) -> _T:
             if store is None:
                 return work(store, *args)
-            with _store_failures(store.directory, verb):
+            with _store_failures(store.location, verb):
                 try:
                     result = work(store, *args)
                 except ApiError:
@@ -300,7 +289,7 @@ def list_entries(store: ReuseStore | None, offset: int, limit: int, text: str) -
     stats = store.stats_many([entry for entry, _ in page]) if page else []
     return {"entries": [_summary(entry, meta, s) for (entry, meta), s in zip(page, stats, strict=True)],
             "total": len(matching), "offset": offset, "limit": limit, "q": text,
-            "store": store.directory if store is not None else None}
+            "store": store.location if store is not None else None}
 
 
 @_on_store("read")
@@ -317,7 +306,7 @@ def store_totals(store: ReuseStore | None) -> dict[str, Any]:
     live = [(entry, meta) for entry, meta in zip(ids, metas, strict=True) if meta is not None]
     stats = [s or EntryStats() for s in store.stats_many([entry for entry, _ in live])]
     reused = sum(1 for _, meta in live if meta.lineage.get("donor_id"))
-    return {"store": store.directory, "entries": len(live), "bytes": store.used_bytes(), "disk_bytes": store.volume(),
+    return {"store": store.location, "entries": len(live), "bytes": store.used_bytes(), "disk_bytes": store.volume(),
             "size_limit": store.size_limit, "hits": sum(s.hits for s in stats),
             "seconds_saved": sum(s.seconds_saved for s in stats), "pinned": sum(1 for s in stats if s.pinned),
             "reused": reused, "hit_rate": reused / len(live) if live else None}

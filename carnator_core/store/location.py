@@ -10,10 +10,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from carnator_core.store.backend import StoreError
 from carnator_core.store.redis_backend import parse_redis_url
-from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT, ReuseStore, is_url_location
+
+if TYPE_CHECKING:  # reuse_store asks `is_store_url` of this module: ReuseStore is imported where a store is opened
+    from carnator_core.store.reuse_store import ReuseStore
 
 ALLOW_OUTSIDE_ENV = "CARNATOR_ALLOW_STORE_OUTSIDE_BASE"
 _open_stores: dict[str, ReuseStore] = {}
@@ -47,13 +50,29 @@ def resolve_store_directory(user_path: str, base_directory: str, default_directo
     return candidate
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
+def is_store_url(location: str) -> bool:
+    """Whether a store location is a URL rather than a directory: anything with `://` in it. The one such test of
+    the pack; a URL that is not `redis://` or `rediss://` is then refused by `parse_redis_url`, never taken for a
+    directory."""
+    return "://" in location
+
+
+def host_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address a host name spells (brackets and IPv4-mapped IPv6 undone), or None for a name."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(text.strip().strip("[]"))
     except ValueError:
-        return False
+        return None
+    return getattr(address, "ipv4_mapped", None) or address
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address names this machine: `localhost` (any case) or a loopback address
+    (127.0.0.0/8, ::1, bracketed or IPv4-mapped). The one such test of the pack."""
+    if host.strip().lower() == "localhost":
+        return True
+    address = host_address(host)
+    return address is not None and address.is_loopback
 
 
 def resolve_store_location(user_path: str, base_directory: str, default_location: str,
@@ -68,12 +87,12 @@ def resolve_store_location(user_path: str, base_directory: str, default_location
     text = user_path.strip()
     if not text:
         return default_location
-    if not is_url_location(text):
+    if not is_store_url(text):
         return resolve_store_directory(text, base_directory, default_location, allow_outside)
     location = parse_redis_url(text)
     configured = parse_redis_url(configured_url) if configured_url else None
     known = configured is not None and (configured.host, configured.port) == (location.host, location.port)
-    if not (_is_loopback(location.host) or known or _allow_outside(allow_outside)):
+    if not (is_loopback_host(location.host) or known or _allow_outside(allow_outside)):
         raise StoreError(f"store URL {location.public_url} names a server other than this machine and the "
                          f"configured store; set {ALLOW_OUTSIDE_ENV}=1 on the server to allow it")
     if configured is not None and location.public_url == configured.public_url and location.password is None:
@@ -83,7 +102,7 @@ def resolve_store_location(user_path: str, base_directory: str, default_location
 
 def store_key(location: str) -> str:
     """The registry name of a location: the absolute directory, or the URL without credentials and options."""
-    return parse_redis_url(location).public_url if is_url_location(location) else os.path.abspath(location)
+    return parse_redis_url(location).public_url if is_store_url(location) else os.path.abspath(location)
 
 
 def opened_stores() -> dict[str, ReuseStore]:
@@ -97,6 +116,8 @@ def open_store(location: str, size_limit: int | None = None, blob_cache_root: st
 
     `size_limit=None` keeps the limit the store was opened with (default for a new one).
     """
+    from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT, ReuseStore
+
     key = store_key(location)
     with _open_stores_lock:
         store = _open_stores.get(key)

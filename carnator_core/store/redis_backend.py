@@ -128,10 +128,6 @@ _OPTIONS: dict[str, tuple[type, float, float]] = {
 }
 
 
-def is_redis_url(text: str) -> bool:
-    return urllib.parse.urlsplit(text.strip()).scheme.lower() in SCHEMES
-
-
 def parse_redis_url(url: str) -> RedisLocation:
     """A `RedisLocation`, or StoreError saying what is wrong with the URL (never a connection attempt)."""
     shown = url if "@" not in url else "<URL with credentials>"

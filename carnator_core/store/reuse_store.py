@@ -54,6 +54,7 @@ from carnator_core.store.backend import (
 from carnator_core.store.blob_cache import BlobCache
 from carnator_core.store.diskcache_backend import DiskcacheBackend
 from carnator_core.store.entry import SCHEMA_VERSION, CorruptEntryError, EntryMeta, HardKey
+from carnator_core.store.location import is_store_url
 from carnator_core.store.redis_backend import RedisBackend, parse_redis_url
 from carnator_core.store.tensor_codec import CorruptBlobError, decode_metadata, decode_tensors, encode_tensors
 
@@ -107,12 +108,8 @@ def _schema_marker() -> bytes:
     return json.dumps({"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION}).encode()
 
 
-def is_url_location(location: str) -> bool:
-    return "://" in location
-
-
 def _backend_for(location: str) -> KeyValueBackend:
-    return RedisBackend(parse_redis_url(location)) if is_url_location(location) else DiskcacheBackend(location)
+    return RedisBackend(parse_redis_url(location)) if is_store_url(location) else DiskcacheBackend(location)
 
 
 class ReuseStore:
@@ -127,10 +124,10 @@ class ReuseStore:
             raise StoreError(f"size limit must be positive, got {size_limit}")
         self.size_limit = int(size_limit)
         self.backend = _backend_for(location)
-        self.directory = self.backend.location  # directory, or URL without credentials
+        self.location = self.backend.location  # the directory, or the URL without credentials
         self._blob_cache: BlobCache | None = None
         if isinstance(self.backend, RedisBackend) and blob_cache_root:
-            self._blob_cache = BlobCache(BlobCache.directory_for(blob_cache_root, self.directory),
+            self._blob_cache = BlobCache(BlobCache.directory_for(blob_cache_root, self.location),
                                          int(self.backend.redis_location.cache_gb * 2**30))
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -146,10 +143,10 @@ class ReuseStore:
         try:
             raw = self.backend.get(_SCHEMA)
         except CorruptValueError as error:  # planted or torn: never unpickled, and as clear as any unreadable marker
-            raise StoreError(f"{self.directory} has an unreadable Carnator schema marker: {error}") from None
+            raise StoreError(f"{self.location} has an unreadable Carnator schema marker: {error}") from None
         if raw is None:
             if not self.backend.is_empty() and self.backend.get(_SCHEMA) is None:
-                raise StoreError(f"{self.directory} is not a Carnator store (it holds other data and no Carnator "
+                raise StoreError(f"{self.location} is not a Carnator store (it holds other data and no Carnator "
                                  "schema marker); choose an empty directory or Redis database")
             self.backend.set_if_absent(_SCHEMA, _schema_marker())
             raw = self.backend.get(_SCHEMA)
@@ -157,14 +154,14 @@ class ReuseStore:
             schema = json.loads(raw)
             store_format, version = schema["format"], int(schema["schema_version"])
         except (TypeError, ValueError, KeyError) as error:
-            raise StoreError(f"{self.directory} has an unreadable Carnator schema marker: {error}") from error
+            raise StoreError(f"{self.location} has an unreadable Carnator schema marker: {error}") from error
         if store_format != STORE_FORMAT:
-            raise StoreError(f"{self.directory} is not a Carnator store (format {store_format!r})")
+            raise StoreError(f"{self.location} is not a Carnator store (format {store_format!r})")
         if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.directory} was written by a newer Carnator (store schema {version}); this version "
+            raise StoreError(f"{self.location} was written by a newer Carnator (store schema {version}); this version "
                              f"reads schema {SCHEMA_VERSION}. Update Carnator or point it at another store.")
         if version < SCHEMA_VERSION:
-            raise StoreError(f"{self.directory} holds an older Carnator store (schema {version}, current "
+            raise StoreError(f"{self.location} holds an older Carnator store (schema {version}, current "
                              f"{SCHEMA_VERSION}); clear it or choose another store.")
         self._schema_checked = True
 
@@ -185,7 +182,7 @@ class ReuseStore:
             self._problem = str(error)
         if first:
             log.warning("Carnator store %s unavailable (%s): generating without reuse and not recording until it "
-                        "is back; it reconnects by itself", self.directory, error)
+                        "is back; it reconnects by itself", self.location, error)
 
     def _attempt(self, operation: Callable[..., _T], *args) -> _T:
         """Run a backend call; an outage is remembered (and logged once) and re-raised as `StoreUnavailable`."""
@@ -206,7 +203,7 @@ class ReuseStore:
             raise StoreUnavailable(str(error)) from None
         if self._problem is not None:
             self._problem = None
-            log.warning("Carnator store %s is reachable again: reuse and recording resume", self.directory)
+            log.warning("Carnator store %s is reachable again: reuse and recording resume", self.location)
 
     def _quietly(self, default: _T, operation: Callable[..., _T], *args) -> _T:
         """A read that answers `default` while the store is unavailable."""
@@ -269,7 +266,7 @@ class ReuseStore:
         total = sum(record.get("bytes", 0.0) for record in self._ranking_records(list(self.entry_ids())) if record)
         self._attempt(self.backend.set_counter, _BYTES, int(total))
         log.warning("Carnator store %s: the bytes counter was unreadable (%s); recounted it from the entries: %d bytes",
-                    self.directory, error, int(total))
+                    self.location, error, int(total))
 
     def record_hit(self, entry_id: str, seconds_saved: float) -> None:
         """Count a reuse of `entry_id` with one atomic update, so concurrent hits add up (best effort)."""
@@ -318,7 +315,7 @@ class ReuseStore:
             if entry_id in self._warned:
                 return
             self._warned.add(entry_id)
-        log.warning("Carnator store %s: skipping entry %s: %s", self.directory, entry_id, problem)
+        log.warning("Carnator store %s: skipping entry %s: %s", self.location, entry_id, problem)
 
     def _checked(self, entry_id: str, key: str, value: _T | Unreadable | None) -> _T | None:
         """A value from a batched read; one the backend could not read is skipped, logged once."""
@@ -535,7 +532,7 @@ class ReuseStore:
             evicted.append(entry_id)
         if evicted:
             log.info("Carnator store %s: evicted %d entries to stay under %d bytes",
-                     self.directory, len(evicted), self.budget())
+                     self.location, len(evicted), self.budget())
         self._quietly(None, self.backend.sweep)  # and what interrupted writes left, which no entry accounts for
         return evicted
 

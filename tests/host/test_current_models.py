@@ -32,7 +32,8 @@ from support.t2v_graphs import (
     wan22_ti2v,
 )
 
-from carnator_core.reuse.recorder import writer
+from carnator_core.lookup.prompt_text import is_link
+from carnator_core.reuse.recording import writer
 
 STEPS = 10
 PROMPT = "a red ball rolls left"  # the graphs' default positive text
@@ -62,7 +63,7 @@ def _graph(current_model, family: str, **options) -> dict:
 def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     """Run a graph from a cold cache: ComfyUI would otherwise serve an identical prompt without sampling."""
     comfy.unload_models()
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
     writer.flush()
     return run.output(SAMPLER)["samples"], reports
@@ -96,7 +97,7 @@ def test_a_plain_video_latent_resumes_from_the_same_prompt_and_seed(comfy, curre
     assert report["guidance_cosine"] == pytest.approx(1.0, abs=1e-2)
     assert float((second - first).norm() / first.norm()) < 2e-3
 
-    store = _pack_module(comfy, "host").store_from_path(store_path)
+    store = _pack_module(comfy, "host").store_at(store_path)
     entries = list(store.entry_ids())
     assert len(entries) == 2  # both requests recorded, with checkpoints and a preview of the latent
     for entry_id in entries:
@@ -117,21 +118,21 @@ def test_ltx2_audio_and_video_is_a_clean_miss_identical_to_plain(comfy, current_
         video, audio = reused.unbind()
         assert tuple(video.shape) == (1, 128, 2, 2, 2) and tuple(audio.shape) == ltx2_audio_latent_shape()
         assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
-    assert not list(_pack_module(comfy, "host").store_from_path(store_path).entry_ids())
+    assert not list(_pack_module(comfy, "host").store_at(store_path).entry_ids())
 
 
 def test_ltx2_through_the_reuse_sampler_is_the_same_clean_miss(comfy, current_model, store_path, audio_latent):
     """CarnatorReuseSampler (SamplerCustom's SAMPLER input) opens its run as the model wrapper does: the packed
     latent is refused with the same reason, sampled plain and reported."""
-    from support.reuse_graphs import REUSE_DEFAULTS
+    from carnator_core.demo.graphs import STORE, with_report, with_store
 
     graph = _graph(current_model, "ltxav", seed=3, steps=4)
     plain, _ = _sample(comfy, graph)
-    graph["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
-    graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {
-        "sampler": ["ksampler_select", 0], "store": ["carnator_store", 0], "prompt": PROMPT, **REUSE_DEFAULTS}}
+    graph = with_store(graph, store_path)
+    graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {  # otherwise the node's defaults
+        "sampler": ["ksampler_select", 0], "store": [STORE, 0], "prompt": PROMPT}}
     graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
-    graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
+    graph = with_report(graph)
     reused, (report,) = _sample(comfy, graph)
     assert not report["hit"] and report["model_calls"] == 4
     assert report["reason"] == "packed multi-latent (2 latents, e.g. audio + video): not supported, sampled plain"
@@ -209,7 +210,7 @@ def _traced_sample(comfy, graph: dict, trace: AttentionTrace) -> None:
     def output(node_id: str):
         if node_id not in outputs:
             node = graph[node_id]
-            inputs = {name: output(value[0])[value[1]] if isinstance(value, list) else value
+            inputs = {name: output(value[0])[value[1]] if is_link(value) else value
                       for name, value in node["inputs"].items()}
             result = comfy.call_node(node["class_type"], **inputs)
             if node_id == MODEL:

@@ -7,7 +7,6 @@ serves only requests with its own schedule and its own model patches: a 4-step d
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 
@@ -16,7 +15,7 @@ import torch
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import MODEL, SAMPLER, wan_t2v
 
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 _stores = itertools.count()
 PROMPT = "a red ball rolls left"
@@ -40,7 +39,7 @@ def _graph(tiny_models, steps: int, lora: tuple[str, float] | None = None) -> di
 
 def _report(comfy, graph: dict, store_path: str, **options) -> tuple[torch.Tensor, dict]:
     comfy.unload_models()
-    run = comfy.run_prompt(with_reuse(copy.deepcopy(graph), store_path, prompt=PROMPT, **options))
+    run = comfy.run_prompt(comfy.complete(with_reuse(graph, store_path, prompt=PROMPT, **options)))
     writer.flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))[0]
 

@@ -18,7 +18,7 @@ from support.comfy_host import captured_logs
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, wan_t2v
 
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 
 def _pack_module(name: str):
@@ -28,7 +28,7 @@ def _pack_module(name: str):
 
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))
 

@@ -12,7 +12,6 @@ import json
 
 import pytest
 import torch
-from support.reuse_graphs import ATTENTION_DEFAULTS, REUSE_DEFAULTS
 
 from carnator_core.demo.graphs import (
     MODEL_CHAIN,
@@ -25,13 +24,13 @@ from carnator_core.demo.graphs import (
     with_reuse,
 )
 from carnator_core.lookup.embeddings import text_embedder
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 SCENE = "a purple triangle moving right on a gray background"
 REWORDED = "a violet wedge drifting to the right over grey"
 LOOK_ALIKE = "a purple triangle moving left on a gray background"  # motion reversed: the model must refuse it
-OPTIONS = {**REUSE_DEFAULTS, **ATTENTION_DEFAULTS, "sparse_attention": "off"}  # the node's defaults, as queued
+OPTIONS = {"sparse_attention": "off"}  # otherwise the node's defaults, as queued (InProcessComfy.complete)
 _stores = itertools.count()
 
 
@@ -42,7 +41,7 @@ def _text_cosine(a: str, b: str) -> float:
 
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()  # an identical prompt would otherwise be served from ComfyUI's cache
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output(REPORT, 1))
 

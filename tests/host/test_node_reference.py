@@ -49,7 +49,7 @@ def test_advanced_marks_are_the_ones_the_host_shows(pack_nodes):
     from comfy_api.latest import io
 
     if "advanced" not in inspect.signature(io.Input.__init__).parameters:
-        pytest.skip("this host's schema has no advanced inputs; the page takes them from the pack's expert() marker")
+        pytest.skip("this host's schema has no advanced inputs; the page takes them from the pack's advanced_input() marker")
     marked = advanced_inputs(pack_nodes)
     for node in pack_nodes:
         schema = node.define_schema()

@@ -6,16 +6,14 @@ stand-in that encodes with the demo model's text encoder (there is no text encod
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 
 import pytest
-from support.reuse_graphs import ATTENTION_DEFAULTS, REUSE_DEFAULTS
 
 from carnator_core.demo.graphs import NEGATIVE, POSITIVE, REPORT, SAMPLER, base_graph, with_reuse
 from carnator_core.demo.text import encode_prompts
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 from carnator_core.store.http_api import list_entries
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -62,8 +60,7 @@ def _node(class_type: str, **inputs) -> dict:
 def _graph(text: str = TEXT) -> tuple[dict, str]:
     """The demo graph with CarnatorReuse (prompt empty) and CLIPTextEncode on the stand-in CLIP."""
     store = f"stores/prompt-from-graph-{next(_stores)}"
-    graph = with_reuse(base_graph(DEMO_WEIGHTS, "", seed=5, steps=4), store, "",
-                       **{**REUSE_DEFAULTS, **ATTENTION_DEFAULTS, "sparse_attention": "off"})
+    graph = with_reuse(base_graph(DEMO_WEIGHTS, "", seed=5, steps=4), store, "", sparse_attention="off")
     graph["clip"] = _node("PromptTestDemoClip")
     graph[POSITIVE] = _node("CLIPTextEncode", text=text, clip=["clip", 0])
     graph[NEGATIVE] = _node("CLIPTextEncode", text="", clip=["clip", 0])
@@ -71,7 +68,7 @@ def _graph(text: str = TEXT) -> tuple[dict, str]:
 
 
 def _run(comfy, graph: dict) -> dict:
-    run = comfy.run_prompt(copy.deepcopy(graph))  # a fresh prompt, as every queue is (ComfyUI writes into it)
+    run = comfy.run_prompt(comfy.complete(graph))  # a completed copy: a fresh prompt, as every queue is
     writer.flush()
     (report,) = json.loads(run.output(REPORT, 1))
     return report

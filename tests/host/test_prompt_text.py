@@ -10,7 +10,7 @@ import torch
 from carnator_core.demo.graphs import REPORT, SAMPLER, base_graph, with_reuse
 from carnator_core.demo.text import encode_prompts
 from carnator_core.lookup.embeddings import text_embedder, tokenizable
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 LONE_SURROGATE = "a red circle \ud800 moving left"
 
@@ -24,12 +24,9 @@ def test_lone_surrogates_become_replacement_characters():
 
 def test_a_prompt_with_a_lone_surrogate_samples_and_records(comfy):
     graph = base_graph("carnator_demo_wan21_t2v.safetensors", LONE_SURROGATE, seed=1, steps=4)
-    graph = with_reuse(graph, "stores/surrogate", LONE_SURROGATE, mode="balanced", seed_policy="same-noise", top_k=4,
-                       min_similarity=0.5, max_probes=3, structure_threshold=0.85, guidance_threshold=0.8,
-                       depth_slope=0.09, guidance_boost=0.0, guidance_boost_steps=0, record=True,
-                       sparse_attention="off", enter_recall=0.9, exit_recall=0.75)
+    graph = with_reuse(graph, "stores/surrogate", LONE_SURROGATE, sparse_attention="off")  # else the node's defaults
     comfy.unload_models()
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     (report,) = json.loads(run.output(REPORT, 1))
     assert report["hit"] is False and torch.isfinite(run.output(SAMPLER)["samples"]).all()

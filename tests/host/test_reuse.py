@@ -13,7 +13,7 @@ from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, wan_t2v
 
 from carnator_core.demo.graphs import with_easycache
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 _stores = itertools.count()
 STEPS = 10
@@ -27,7 +27,7 @@ def store_path() -> str:
 def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     """Run a graph from a cold cache: ComfyUI would otherwise serve an identical prompt without sampling."""
     comfy.unload_models()
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     latent = run.output(SAMPLER)["samples"]
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
     writer.flush()
@@ -103,20 +103,20 @@ def test_carnator_ksampler_is_a_drop_in_for_ksampler(comfy, tiny_models, store_p
 
 
 def test_reuse_sampler_with_lookup_in_a_sampler_custom_advanced_graph(comfy, tiny_models, store_path):
-    from support.reuse_graphs import REUSE_DEFAULTS
     from support.t2v_graphs import LATENT, POSITIVE, hunyuan_video_t2v
+
+    from carnator_core.demo.graphs import STORE, with_report, with_store
 
     graph = hunyuan_video_t2v(tiny_models["hunyuan_video"].name, steps=STEPS, seed=4)
     plain, _ = _sample(comfy, graph)
-    graph["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
-    graph["lookup"] = {"class_type": "CarnatorCompatibilityLookup", "inputs": {
+    graph = with_store(graph, store_path)
+    graph["lookup"] = {"class_type": "CarnatorCompatibilityLookup", "inputs": {  # otherwise the nodes' defaults
         "model": ["model_sampling", 0], "positive": [POSITIVE, 0], "latent": [LATENT, 0], "prompt": "a red ball",
-        "store": ["carnator_store", 0], "sigmas": ["sigmas", 0], "top_k": 4, "min_similarity": 0.5}}
+        "store": [STORE, 0], "sigmas": ["sigmas", 0]}}
     graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {
-        "sampler": ["ksampler_select", 0], "match": ["lookup", 0], "store": ["carnator_store", 0],
-        "prompt": "a red ball", **REUSE_DEFAULTS}}
+        "sampler": ["ksampler_select", 0], "match": ["lookup", 0], "store": [STORE, 0], "prompt": "a red ball"}}
     graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
-    graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
+    graph = with_report(graph)
     first, first_reports = _sample(comfy, graph)
     assert torch.equal(first, plain) and not first_reports[0]["hit"]
     second, reports = _sample(comfy, graph)

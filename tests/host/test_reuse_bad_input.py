@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.planner import RequestFacts, plan_probes
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.plan import RequestFacts, plan_probes
+from carnator_core.reuse.recording import writer
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors

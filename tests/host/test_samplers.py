@@ -14,12 +14,11 @@ import json
 
 import pytest
 import torch
-from support.reuse_graphs import ATTENTION_DEFAULTS, REUSE_DEFAULTS
 
 from carnator_core.bench.quality import mse, psnr_from_mse, ssim
 from carnator_core.demo import world
 from carnator_core.demo.graphs import MODEL_CHAIN, REPORT, SAMPLER, base_graph, with_report, with_reuse
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 PROMPT = "a red circle moving left on a black background"
@@ -40,12 +39,12 @@ def _graph(prompt: str, sampler_name: str, *, cfg: float = 4.0, shift: float = 3
     graph[MODEL_CHAIN]["inputs"]["shift"] = shift
     if store is None:
         return with_report(graph)  # an output node, so that ComfyUI runs the graph
-    return with_reuse(graph, store, prompt, **{**REUSE_DEFAULTS, **ATTENTION_DEFAULTS, "sparse_attention": "off"})
+    return with_reuse(graph, store, prompt, sparse_attention="off")  # otherwise the node's defaults
 
 
 def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
     comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     reports = json.loads(run.output(REPORT, 1))
     return run.output(SAMPLER)["samples"], reports[0] if reports else None

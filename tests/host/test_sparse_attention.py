@@ -34,7 +34,7 @@ def _graph(tiny_models, family: str, **attention) -> dict:
 
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
     comfy.unload_models()
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else [None]
     return run.output(SAMPLER)["samples"], reports[0]
 
@@ -154,7 +154,7 @@ def test_second_request_borrows_the_first_requests_masks(comfy, tiny_models):
 
     plain, _ = _run(comfy, _graph(tiny_models, "wan"))
     first, first_report = _run(comfy, graph("a red ball rolls left"))
-    from carnator_core.reuse.recorder import writer
+    from carnator_core.reuse.recording import writer
 
     writer.flush()
     assert torch.equal(first, plain) and not first_report["hit"]  # no donor: dense, masks only estimated

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 import torch
-from support.reuse_graphs import ATTENTION_DEFAULTS, REUSE_DEFAULTS, with_expert_reuse
+from support.reuse_graphs import with_expert_reuse, with_reuse
 from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
 
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 from carnator_core.reuse.trajectory import handovers
 
 _stores = itertools.count()
@@ -38,7 +38,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, dict[str, int], list[dict]]:
     """The request's latent, each expert's forwards and the Carnator reports (stage 1, stage 2)."""
     comfy.unload_models()
     before = _calls()
-    run = comfy.run_prompt(copy.deepcopy(graph))
+    run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     after = _calls()
     calls = {label: after.get(label, 0) - before.get(label, 0) for label in ("high_noise", "low_noise")}
@@ -134,7 +134,7 @@ def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_new
     graph["again_stats"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": ["again", 0]}}
     comfy.unload_models()
     comfy.drain_events()
-    run = comfy.run_prompt(graph)
+    run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     reports = [data for event, data, _ in comfy.drain_events() if event == "carnator.status"]  # every run's report
     reasons = [r["reason"] for r in reports if r["stage"].get("index") != 0]
@@ -165,13 +165,7 @@ def test_a_schedule_split_between_two_custom_samplers_is_one_trajectory(comfy, t
         "latent_image": [HIGH_NOISE, 0]}}
     for unused in ("low_noise_model", "low_noise_shift", "low_noise_sampling"):
         del graph[unused]
-    reuse = copy.deepcopy(graph)
-    reuse["carnator_store"] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
-    reuse["carnator_reuse"] = {"class_type": "CarnatorReuse", "inputs": {
-        "model": model, "store": ["carnator_store", 0], "prompt": PROMPT, **REUSE_DEFAULTS,
-        **ATTENTION_DEFAULTS, "sparse_attention": "off"}}
-    reuse["guider"]["inputs"]["model"] = ["carnator_reuse", 0]
-    reuse["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [LOW_NOISE, 0]}}
+    reuse = with_reuse(graph, store_path, prompt=PROMPT, sparse_attention="off")  # in front of the guider
     plain, plain_calls, _ = _run(comfy, graph)
     donor, _, (first, second) = _run(comfy, reuse)
     assert torch.equal(donor, plain) and plain_calls["high_noise"] == 4

@@ -10,14 +10,14 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
-from support.comfy_host import ComfyServer, PromptFailed, free_port
+from support.comfy_host import ComfyServer, ServerFactory, free_port
 from support.redis_host import RedisServer
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import GRAPHS
 
+from carnator_core.client import ExecutionFailed
 from carnator_core.store.fleet_config import STORE_URL_ENV
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -32,8 +32,7 @@ def _run(server: ComfyServer, tiny_models, url: str) -> dict:
     """Queue the Wan template through CarnatorStore(url) -> CarnatorReuse; the run's report."""
     graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=STEPS, seed=4, sampler_name="euler"), url)
     graph["carnator_store"]["inputs"]["size_limit_gb"] = 1.0 + next(_runs) / 1000  # defeats ComfyUI's output cache
-    history = server.run_prompt(graph)
-    (report,) = json.loads(history["outputs"]["carnator_report"]["carnator_report"][0])
+    (report,) = server.client.run(server.complete(graph), timeout=300).reports
     return report
 
 
@@ -49,20 +48,16 @@ def _entries(url: str, count: int, timeout: float = 60.0) -> list[str]:
 
 
 @pytest.fixture
-def fleet(comfyui_path, new_base_dir, redis_factory) -> Iterator[tuple[RedisServer, str, ComfyServer, ComfyServer]]:
+def fleet(redis_factory, comfy_server_factory: ServerFactory) -> tuple[RedisServer, str, ComfyServer, ComfyServer]:
     """One Redis and two workers started side by side: A names the store in its workflows, B is an API
-    deployment configured with CARNATOR_STORE_URL whose workflows leave the store path empty."""
+    deployment configured with CARNATOR_STORE_URL whose workflows leave the store path empty. (Redis is asked for
+    first, so that the workers stop before it.)"""
     redis_server = redis_factory(persistent=True)  # every write durable: a killed server restarts with its data
     url = redis_server.url + "?timeout_ms=300&retry_ms=200"
-    workers = [ComfyServer(comfyui_path, new_base_dir()),
-               ComfyServer(comfyui_path, new_base_dir(), env={STORE_URL_ENV: url})]
-    try:
-        for worker in workers:
-            worker.wait_ready()
-        yield redis_server, url, workers[0], workers[1]
-    finally:
-        for worker in workers:
-            worker.stop()
+    workers = [comfy_server_factory.start(), comfy_server_factory.start(env={STORE_URL_ENV: url})]
+    for worker in workers:
+        worker.wait_ready()
+    return redis_server, url, workers[0], workers[1]
 
 
 def test_two_workers_share_one_redis_store_and_survive_its_outage(fleet, tiny_models):
@@ -71,7 +66,7 @@ def test_two_workers_share_one_redis_store_and_survive_its_outage(fleet, tiny_mo
     for path, message in (("redis://127.0.0.1:port/0", "does not parse"),
                           (f"redis://127.0.0.1:{worker_a.port}/0", "is not a Redis server"),  # ComfyUI's HTTP port
                           ("redis://192.0.2.1:6379/0", "other than this machine and the configured store")):
-        with pytest.raises(PromptFailed, match=message) as error:  # a node error, never a hang
+        with pytest.raises(ExecutionFailed, match=message) as error:  # a node error, never a hang
             _run(worker_a, tiny_models, path)
         assert "CarnatorStore" in str(error.value)
 
@@ -102,7 +97,7 @@ def test_two_workers_share_one_redis_store_and_survive_its_outage(fleet, tiny_mo
 
 
 @pytest.mark.parametrize("configured", ["wrong password", "closed port"])
-def test_a_misconfigured_fleet_store_samples_plain_and_says_why(comfyui_path, new_base_dir, redis_factory, tiny_models,
+def test_a_misconfigured_fleet_store_samples_plain_and_says_why(redis_factory, comfy_server_factory, tiny_models,
                                                                 configured):
     """A worker whose configured store cannot be used and a workflow without a CarnatorStore node: the run completes
     without reuse, its report says the store is unavailable with the cause in its notes (the badge reads the
@@ -114,12 +109,8 @@ def test_a_misconfigured_fleet_store_samples_plain_and_says_why(comfyui_path, ne
         url = f"redis://127.0.0.1:{free_port()}/0?timeout_ms=300"
     graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=STEPS, seed=4, sampler_name="euler"), "")
     del graph["carnator_store"], graph["carnator_reuse"]["inputs"]["store"]  # an API workflow: the worker's store
-    worker = ComfyServer(comfyui_path, new_base_dir(), env={STORE_URL_ENV: url})
-    try:
-        worker.wait_ready()
-        (report,) = json.loads(worker.run_prompt(graph)["outputs"]["carnator_report"]["carnator_report"][0])
-    finally:
-        worker.stop()
+    worker = comfy_server_factory(env={STORE_URL_ENV: url})
+    (report,) = worker.client.run(worker.complete(graph), timeout=300).reports
     assert report["hit"] is False and report["reason"] == "store unavailable: generated without reuse", report
     assert any(note.startswith("store unavailable, generating without reuse: ") for note in report["notes"]), report
     assert report["model_calls"] == STEPS

@@ -18,6 +18,7 @@ import pytest
 from support.comfy_host import REPO_ROOT, ComfyServer, free_port
 from support.tiny_workflows import FAMILY, api_workflow, on_tiny_models
 
+from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import Workflow, WorkflowError, main
 
 pytestmark = pytest.mark.server
@@ -99,7 +100,7 @@ def _upstream_of(graph: dict, *input_names: str) -> set[str]:
     a positive and a negative conditioning (LTXVConditioning) passes them on as outputs 0 and 1, so its output 0
     is followed up its positive input only, output 1 up its negative input only."""
     pending = [tuple(value) for node in graph.values() for name, value in node["inputs"].items()
-               if name in input_names and isinstance(value, list)]
+               if name in input_names and is_link(value)]
     seen: set[str] = set()
     while pending:
         node_id, output = pending.pop()
@@ -108,7 +109,7 @@ def _upstream_of(graph: dict, *input_names: str) -> set[str]:
         seen.add(node_id)
         inputs = graph[node_id]["inputs"]
         links = {name: value for name, value in inputs.items()
-                 if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)}
+                 if is_link(value)}
         if {"positive", "negative"} <= set(links) and output in (0, 1):
             links = {name: value for name, value in links.items() if name == ("positive", "negative")[output]}
             seen.discard(node_id)  # its other output may be reached later

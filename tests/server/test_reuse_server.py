@@ -15,7 +15,6 @@ runs again while the loaded model stays cached.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import time
@@ -25,10 +24,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.comfy_host import ComfyServer, PromptFailed
+from support.comfy_host import ComfyServer
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import GRAPHS, SAMPLER
 
+from carnator_core.client import ExecutionFailed
+from carnator_core.demo import graphs
 from carnator_core.store.entry import EntryMeta
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -64,31 +65,36 @@ class ServerRun:
 
     def latent(self) -> torch.Tensor:
         """The sampled latent, as the SaveLatent node wrote it into the server's output directory."""
-        saved = self.history["outputs"]["save"]["latents"][0]
+        saved = self.history["outputs"][graphs.SAVE_LATENT]["latents"][0]
         return load_file(str(self.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
 
 
-def _graph(tiny_models, family: str, store: str, *, seed: int = 0, batch_size: int = 1, **options) -> dict:
-    """A template graph with Store -> CarnatorReuse -> sampler, a CarnatorReport and a SaveLatent node."""
+# ComfyUI's EasyCache, with a reuse threshold high enough that it skips steps of the tiny random model (the default
+# 0.2 skips none of its 8 steps), so that the two really run together.
+EASYCACHE = {"reuse_threshold": 1.0, "start_percent": 0.15, "end_percent": 0.95}
+
+
+def _graph(tiny_models, family: str, store: str, *, seed: int = 0, batch_size: int = 1, easycache: str = "",
+           **options) -> dict:
+    """A template graph with Store -> CarnatorReuse -> sampler, a CarnatorReport and a SaveLatent node; `easycache`
+    "first" or "last" adds ComfyUI's EasyCache to the model chain before or after CarnatorReuse."""
     graph = GRAPHS[family](tiny_models[family].name, steps=STEPS, seed=seed, batch_size=batch_size,
                            sampler_name="euler")
+    if easycache == "first":
+        graph = graphs.with_easycache(graph, **EASYCACHE)
     graph = with_reuse(graph, store, **options)
-    graph["save"] = {"class_type": "SaveLatent",
-                     "inputs": {"samples": [SAMPLER, 0], "filename_prefix": f"carnator_test/{family}"}}
-    return graph
+    if easycache == "last":
+        graph = graphs.with_easycache(graph, **EASYCACHE)
+    return graphs.with_save_latent(graph, f"carnator_test/{family}")
 
 
 def _run(server: ComfyServer, graph: dict) -> ServerRun:
-    """Queue `graph` over HTTP while listening on the websocket; raises PromptFailed with the node error."""
-    graph = copy.deepcopy(graph)
+    """Queue `graph` (node defaults from the server) through the server's client, which follows it on the websocket;
+    raises ExecutionFailed naming the node and the error."""
+    graph = server.complete(graph)
     graph["carnator_store"]["inputs"]["size_limit_gb"] = 1.0 + next(_runs) / 1000  # defeats the output cache
-    with server.events() as events:
-        prompt_id = server.queue_prompt(graph, events.client_id)
-        messages = events.until_finished(prompt_id)
-    history = server.wait_for(prompt_id)
-    statuses = [m["data"] for m in messages
-                if m.get("type") == "carnator.status" and m["data"].get("prompt_id") == prompt_id]
-    return ServerRun(prompt_id, history, statuses, server.base_dir)
+    run = server.client.run(graph, timeout=300)
+    return ServerRun(run.prompt_id, run.history, run.statuses, server.base_dir)
 
 
 def _entries(base_dir: Path, store: str, count: int, timeout: float = 60.0) -> list[EntryMeta]:
@@ -169,30 +175,11 @@ def test_status_event_once_per_sampling_run_matches_report(comfy_server, tiny_mo
     assert hit.history["outputs"]["carnator_report"]["text"][0].startswith(f"HIT: resumed at step {RESUME_STEP}/{STEPS}")
 
 
-def _with_easycache(graph: dict, easycache_first: bool) -> dict:
-    """Splice ComfyUI's EasyCache before (EasyCache -> CarnatorReuse) or after CarnatorReuse.
-
-    The reuse threshold is high enough that EasyCache skips steps of the tiny random model (the default
-    0.2 skips none of its 8 steps), so the two really run together.
-    """
-    graph = copy.deepcopy(graph)
-    easycache = {"class_type": "EasyCache",
-                 "inputs": {"reuse_threshold": 1.0, "start_percent": 0.15, "end_percent": 0.95, "verbose": False}}
-    if easycache_first:
-        easycache["inputs"]["model"] = graph["carnator_reuse"]["inputs"]["model"]
-        graph["carnator_reuse"]["inputs"]["model"] = ["easycache", 0]
-    else:
-        easycache["inputs"]["model"] = ["carnator_reuse", 0]
-        graph[SAMPLER]["inputs"]["model"] = ["easycache", 0]
-    graph["easycache"] = easycache
-    return graph
-
-
 @pytest.mark.parametrize("easycache_first", [True, False], ids=["easycache-then-carnator", "carnator-then-easycache"])
 def test_alongside_easycache(comfy_server, tiny_models, easycache_first: bool) -> None:
     store = f"stores/easycache-{easycache_first}"
     plain = _run(comfy_server, _graph(tiny_models, "wan", f"{store}-plain", seed=9, record=False))
-    graph = _with_easycache(_graph(tiny_models, "wan", store, seed=9), easycache_first)
+    graph = _graph(tiny_models, "wan", store, seed=9, easycache="first" if easycache_first else "last")
 
     first = _run(comfy_server, graph)
     assert len(first.statuses) == 1 and first.report["hit"] is False
@@ -233,7 +220,7 @@ def test_second_server_process_reuses_what_the_first_recorded(comfy_server_facto
 
 
 def test_store_path_outside_base_dir_is_a_node_error_and_the_server_keeps_serving(comfy_server, tiny_models) -> None:
-    with pytest.raises(PromptFailed, match="outside the ComfyUI base directory") as error:
+    with pytest.raises(ExecutionFailed, match="outside the ComfyUI base directory") as error:
         _run(comfy_server, _graph(tiny_models, "wan", "../elsewhere/store", seed=1))
     assert "CarnatorStore" in str(error.value)
     assert not (comfy_server.base_dir.parent / "elsewhere").exists()
@@ -245,7 +232,7 @@ def test_directory_that_is_not_a_store_is_a_node_error(comfy_server, tiny_models
     directory = comfy_server.base_dir / "not_a_store"
     directory.mkdir()
     (directory / "notes.txt").write_text("my own files")
-    with pytest.raises(PromptFailed, match="is not a Carnator store"):
+    with pytest.raises(ExecutionFailed, match="is not a Carnator store"):
         _run(comfy_server, _graph(tiny_models, "wan", "not_a_store", seed=1))
     assert sorted(p.name for p in directory.iterdir()) == ["notes.txt"]  # nothing written into it
     assert comfy_server.get("/system_stats").ok

@@ -9,7 +9,6 @@ see clean misses and dropped writes (logged once), never an exception.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -26,7 +25,7 @@ import pytest
 from support.store_writer import Exploit, synthetic_entry
 
 from carnator_core.lookup.compatible import LookupRequest, find_compatible
-from carnator_core.reuse.recorder import PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, writer
 from carnator_core.store.backend import StoreError
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -306,16 +305,16 @@ def test_a_store_damaged_under_a_running_server_never_fails_a_prompt(comfy_serve
     """Record a donor through the server, damage its database while the server runs, queue a near-duplicate: the
     prompt completes with the plain result and its report says why nothing was reused; the server keeps serving."""
     from support.reuse_graphs import with_reuse
-    from support.t2v_graphs import GRAPHS, SAMPLER
+    from support.t2v_graphs import GRAPHS
+
+    from carnator_core.demo.graphs import with_save_latent
 
     store = f"stores/damaged-{damage}"
 
     def run(size_limit: float) -> dict:
         graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=6, seed=4, sampler_name="euler"), store)
         graph["carnator_store"]["inputs"]["size_limit_gb"] = size_limit  # defeats ComfyUI's output cache
-        graph["save"] = {"class_type": "SaveLatent", "inputs": {"samples": [SAMPLER, 0], "filename_prefix": damage}}
-        history = comfy_server.run_prompt(graph)
-        (report,) = json.loads(history["outputs"]["carnator_report"]["carnator_report"][0])
+        (report,) = comfy_server.client.run(comfy_server.complete(with_save_latent(graph, damage)), timeout=300).reports
         return report
 
     assert run(1.001)["reason"] == "no candidate"

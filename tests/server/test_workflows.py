@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from support.comfy_host import ComfyServer, PromptFailed, ServerFactory
+from support.comfy_host import ComfyServer, ServerFactory
 from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
 from support.tiny_models import CURRENT_SPECS, host_lacks, write_tiny_model
 from support.tiny_workflows import (
@@ -38,10 +38,11 @@ from support.tiny_workflows import (
     on_tiny_models,
 )
 
+from carnator_core.client import RequestRefused
 from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
 from carnator_core.demo.oracle import score
-from carnator_core.reuse.recorder import writer
+from carnator_core.reuse.recording import writer
 
 pytestmark = pytest.mark.server
 
@@ -296,11 +297,8 @@ def tiny_graph(name: str, tiny_models) -> dict:
 
 def run_with_statuses(server: ComfyServer, graph: dict) -> tuple[dict, dict[str, dict]]:
     """Queue `graph`; its /history entry and its `carnator.status` reports by sampler node (one each, checked)."""
-    with server.events() as events:
-        prompt_id = server.queue_prompt(graph, events.client_id)
-        messages = events.until_finished(prompt_id)
-    history = server.wait_for(prompt_id)
-    statuses = [m["data"] for m in messages if m["type"] == "carnator.status" and m["data"]["prompt_id"] == prompt_id]
+    run = server.client.run(graph, timeout=300)
+    history, statuses = run.history, run.statuses
     samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
     assert sorted(s["node"] for s in statuses) == sorted(samplers), statuses
     for sampler in samplers:
@@ -334,7 +332,7 @@ def test_workflow_reuses_its_run_for_a_one_word_edit(server, tiny_models, name):
     word, replacement = EDITS[name]
     assert positive.count(word) == 1, positive
     (text_node,) = [node for node in graph.values() if node["inputs"].get("text") == positive]
-    first = server.run_prompt(graph)  # recorded here, or by the run of the same graph before (then cached)
+    first = server.client.run(graph, timeout=300).history  # recorded here, or by the run of the same graph before (then cached)
     text_node["inputs"]["text"] = positive.replace(word, replacement)
     edited, reports = run_with_statuses(server, graph)
     assert _shapes(edited) == _shapes(first)
@@ -367,7 +365,7 @@ def test_ltx2_workflow_samples_its_packed_audio_and_video_plain(server, tiny_mod
 # ------------------------------------------------------------------ on the demo model
 def _demo_run(server: ComfyServer, graph: dict) -> tuple[dict, torch.Tensor]:
     """Queue a demo-model graph; its (single) Carnator report and the sampled latent."""
-    history = server.run_prompt(graph)
+    history = server.client.run(graph, timeout=300).history
     report = json.loads(history["outputs"]["report"]["carnator_report"][0])[0]
     saved = history["outputs"]["save"]["latents"][0]
     latent = load_file(str(server.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
@@ -426,6 +424,6 @@ def test_workflow_with_a_node_this_version_lacks_gets_comfyuis_validation_error(
     reuse = next(node_id for node_id, node in graph.items() if node["class_type"] == "CarnatorReuse")
     graph[reuse]["class_type"] = "CarnatorReuseV0"  # e.g. a node of an older Carnator
     # the error names the node: by its type, or (newer hosts) by its title and id
-    with pytest.raises(PromptFailed, match=rf"CarnatorReuseV0|Node ID '#{reuse}'"):
-        server.queue_prompt(graph)
+    with pytest.raises(RequestRefused, match=rf"CarnatorReuseV0|Node ID '#{reuse}'"):
+        server.client.queue(graph)
     assert server.get("/system_stats").ok

@@ -1,6 +1,6 @@
 """The workload benchmark: its prompt streams, its quality measures, and one end-to-end run of the command
-through a real headless ComfyUI (3 prompts, 2 steps, every configuration; figures are not asserted here,
-the JSON shape and that every configuration produced numbers are).
+through a real headless ComfyUI (3 prompts, 2 steps, every configuration; figures are not asserted here: the JSON
+shape is, and what holds whatever the figures, such as summaries that agree with the per-prompt details).
 
 The demo weights may not be committed yet, so the run uses a random-weight stand-in of the demo model's
 architecture (--weights), which exercises the same graphs, nodes and measurements.
@@ -22,17 +22,45 @@ from PIL import Image
 
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.streams import EDIT_LOOP, STREAMS, edit_kinds, make_stream, read_prompts
-from carnator_core.bench.workload import CONFIGS, EXTRA_FIELDS, FIELDS, TWO_EXPERT_CONFIGS, donor_prompt_for
+from carnator_core.bench.streams import EDIT_LOOP, STREAMS, edit_kinds, make_stream
+from carnator_core.bench.workload import (
+    CONFIGS,
+    EXTRA_FIELDS,
+    FIELDS,
+    RECORDING,
+    TWO_EXPERT_CONFIGS,
+    donor_prompt_for,
+)
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
+from carnator_core.prompt_file import read_prompt_file
 
 REPO = Path(__file__).resolve().parents[2]
+# What the saved JSON says of each configuration's run of each prompt (`per_prompt`).
+DETAIL_FIELDS = {"time_s", "cpu_s", "model_calls", "hit", "verdict", "skipped_steps", "attention_density", "psnr",
+                 "ssim", "adherence", "observed", "donor_prompt", "reason", "probes"}
+RESUMED = ("resumed", "stage skipped")  # the verdicts of a run that took a donor's state and skipped steps
 
 
 def _bench(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "carnator_core.bench", "workload", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _agrees_with_its_runs(config: dict, runs: list[dict]) -> None:
+    """A configuration's summary row against its per-prompt runs: means, rates and bounds."""
+    name, n = config["name"], len(runs)
+    assert all(set(run) == DETAIL_FIELDS for run in runs), (name, runs)
+    assert 0 <= config["hit_rate"] <= 1 and config["hit_rate"] == round(sum(run["hit"] for run in runs) / n, 3), name
+    assert all(run["hit"] == (run["verdict"] != "miss") for run in runs), (name, runs)
+    assert config["model_calls"] == round(sum(run["model_calls"] for run in runs) / n, 2), name
+    assert all(0 < run["attention_density"] <= 1 for run in runs) and 0 < config["attention_density"] <= 1, name
+    resumed = [run for run in runs if run["verdict"] in RESUMED]
+    assert (config["hit_model_calls"] is None) == (config["hit_speedup"] is None) == (not resumed), (name, runs)
+    assert all(run["skipped_steps"] > 0 for run in resumed), (name, runs)
+    assert all(run["skipped_steps"] == 0 for run in runs if run not in resumed), (name, runs)
+    assert config["ssim"] <= 1 + 1e-6 and config["psnr"] <= PSNR_IDENTICAL, name
+    assert config["adherence"] is None or 0 <= config["adherence"] <= 1, name
 
 
 @pytest.mark.parametrize("name", STREAMS)
@@ -87,7 +115,7 @@ def test_prompts_file_and_arbitrary_donor(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_text("a red circle moving left on a black background\n\n  a dragon over the moon \n"
                     "a small green box rising over white\n")
-    prompts = read_prompts(str(path))
+    prompts = read_prompt_file(str(path))
     assert prompts == ["a red circle moving left on a black background", "a dragon over the moon",
                        "a small green box rising over white"]
     donor = world.parse_prompt(donor_prompt_for(prompts))
@@ -95,7 +123,7 @@ def test_prompts_file_and_arbitrary_donor(tmp_path):
         assert all(donor[k] != v for k, v in world.parse_prompt(prompt).items()), (donor, prompt)
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(ValueError, match="no prompts"):
-        read_prompts(str(tmp_path / "empty.txt"))
+        read_prompt_file(str(tmp_path / "empty.txt"))
 
 
 def test_psnr_and_ssim():
@@ -135,10 +163,17 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert by_name["plain"]["speedup"] == by_name["plain"]["cpu_speedup"] == 1.0
     assert by_name["plain"]["psnr"] == PSNR_IDENTICAL
     assert by_name["plain"]["model_calls"] == 2 and by_name["plain"]["hit_rate"] == 0
-    assert by_name["balanced"]["bytes_per_entry"] > 0 and by_name["plain"]["bytes_per_entry"] == 0
+    for name, config in by_name.items():  # bytes/entry 0: the configuration records nothing
+        assert (config["bytes_per_entry"] > 0) == (name in RECORDING), config
     assert by_name["any-donor-masks"]["hit_rate"] > 0  # the unrelated donor's masks were offered and taken
     saved = json.loads((out / "workload_near-dup.json").read_text())
     assert saved["configs"] == data["configs"] and len(saved["per_prompt"]) == 3
+    details = saved["per_prompt"]
+    assert [d["prompt"] for d in details] == data["prompts"] and all(set(d["configs"]) == set(CONFIGS) for d in details)
+    for config in data["configs"]:
+        _agrees_with_its_runs(config, [d["configs"][config["name"]] for d in details])
+    plain = [d["configs"]["plain"] for d in details]
+    assert sum(run["model_calls"] for run in plain) == 2 * 3 and {run["verdict"] for run in plain} == {"miss"}
     probes = [(i, probe) for i, details in enumerate(saved["per_prompt"])
               for config in details["configs"].values() for probe in config["probes"]]
     assert all(probe["donor_prompt"] in data["prompts"][:i] for i, probe in probes), probes  # donors came earlier
@@ -158,6 +193,7 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     assert data["stream"] == "edit-loop (two-expert)" and set(data) == {"stream", "prompts", "configs", "per_kind"}
     by_name = {c["name"]: c for c in data["configs"]}
     assert list(by_name) == list(TWO_EXPERT_CONFIGS)
+    assert all(set(config) == {"name", *FIELDS, *EXTRA_FIELDS} for config in data["configs"])
     assert by_name["plain"]["model_calls"] == 4 and by_name["plain"]["first_expert_calls"] == 2
     for name in ("balanced", "fast"):  # the rewording of the scene resumes: the first stage is skipped whole
         assert by_name[name]["hit_rate"] == 0.5 and by_name[name]["first_expert_calls"] == 1.5, by_name[name]
@@ -167,3 +203,15 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     assert "| first-expert calls |" in (out / "workload_edit-loop_two-expert.md").read_text()
     per_prompt = json.loads((out / "workload_edit-loop_two-expert.json").read_text())["per_prompt"]
     assert [p["configs"]["fast"]["verdict"] for p in per_prompt] == ["miss", "stage skipped"], per_prompt
+    assert set(data["per_kind"]) == set(TWO_EXPERT_CONFIGS)
+    for config in data["configs"]:
+        runs = [p["configs"][config["name"]] for p in per_prompt]
+        _agrees_with_its_runs(config, runs)
+        kinds = data["per_kind"][config["name"]]  # the per-kind counts add up to the runs and their verdicts
+        assert sum(kind["requests"] for kind in kinds.values()) == len(runs) == 2
+        assert sum(kind["resumed"] for kind in kinds.values()) == sum(run["verdict"] in RESUMED for run in runs)
+        assert sum(kind["resumed"] for kind in kinds.values()) <= round(config["hit_rate"] * len(runs))
+        assert sorted(s for kind in kinds.values() for s in kind["skipped_steps"]) == sorted(
+            run["skipped_steps"] for run in runs)
+    plain = [p["configs"]["plain"] for p in per_prompt]
+    assert [run["model_calls"] for run in plain] == [4, 4]  # steps x requests, both experts together

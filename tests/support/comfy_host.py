@@ -3,8 +3,9 @@
 Both load the Carnator pack through ComfyUI's own custom-node loader from a throwaway base directory
 (`models/`, `custom_nodes/`, `user/`, `output/` ...) in which the repository is symlinked as
 `custom_nodes/carnator` next to the test-only `tests/support/harness_pack`, so no test touches the
-checkout's own folders. Nothing of the host is mocked. The server is spoken to through the pack's own
-client (carnator_core.client), except `get`/`post`, which return raw responses for the route tests.
+checkout's own folders. Nothing of the host is mocked. The server is the product's own
+`carnator_core.client.HeadlessServer`, driven through its `ComfyClient`; `ComfyServer` only starts it the
+tests' way and adds raw `get`/`post` for the route tests. Both hosts return the client's `PromptRun`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,25 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from aiohttp.test_utils import make_mocked_request
 
-from carnator_core.client import (
-    ComfyClient,
-    ComfyError,
-    ExecutionFailed,
-    RequestRefused,
-    find_failure,
-    free_port,
-    refusal,
-    server_command,
-)
+from carnator_core.client import HeadlessServer, PromptRun, find_failure, free_port, prepare_base_dir, refusal
 from carnator_core.comfyui_location import ComfyNotFound as ComfyNotFound  # the tests name them from here
 from carnator_core.comfyui_location import find_comfyui as find_comfyui
+from carnator_core.demo.graphs import complete
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_PACK = REPO_ROOT / "tests" / "support" / "harness_pack"
 PACK_NAME = "carnator"
 HARNESS_PACK_NAME = "carnator_harness"
-BASE_SUBDIRS = ("models/diffusion_models", "custom_nodes", "input", "output", "temp", "user")
 
 
 class PromptFailed(RuntimeError):
@@ -52,13 +44,12 @@ class PromptFailed(RuntimeError):
 
 
 def make_base_dir(base: Path, model_files: dict[str, Path] | None = None) -> Path:
-    """Lay out a ComfyUI base directory with the pack, the harness pack and `model_files` symlinked in."""
-    for sub in BASE_SUBDIRS:
-        (base / sub).mkdir(parents=True, exist_ok=True)
-    for name, target in ((PACK_NAME, REPO_ROOT), (HARNESS_PACK_NAME, HARNESS_PACK)):
-        link = base / "custom_nodes" / name
-        if not link.exists():
-            link.symlink_to(target, target_is_directory=True)
+    """Lay out a ComfyUI base directory as the product's server does (`prepare_base_dir`: folders and the pack),
+    with the harness pack and `model_files` symlinked in."""
+    prepare_base_dir(base)
+    link = base / "custom_nodes" / HARNESS_PACK_NAME
+    if not link.exists():
+        link.symlink_to(HARNESS_PACK, target_is_directory=True)
     for path in (model_files or {}).values():
         link = base / "models" / "diffusion_models" / path.name
         if not link.exists():
@@ -119,17 +110,17 @@ class NodeResult:
 
 
 @dataclass
-class PromptRun:
-    """One executed prompt: its id, UI outputs per node (as /history has them), events and node outputs."""
+class InProcessRun(PromptRun):
+    """A prompt the in-process host executed: the client's `PromptRun` (its `events` are ComfyUI's status messages,
+    execution_start to execution_success; its `history` holds the UI outputs per node, as /history has them) plus
+    what only an in-process host can give, every node's outputs. Websocket-only events (executing, progress,
+    carnator.status) are what `InProcessComfy.drain_events` returns."""
 
-    prompt_id: str
-    ui: dict[str, dict]
-    messages: list[tuple[str, dict]]
-    outputs: dict[str, list] = field(repr=False)
+    node_outputs: dict[str, list] = field(default_factory=dict, repr=False)
 
     def output(self, node_id: str, index: int = 0) -> Any:
         """Output `index` of node `node_id` (first list item, as a node downstream would receive it)."""
-        return self.outputs[node_id][index][0]
+        return self.node_outputs[node_id][index][0]
 
 
 class InProcessComfy:
@@ -218,7 +209,7 @@ class InProcessComfy:
         module = f"custom_nodes.{pack}"
         return sorted(i for i, c in self.node_classes.items() if getattr(c, "RELATIVE_PYTHON_MODULE", None) == module)
 
-    def run_prompt(self, prompt: dict, client_id: str | None = None) -> PromptRun:
+    def run_prompt(self, prompt: dict, client_id: str | None = None) -> InProcessRun:
         """Validate and execute an API-format prompt with ComfyUI's PromptExecutor, as the server's worker does."""
         execution = self._execution
         prompt_id = str(uuid.uuid4())
@@ -236,8 +227,27 @@ class InProcessComfy:
             if found is None:
                 raise PromptFailed(f"execution failed without an execution_error message: {messages}")
             raise _execution_error(*found)
-        cached = {node_id: self._cached_output(node_id) for node_id in prompt}
-        return PromptRun(prompt_id, dict(self.executor.history_result["outputs"]), messages, cached)
+        history = {"outputs": dict(self.executor.history_result["outputs"]),
+                   "status": {"status_str": "success", "completed": True, "messages": messages}}
+        return InProcessRun(prompt_id, events=[{"type": kind, "data": data} for kind, data in messages],
+                            history=history,
+                            node_outputs={node_id: self._cached_output(node_id) for node_id in prompt})
+
+    def object_info(self, *class_types: str) -> dict:
+        """What the server's /object_info answers for `class_types` (ComfyUI's own /object_info/{node_class} route
+        handler, called in process): each node's inputs with their defaults and ranges, its outputs."""
+        handler = next(route.handler for route in self.server.routes if getattr(route, "method", None) == "GET"
+                       and getattr(route, "path", None) == "/object_info/{node_class}")
+        info: dict = {}
+        for class_type in class_types:
+            request = make_mocked_request("GET", f"/object_info/{class_type}", match_info={"node_class": class_type})
+            info.update(json.loads(self.loop.run_until_complete(handler(request)).body))
+        return info
+
+    def complete(self, graph: dict) -> dict:
+        """`graph` with every required input it leaves out set to the node's default from /object_info, as the
+        demo and the benchmarks queue theirs (`carnator_core.demo.graphs.complete`)."""
+        return complete(graph, self.object_info(*{node["class_type"] for node in graph.values()}))
 
     def call_node(self, class_type: str, **inputs: Any) -> NodeResult:
         """Call one registered node directly (no graph, no validation, no hidden inputs)."""
@@ -271,48 +281,17 @@ class InProcessComfy:
         self.executor.reset()
 
 
-class ComfyServer:
-    """A headless `main.py` subprocess on CPU, stopped by its PID; `client` speaks to it."""
+class ComfyServer(HeadlessServer):
+    """The product's headless server (`HeadlessServer`: `client`, `log`, `wait_ready`, `stop` ...) as the tests start
+    it: on CPU with one torch thread, its log named by its port (two servers may run one after another on one base
+    directory). Adds raw `get`/`post` (responses as they come, for the route tests), and `complete`."""
 
     def __init__(self, comfy_path: Path, base_dir: Path, extra_args: tuple[str, ...] = (), env: dict | None = None):
-        self.comfy_path = comfy_path
-        self.base_dir = base_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = base_dir / f"server-{self.port}.log"
-        command = server_command(comfy_path, base_dir, self.port, ("--cpu", "--disable-auto-launch", *extra_args))
-        process_env = {**os.environ, **(env or {})}
-        process_env.setdefault("OMP_NUM_THREADS", "1")
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=base_dir, env=process_env, stdout=log, stderr=subprocess.STDOUT)
-        self.pid = self.process.pid
-        self.client = ComfyClient(self.url, server_pid=self.pid)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 120.0) -> ComfyServer:
-        """Block until the server answers /system_stats; on failure stop it and show its log."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while starting:\n{self.log()}")
-            if self.client.alive():
-                return self
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"ComfyUI did not answer on {self.url} within {timeout:.0f} s:\n{self.log()}")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Terminate the server's PID, then kill it if it does not exit in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        self.client.close()
+        port = free_port()
+        super().__init__(base_dir, port=port, log_path=base_dir / f"server-{port}.log", extra_args=("--cpu", *extra_args),
+                         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})},
+                         comfy=comfy_path)
+        self._object_info: dict | None = None
 
     def get(self, path: str, **kwargs: Any) -> requests.Response:
         return requests.get(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30), **kwargs)
@@ -321,73 +300,44 @@ class ComfyServer:
         return requests.post(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30), **kwargs)
 
     def object_info(self) -> dict:
-        return self.client.object_info()
+        """The server's /object_info, read once."""
+        if self._object_info is None:
+            self._object_info = self.client.object_info()
+        return self._object_info
 
-    def queue_prompt(self, prompt: dict, client_id: str | None = None) -> str:
-        """POST /prompt (events to `client_id`'s websocket); raise PromptFailed with the node errors when refused."""
-        try:
-            return self.client.queue(prompt, client_id)
-        except RequestRefused as error:
-            raise PromptFailed(str(error)) from error
-
-    def wait_for(self, prompt_id: str, timeout: float = 300.0) -> dict:
-        """The prompt's history entry once it finished; PromptFailed on a node error, with its traceback."""
-        try:
-            return self.client.wait(prompt_id, timeout)
-        except ExecutionFailed as error:
-            raise _execution_error(str(error), error.details) from error
-        except ComfyError:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while running {prompt_id}:\n"
-                                   f"{self.log()}") from None
-            raise
-
-    def run_prompt(self, prompt: dict, timeout: float = 300.0) -> dict:
-        """Queue a prompt and wait for it; returns the /history entry (its "outputs" hold each node's UI)."""
-        return self.wait_for(self.queue_prompt(prompt), timeout)
-
-    @contextlib.contextmanager
-    def events(self) -> Iterator[EventStream]:
-        """A websocket of its own; queue prompts with its `client_id` to follow them with `until_finished`."""
-        stream = EventStream(self.url)
-        try:
-            yield stream
-        finally:
-            stream.close()
-
-
-class EventStream:
-    """ComfyUI's websocket (/ws?clientId=...), open from the start: JSON events such as executing, carnator.status."""
-
-    def __init__(self, url: str):
-        self._client = ComfyClient(url)
-        self._client.listen()
-        self.client_id = self._client.client_id
-
-    def until_finished(self, prompt_id: str, timeout: float = 300.0) -> list[dict]:
-        """The prompt's events, up to its execution_success / execution_error / execution_interrupted."""
-        return self._client.follow(prompt_id, timeout).events
-
-    def close(self) -> None:
-        self._client.close()
+    def complete(self, graph: dict) -> dict:
+        """`graph` with every required input it leaves out set to the node's default from the server's /object_info,
+        as the demo and the benchmarks queue theirs (`carnator_core.demo.graphs.complete`)."""
+        return complete(graph, self.object_info())
 
 
 class ServerFactory:
-    """Starts servers (several, one after another, possibly on one base dir) and stops them all at teardown."""
+    """Starts servers (several, one after another, possibly on one base dir) and stops them all at teardown.
+
+    A server that exited by itself meanwhile has the end of its log printed at teardown (a test that lost it
+    sees only the client's ServerLost)."""
 
     def __init__(self, comfy_path: Path, new_base_dir: Callable[[], Path]):
         self.comfy_path = comfy_path
         self.new_base_dir = new_base_dir
         self.started: list[ComfyServer] = []
 
+    def start(self, base_dir: Path | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None) -> ComfyServer:
+        """A server starting up (not waited for: `wait_ready` it, e.g. after starting its peers)."""
+        server = ComfyServer(self.comfy_path, base_dir or self.new_base_dir(), extra_args, env)
+        self.started.append(server)
+        return server
+
     def __call__(
         self, base_dir: Path | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None,
         timeout: float = 120.0,
     ) -> ComfyServer:
-        server = ComfyServer(self.comfy_path, base_dir or self.new_base_dir(), extra_args, env)
-        self.started.append(server)
-        return server.wait_ready(timeout)
+        """A started server, ready."""
+        return self.start(base_dir, extra_args, env).wait_ready(timeout)
 
     def stop_all(self) -> None:
         for server in reversed(self.started):
+            if not server.running and server.process.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+                print(f"ComfyUI server {server.url} exited with code {server.process.returncode}; its log ends:\n"
+                      f"{server.log()[-6000:]}")
             server.stop()

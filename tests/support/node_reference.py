@@ -5,7 +5,7 @@ inputs the pack marks advanced, per node, and the host's own choice lists by nam
 goes into the page (ids, names, categories, descriptions, input types, defaults, ranges, options, tooltips,
 outputs), never a host's additions, so the page reads the same on every tested host: a combo whose options are a
 host's list (KSampler's samplers, say) shows that list's name, not its entries, and which inputs are advanced
-comes from the pack's `expert()` marker (see `advanced_inputs`), because hosts without the schema's `advanced`
+comes from the pack's `advanced_input()` marker (see `advanced_inputs`), because hosts without the schema's `advanced`
 option drop it.
 
 Regenerate the page with `CARNATOR_WRITE_NODE_REFERENCE=1 python -m pytest -q tests/host/test_node_reference.py`.
@@ -34,7 +34,7 @@ it with `CARNATOR_WRITE_NODE_REFERENCE=1 python -m pytest -q tests/host/test_nod
 
 
 class _Marked:
-    """The value the patched `expert()` passes as `lazy`: every host's inputs keep it as given."""
+    """The value the patched `advanced_input()` passes as `lazy`: every host's inputs keep it as given."""
 
     def __repr__(self) -> str:
         return "<advanced>"
@@ -56,21 +56,22 @@ def node_list(node_class: type) -> list[type]:
 
 
 def advanced_inputs(nodes: Iterable[type]) -> dict[str, frozenset[str]]:
-    """Node id -> ids of its inputs built with `**expert()`, the pack's advanced marker.
+    """Node id -> ids of its inputs built with `**advanced_input()`, the pack's advanced marker.
 
-    The schemas are built once more with every pack module's `expert` replaced by one that passes a marker through
+    The schemas are built once more with every pack module's `advanced_input` replaced by one that passes a marker through
     the `lazy` option, which the inputs of every tested host take and keep as given; the originals are put back.
     """
     nodes = list(nodes)
-    replaced = {module: module.expert for module in pack_modules(nodes[0]) if callable(getattr(module, "expert", None))}
+    replaced = {module: module.advanced_input for module in pack_modules(nodes[0])
+                if callable(getattr(module, "advanced_input", None))}
     try:
         for module in replaced:
-            module.expert = lambda: {"lazy": ADVANCED_MARK}
+            module.advanced_input = lambda: {"lazy": ADVANCED_MARK}
         return {schema.node_id: frozenset(i.id for i in schema.inputs if getattr(i, "lazy", None) is ADVANCED_MARK)
                 for schema in (node.define_schema() for node in nodes)}
     finally:
-        for module, expert in replaced.items():
-            module.expert = expert
+        for module, original in replaced.items():
+            module.advanced_input = original
 
 
 def _cell(text: Any) -> str:

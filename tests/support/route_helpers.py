@@ -44,8 +44,8 @@ def delete(server: ComfyServer, path: str, **kwargs) -> requests.Response:
 
 def open_in_server(server: ComfyServer, path: str) -> dict:
     """Open the store `path` in the server as a workflow does (Carnator Store → Store Info); its /stores row."""
-    server.run_prompt({"1": {"class_type": "CarnatorStore", "inputs": {"path": path, "size_limit_gb": 1.0}},
-                       "2": {"class_type": "CarnatorStoreInfo", "inputs": {"store": ["1", 0]}}})
+    server.client.run({"1": {"class_type": "CarnatorStore", "inputs": {"path": path, "size_limit_gb": 1.0}},
+                       "2": {"class_type": "CarnatorStoreInfo", "inputs": {"store": ["1", 0]}}}, timeout=300)
     rows = json_answer(server.get("/carnator/store/stores"))["stores"]
     opened = [row for row in rows if row["name"] in (path, os.path.realpath(server.base_dir / path))]
     assert len(opened) == 1, (path, rows)

@@ -44,7 +44,7 @@ import json
 from pathlib import Path
 
 from carnator_core.demo.graphs import latent_size
-from carnator_core.lookup.prompt_text import link_source
+from carnator_core.lookup.prompt_text import is_link
 from support.t2v_graphs import LTX2_AUDIO_LATENT
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
@@ -101,7 +101,7 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
         graph[f"stats_{node_id}"] = {"class_type": "HarnessLatentStats", "inputs": {"latent": latent}}
     for node_id, node in graph.items():
         for name, value in node["inputs"].items():
-            if _is_link(value) and value[0] not in graph:
+            if is_link(value) and value[0] not in graph:
                 raise ValueError(f"node {node_id}.{name} links to removed node {value[0]}: extend on_tiny_models")
     return graph
 
@@ -126,10 +126,6 @@ def _on_tiny_model(node: dict, family: str, unet_name: str, low_noise_unet: str 
     return node
 
 
-def _is_link(value) -> bool:
-    return link_source(value) is not None
-
-
 def _passed_through(graph: dict) -> dict:
     """`graph` without its `_PASSED_THROUGH` nodes, each consumer of one linked to that node's own source."""
     sources = {node_id: node["inputs"][_PASSED_THROUGH[node["class_type"]]] for node_id, node in graph.items()
@@ -138,7 +134,7 @@ def _passed_through(graph: dict) -> dict:
         del graph[node_id]
     for node in graph.values():
         for name, value in node["inputs"].items():
-            while _is_link(value) and value[0] in sources:
+            while is_link(value) and value[0] in sources:
                 value = sources[value[0]]
             node["inputs"][name] = value
     return graph

@@ -6,8 +6,8 @@ import torch
 
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.planner import RequestFacts, plan_probes
-from carnator_core.reuse.recorder import RunRecorder
+from carnator_core.reuse.plan import RequestFacts, plan_probes
+from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -100,9 +100,9 @@ def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
         return [(x0 if owner == "right" else -x0, None)]
 
     run = _run(store)
-    resume = run.probe(targets, evaluate)
-    assert resume is not None and resume.target.candidate.prompt == "right" and run.model_calls == 2
-    assert [(p["donor_prompt"], p["step"], p["passed"], p["donor_given_up"]) for p in run.probes] == [
+    resume = run.decide(targets, evaluate)
+    assert resume is not None and resume.target.candidate.prompt == "right" and run.decider.model_calls == 2
+    assert [(p.donor_prompt, p.step, p.passed, p.donor_given_up) for p in run.probes] == [
         ("wrong", 5, False, True), ("right", 3, True, False)]
 
 
@@ -127,9 +127,9 @@ def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
         return [(x0 if step <= 5 else 0.9 * x0 + 0.1 * torch.randn(SHAPE, generator=generator), None)]
 
     run = _run(store, mode="fast")
-    resume = run.probe(targets, evaluate)
-    assert [(p["step"], p["passed"]) for p in run.probes] == [(8, False), (8, False), (5, True)]
-    assert resume is not None and resume.target.step == 5 and run.model_calls == 3
+    resume = run.decide(targets, evaluate)
+    assert [(p.step, p.passed) for p in run.probes] == [(8, False), (8, False), (5, True)]
+    assert resume is not None and resume.target.step == 5 and run.decider.model_calls == 3
 
 
 def test_a_deep_pass_counts_only_if_the_donor_agrees_at_its_shallowest_checkpoint(tmp_path):
@@ -150,12 +150,12 @@ def test_a_deep_pass_counts_only_if_the_donor_agrees_at_its_shallowest_checkpoin
         return [(-x0 if owner == "opposite way" and step == 2 else x0, None)]
 
     run = _run(store)
-    resume = run.probe(targets, evaluate)
-    assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
+    resume = run.decide(targets, evaluate)
+    assert [(p.donor_prompt, p.step, p.passed, p.confirms_deeper) for p in run.probes] == [
         ("opposite way", 5, True, False), ("opposite way", 2, False, True),
         ("same way", 5, True, False), ("same way", 2, True, True)]
     assert resume is not None and resume.target.candidate.prompt == "same way" and resume.target.step == 5
-    assert run.model_calls == 4  # two probe calls, each confirmed once
+    assert run.decider.model_calls == 4  # two probe calls, each confirmed once
 
 
 def test_a_donor_that_resumed_is_confirmed_on_its_own_donors_early_checkpoint(tmp_path):
@@ -203,16 +203,17 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
     run = _run(store)
     run.recorder = RunRecorder(set(run.settings.checkpoint_steps(run.total_steps)))
     run.start_state = start
-    resume = run.probe(targets, evaluate)
+    resume = run.decide(targets, evaluate)
     assert calls == [("start", 0), ("same scene", 5)]
-    assert [(p["donor_prompt"], p["step"], p["passed"], p["confirms_deeper"]) for p in run.probes] == [
+    assert [(p.donor_prompt, p.step, p.passed, p.confirms_deeper) for p in run.probes] == [
         ("other scene", 0, False, True), ("same scene", 0, True, True), ("same scene", 5, True, False)]
-    assert resume is not None and resume.target.candidate.prompt == "same scene" and run.model_calls == 2
+    assert resume is not None and resume.target.candidate.prompt == "same scene" and run.decider.model_calls == 2
     assert run.start_evaluation is not None and torch.equal(run.start_evaluation[0], predictions["same scene"])
     recorded = run.recorder.checkpoints[0]  # the screen is this request's step 0: recorded for later requests
     assert recorded.x is None and recorded.start == noise_fingerprint(start)
 
     run = _run(store)
     run.start_state = start
-    run.probe([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
+    run.decide([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
     assert run.start_evaluation is None and calls[2] == ("other seed", 5)  # nothing to screen: no call at the start
+

@@ -17,6 +17,7 @@ from carnator_core.lookup.prompt_text import (
     PromptText,
     find_prompt_text,
     find_text_inputs,
+    is_link,
     link_source,
     text_node_inputs,
 )
@@ -302,7 +303,7 @@ def _upstream(graph: dict, link: list) -> set[str]:
             continue
         followed.add(link)
         links = {name: value for name, value in graph[node_id]["inputs"].items()
-                 if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)}
+                 if is_link(value)}
         if {"positive", "negative"} <= set(links) and output in (0, 1):
             links = {("positive", "negative")[output]: links[("positive", "negative")[output]]}
         pending += [tuple(value) for value in links.values()]
@@ -314,9 +315,9 @@ def _shipped_positive_encoder(graph: dict) -> str:
     positive, negative = set(), set()
     for node in graph.values():
         for name, value in node["inputs"].items():
-            if name in ("positive", "conditioning") and isinstance(value, list):
+            if name in ("positive", "conditioning") and is_link(value):
                 positive |= _upstream(graph, value)
-            elif name == "negative" and isinstance(value, list):
+            elif name == "negative" and is_link(value):
                 negative |= _upstream(graph, value)
     encoders = [i for i in positive - negative if graph[i]["class_type"] in ("CLIPTextEncode", "CarnatorDemoTextEncode")]
     assert len(encoders) == 1, encoders
@@ -327,7 +328,7 @@ def _shipped_positive_literal(graph: dict) -> tuple[str, str]:
     """Where the positive encoder's text is written: its `text`, or the value of the primitive linked there."""
     encoder = _shipped_positive_encoder(graph)
     text = graph[encoder]["inputs"]["text"]
-    return (text[0], "value") if isinstance(text, list) else (encoder, "text")
+    return (text[0], "value") if is_link(text) else (encoder, "text")
 
 
 @pytest.mark.parametrize("path", sorted(WORKFLOWS.glob("*.json")), ids=lambda path: path.stem)
@@ -407,7 +408,8 @@ def test_text_node_inputs_of_a_named_node():
 def test_one_link_predicate():
     assert link_source(["6", 0]) == ("6", 0) and link_source(["57:4", 1.0]) == ("57:4", 1)
     for literal in ("6", ["6"], ["6", "0"], ["6", True], [6, 0], ["a", "b", 0], None):
-        assert link_source(literal) is None
+        assert link_source(literal) is None and not is_link(literal)
+    assert is_link(["6", 0]) and is_link(["57:4", 1.0])
 
 
 def test_the_queue_keeps_its_fallback_and_says_why_it_cannot_tell():
@@ -443,14 +445,14 @@ def _run(tmp_path, prompt: str, prompt_note: str) -> ReuseRun:
 def test_the_report_says_where_the_text_came_from_or_why_there_is_none(tmp_path):
     found = "prompt text read from the graph (node 6 CLIPTextEncode): 'a fox'"
     run = _run(tmp_path, "a fox", found)
-    run.match = Match(store_directory="store", request=None, candidates=[], notes=["lookup note"])
+    run.match = Match(store_location="store", request=None, candidates=[], notes=["lookup note"])
     assert run.report(elapsed=1.0).notes == [found, "lookup note"]
     missing = "prompt text not found in the graph (node 9 is missing or malformed): matched on conditioning only"
     run = _run(tmp_path, "", missing)
-    run.match = Match(store_directory="store", request=None, candidates=[],
+    run.match = Match(store_location="store", request=None, candidates=[],
                       notes=["no prompt text given: matched on conditioning only"])
     assert run.report(elapsed=1.0).notes == [missing]  # the graph's account replaces the lookup's
     run = _run(tmp_path, "", "")
-    run.match = Match(store_directory="store", request=None, candidates=[],
+    run.match = Match(store_location="store", request=None, candidates=[],
                       notes=["no prompt text given: matched on conditioning only"])
     assert run.report(elapsed=1.0).notes == ["no prompt text given: matched on conditioning only"]

@@ -6,7 +6,7 @@ import torch
 
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt
 from carnator_core.lookup.embeddings import text_embedder
-from carnator_core.reuse.recorder import PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, writer
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -53,7 +53,7 @@ def test_a_lookup_nodes_vector_is_recorded_when_made_for_this_prompt(tmp_path):
         store = ReuseStore(str(tmp_path / prompt))
         request = LookupRequest(hard_key=KEY, cond_vector=_unit(0), prompt=prompt, text_vector=given)
         run = _run(store)
-        run.plan(Match(store_directory=store.directory, request=request, candidates=[]))
+        run.plan(Match(store_location=store.location, request=request, candidates=[]))
         assert run.text_vector is expected
         recorded = _recorded(store, run)
         # a match made for another prompt: the writer embeds this run's prompt itself

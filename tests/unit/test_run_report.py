@@ -8,13 +8,15 @@ import torch
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.planner import ProbeTarget
+from carnator_core.reuse.decision import ProbeRecord
+from carnator_core.reuse.plan import ProbeTarget
 from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.report import RunReport, Verdict
-from carnator_core.reuse.run import STORE_UNAVAILABLE, Resume, ReuseRun
+from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
-from carnator_core.store.reuse_store import ReuseStore
+from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.tensor_codec import encode_tensors
 
 KEY = HardKey("model", (2, 4, 4), "schedule")
 SHAPE = (1, 16, 2, 8, 8)
@@ -31,67 +33,64 @@ CANDIDATE = Candidate(entry_id="donor-1", prompt="a red ball", score=0.9, cond_s
 
 
 def _run(tmp_path, **settings) -> ReuseRun:
-    return ReuseRun(settings=ReuseSettings(prompt="a red ball", **settings), store=ReuseStore(str(tmp_path / "store")),
-                    hard_key=KEY, latent_shape=SHAPE, noise_fingerprint="noise", cond_vector=torch.ones(256),
-                    sigmas=[1 - s / 10 for s in range(11)], cfg=5.0, seed=3)
+    return ReuseRun(settings=ReuseSettings(prompt="a red ball", record=False, **settings),
+                    store=ReuseStore(str(tmp_path / "store")), hard_key=KEY, latent_shape=SHAPE,
+                    noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
+                    cfg=5.0, seed=3)
 
 
-def _match(**changes) -> Match:
-    return Match(store_directory="store", request=None, candidates=[CANDIDATE], **changes)
+DONOR_X0 = torch.linspace(-1.0, 1.0, 16 * 2 * 8 * 8).reshape(SHAPE)
+
+
+def _planned(run: ReuseRun, **match) -> list[ProbeTarget]:
+    """`run` planned against one stored donor ("a red ball", checkpoint at step 5, predicting DONOR_X0 there)."""
+    meta = EntryMeta(entry_id="donor-1", hard_key=KEY, prompt="a red ball", latent_shape=SHAPE,
+                     noise_fingerprint="noise", total_steps=10, sample_seconds=4.0,
+                     checkpoints=[{"step": 5, "sigma": 0.5, "guidance": False, "evaluated": True}])
+    run.store.put(meta, {"checkpoints": encode_tensors({"x_5": torch.zeros(SHAPE), "x0_5": DONOR_X0})},
+                  IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
+    return run.plan(Match(store_location="store", request=None, candidates=[CANDIDATE], **match))
 
 
 def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
     run = _run(tmp_path)
-    run.match = _match(filtered={"other model": 2}, notes=["a note"])
-    meta = EntryMeta(entry_id="donor-1", hard_key=KEY, prompt="a red ball", latent_shape=SHAPE,
-                     noise_fingerprint="noise", total_steps=10)
-    target = ProbeTarget(candidate=CANDIDATE, meta=meta, step=5, sigma=0.5, x=torch.zeros(SHAPE),
-                         x0=torch.zeros(SHAPE), guidance=None)
-    signals = ProbeSignals(depth=0.5, raw_agreement=0.97, structure_agreement=0.99, guidance_cosine=0.93)
-    run.resume = Resume(target=target, signals=signals, x0=None)
-    run.probes = [{"donor_id": "donor-1", "step": 5, "passed": True}]
-    run.skipped = {"other initial noise (seed)": 1}
-    run.model_calls = 6
-    run.attention = ATTENTION_SUMMARY
-    data = run.report(elapsed=2.0).as_dict()
-    assert list(data) == FULL_FIELDS
-    assert data == {
-        "hit": True, "verdict": "resumed", "mode": "balanced", "prompt": "a red ball", "donor_id": "donor-1", "donor_prompt": "a red ball", "text_similarity": 0.95,
-        "agreement": 0.97, "structure_agreement": 0.99, "guidance_cosine": 0.93, "skipped_steps": 5,
-        "total_steps": 10, "attention_density": 0.25, "attention": ATTENTION_SUMMARY, "heads_reuse": 3,
-        "heads_own": 1, "model_calls": 6, "time_s": 2.0, "time_saved_s": 2.0, "reason": "",
-        "probes": [{"donor_id": "donor-1", "step": 5, "passed": True}],
+    targets = _planned(run, filtered={"other model": 2}, notes=["a note"])
+    decision = run.decide(targets, lambda states, sigma: [(DONOR_X0.clone(), None) for _ in states])
+    assert decision is not None and decision.step == 5
+    data = run.finish(model_calls=5).as_dict()
+    assert set(data) == set(FULL_FIELDS)
+    assert data["probes"] == [{"donor_id": "donor-1", "donor_prompt": "a red ball", "step": 5, "passed": True,
+                               "donor_given_up": False, "batched_with": 0, "confirms_deeper": False, "depth": 0.5,
+                               "raw_agreement": 1.0, "structure_agreement": 1.0, "guidance_cosine": None}]
+    assert {name: data[name] for name in ("hit", "verdict", "donor_id", "donor_prompt", "text_similarity",
+                                          "agreement", "structure_agreement", "skipped_steps", "total_steps",
+                                          "model_calls", "reason", "candidates", "filtered", "notes", "stage")} == {
+        "hit": True, "verdict": "resumed", "donor_id": "donor-1", "donor_prompt": "a red ball",
+        "text_similarity": 0.95, "agreement": 1.0, "structure_agreement": 1.0, "skipped_steps": 5,
+        "total_steps": 10, "model_calls": 6, "reason": "",
         "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
-        "filtered": {"other model": 2}, "skipped_donors": {"other initial noise (seed)": 1},
-        "notes": ["a note", "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"],
-        "stage": {},
+        "filtered": {"other model": 2}, "notes": ["a note"], "stage": {},
     }
+    assert data["time_saved_s"] == pytest.approx(data["time_s"])  # 5 steps saved of 10, at the run's own pace
+    assert RunReport.from_dict(data).as_dict() == data
 
 
 def test_a_reuse_miss_says_why(tmp_path):
     run = _run(tmp_path)
-    run.match = _match()
-    run.probes = [{"donor_id": "donor-1", "step": 0, "passed": False}]
-    run.model_calls = 10
-    data = run.report(elapsed=4.0).as_dict()
-    assert list(data) == FULL_FIELDS
-    assert data == {
-        "hit": False, "verdict": "miss", "mode": "balanced", "prompt": "a red ball", "donor_id": None, "donor_prompt": None, "text_similarity": 0.95,
-        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
-        "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
-        "model_calls": 10, "time_s": 4.0, "time_saved_s": 0.0, "reason": "probe rejected",
-        "probes": [{"donor_id": "donor-1", "step": 0, "passed": False}],
-        "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
-        "filtered": {}, "skipped_donors": {}, "notes": [], "stage": {},
-    }
+    targets = _planned(run)
+    assert run.decide(targets, lambda states, sigma: [(-DONOR_X0, None) for _ in states]) is None
+    data = run.finish(model_calls=10).as_dict()
+    assert set(data) == set(FULL_FIELDS)
+    assert (data["hit"], data["verdict"], data["reason"], data["donor_id"], data["model_calls"]) == (
+        False, "miss", "probe rejected", None, 11)
+    assert [(p["step"], p["passed"], p["donor_given_up"]) for p in data["probes"]] == [(5, False, True)]
 
 
 def test_a_reuse_run_without_its_store_reports_it_unavailable(tmp_path):
     run = _run(tmp_path)
-    run.store_problem = "connection refused"
-    run.model_calls = 10
-    data = run.report(elapsed=1.0).as_dict()
-    assert list(data) == FULL_FIELDS
+    run.store_problem = "connection refused"  # what the store said when the run opened it
+    data = run.finish(model_calls=10).as_dict()
+    assert set(data) == set(FULL_FIELDS)
     assert data["reason"] == STORE_UNAVAILABLE and data["hit"] is False
     assert data["notes"] == ["store unavailable, generating without reuse: connection refused"]
     assert (data["candidates"], data["filtered"], data["probes"], data["donor_id"]) == ([], {}, [], None)
@@ -99,7 +98,7 @@ def test_a_reuse_run_without_its_store_reports_it_unavailable(tmp_path):
 
 def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
     data = RunReport.plain("balanced", "denoise mask (inpainting)", 10, 10, 3.0).as_dict()
-    assert list(data) == FULL_FIELDS
+    assert set(data) == set(FULL_FIELDS)
     assert data == {
         "hit": False, "verdict": "miss", "mode": "balanced", "prompt": "", "donor_id": None, "donor_prompt": None, "text_similarity": None,
         "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
@@ -109,7 +108,7 @@ def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
     }
     unavailable = RunReport.plain("fast", STORE_UNAVAILABLE, 8, 8, 1.0, ATTENTION_SUMMARY,
                                   ["store unavailable, generating without reuse: closed port"]).as_dict()
-    assert list(unavailable) == FULL_FIELDS
+    assert set(unavailable) == set(FULL_FIELDS)
     assert unavailable["notes"] == ["store unavailable, generating without reuse: closed port"]
     assert (unavailable["attention"], unavailable["attention_density"], unavailable["heads_reuse"],
             unavailable["heads_own"]) == (ATTENTION_SUMMARY, 0.25, 3, 1)
@@ -119,7 +118,7 @@ def test_a_sparse_attention_only_run_reports_the_attention_fields_only():
     attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed"), video_tokens=256,
                                    first_frame_tokens=64, num_layers=4, total_steps=10)
     data = RunReport.of_sparse_attention(attention, elapsed=1.5).as_dict()
-    assert list(data) == ATTENTION_FIELDS
+    assert set(data) == set(ATTENTION_FIELDS)
     assert data == {
         "hit": False, "verdict": "miss", "mode": "attention/borrowed", "donor_id": None, "donor_prompt": None, "text_similarity": None,
         "agreement": None, "skipped_steps": 0, "total_steps": 10, "attention_density": None, "heads_reuse": 0,
@@ -135,8 +134,9 @@ def test_a_sparse_attention_only_run_reports_the_attention_fields_only():
 
 def _report(**changes) -> RunReport:
     """A finished run as the engine reports it; `changes` say what it reused."""
-    return RunReport(**{"mode": "balanced", "total_steps": 30, "time_s": 2.0, "probes": [{"step": 0, "passed": True}],
-                        **changes})
+    screen = ProbeRecord(donor_id="donor-1", donor_prompt="a red ball", step=0, passed=True, donor_given_up=False,
+                         batched_with=0, confirms_deeper=True, signals=ProbeSignals(0.0, 0.99, 0.99, 0.93))
+    return RunReport(**{"mode": "balanced", "total_steps": 30, "time_s": 2.0, "probes": [screen], **changes})
 
 
 RESUMED = {"hit": True, "skipped_steps": 15, "donor_id": "donor-1", "donor_prompt": "a red ball",

@@ -26,8 +26,7 @@ from support.store_writer import Exploit, synthetic_entry
 
 from carnator_core.store.backend import StoreError, UnsafeValueError
 from carnator_core.store.entry import SCHEMA_VERSION, EntryMeta, HardKey
-from carnator_core.store.location import resolve_store_directory
-from carnator_core.store.redis_backend import is_redis_url
+from carnator_core.store.location import is_loopback_host, is_store_url, resolve_store_directory
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import decode_tensors, encode_tensors
 
@@ -44,7 +43,7 @@ def location(request, tmp_path) -> str:
 
 def plant(location: str, key: str, value) -> None:
     """Write a raw value as another program would: plain diskcache (pickling what is not bytes) or redis."""
-    if is_redis_url(location):
+    if is_store_url(location):
         client = redis.Redis.from_url(location)
         if isinstance(value, dict):
             client.delete(key)
@@ -100,7 +99,7 @@ def test_planted_pickle_payload_is_never_executed(location, tmp_path):
     for key in (f"meta/{meta.entry_id}", f"emb/{meta.entry_id}", f"blob/{meta.entry_id}/checkpoints",
                 f"stats/{meta.entry_id}"):
         plant(location, key, Exploit())
-    if not is_redis_url(location):  # and a pickled key, straight into SQLite
+    if not is_store_url(location):  # and a pickled key, straight into SQLite
         payload = pickle.dumps(Exploit())
         with sqlite3.connect(Path(location) / "cache.db") as db:
             db.execute("INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, "
@@ -134,7 +133,7 @@ def test_corrupt_and_foreign_keys_are_skipped_and_others_still_served(location, 
     store.backend.set(f"meta/{broken}", b"{not json")
     store.backend.set(f"emb/{broken}", b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
     store.backend.set(f"blob/{torn}/checkpoints", b"\x00torn")
-    plant(location, f"blob/{wrong_type}/checkpoints", {"a": "hash"} if is_redis_url(location) else 42)
+    plant(location, f"blob/{wrong_type}/checkpoints", {"a": "hash"} if is_store_url(location) else 42)
     plant(location, f"stats/{healthy}", b"not a record")
     plant(location, "someone:else", b"another program's data")
     plant(location, "meta/foreign", b"{}")
@@ -302,6 +301,15 @@ def test_store_paths_must_stay_inside_the_base_directory(tmp_path):
         with pytest.raises(StoreError, match="outside the ComfyUI base directory"):
             resolve_store_directory(escape, str(base), default, allow_outside=False)
     assert resolve_store_directory("/srv/store", str(base), default, allow_outside=True) == "/srv/store"
+
+
+def test_one_url_and_one_loopback_predicate():
+    """Store locations and Host headers are told apart by the same two tests (store/location.py)."""
+    assert all(is_store_url(url) for url in ("redis://cache:6379/0", "rediss://[::1]/0", "http://elsewhere/x"))
+    assert not any(is_store_url(path) for path in ("/srv/store", "stores/a", "C:\\store", ""))
+    assert all(is_loopback_host(host) for host in ("localhost", "LOCALHOST", "127.0.0.1", "127.8.0.1", "::1", "[::1]",
+                                                    "::ffff:127.0.0.1"))
+    assert not any(is_loopback_host(host) for host in ("localhost.", "example.com", "10.0.0.1", "0.0.0.0", "[::]", ""))
 
 
 def test_tensor_codec_rejects_garbage():

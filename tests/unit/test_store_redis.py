@@ -95,7 +95,7 @@ def test_wrong_or_missing_password_is_a_clear_error(redis_factory):
     with pytest.raises(StoreError, match="needs a password"):
         ReuseStore(f"redis://127.0.0.1:{server.port}/0")
     store = ReuseStore(server.url)
-    assert store.unavailable is None and store.directory == f"redis://127.0.0.1:{server.port}/0"
+    assert store.unavailable is None and store.location == f"redis://127.0.0.1:{server.port}/0"
 
 
 def test_a_server_that_is_not_redis_is_a_clear_error_and_a_silent_one_never_a_hang():
@@ -231,4 +231,4 @@ def test_one_store_object_per_server_database_in_a_process(redis_url):
     again = open_store(redis_url + "?timeout_ms=100", 2**31)  # client options do not make another store
     assert again is store and store.size_limit == 2**31
     other_db = open_store(redis_url.rsplit("/", 1)[0] + "/1")
-    assert other_db is not store and other_db.directory.endswith("/1")
+    assert other_db is not store and other_db.location.endswith("/1")

@@ -10,21 +10,20 @@ import pytest
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.planner import ProbeTarget, RequestFacts, plan_probes
+from carnator_core.reuse.decision import Decider
+from carnator_core.reuse.plan import ProbeTarget, RequestFacts, plan_probes
 from carnator_core.reuse.probe import ProbeSignals
-from carnator_core.reuse.recorder import END_TENSOR, PendingEntry, writer
-from carnator_core.reuse.run import ReuseRun
+from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.trajectory import (
     Handover,
     HandoverRegistry,
     StageEnd,
     stage_end_of,
-    stage_view,
-    trajectory_steps,
 )
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
+from carnator_core.store.stages import stage_entry, trajectory_steps
 from carnator_core.store.tensor_codec import encode_tensors
 
 SHAPE = (1, 16, 2, 8, 8)
@@ -44,11 +43,11 @@ def _meta(*stages, stage_end: bool = True) -> EntryMeta:
 
 def test_a_later_stage_reads_as_an_entry_of_its_own_model_schedule_and_steps():
     meta = _meta(SECOND)
-    view = stage_view(meta, 1)
+    view = stage_entry(meta, 1)
     assert view.hard_key == HardKey("low-noise", KEY.grid, "second-half") and view.total_steps == 2
     assert view.entry_id == meta.entry_id and [c["step"] for c in view.checkpoints] == [0, 1]
     assert view.lineage == {} and view.extra["stage"] == 1 and view.extra["trajectory_steps"] == 4
-    assert stage_view(meta, 0) is meta and trajectory_steps(meta) == 4
+    assert stage_entry(meta, 0) is meta and trajectory_steps(meta) == 4
 
 
 @pytest.mark.parametrize("record", [
@@ -57,8 +56,8 @@ def test_a_later_stage_reads_as_an_entry_of_its_own_model_schedule_and_steps():
 ])
 def test_a_malformed_stage_record_is_no_stage(record):
     meta = _meta(record)
-    assert stage_view(meta, 1) is None
-    assert stage_view(meta, 2) is None and stage_view(_meta(), 1) is None
+    assert stage_entry(meta, 1) is None
+    assert stage_entry(meta, 2) is None and stage_entry(_meta(), 1) is None
     if not isinstance(record, dict) or not isinstance(record.get("steps"), int) or record["steps"] <= 0:
         assert trajectory_steps(meta) == 2  # a record without usable steps does not count
 
@@ -72,7 +71,7 @@ def test_a_stage_output_serves_a_skip_only_when_usable_and_followed_by_a_later_s
     assert stage_end_of(_meta(SECOND), {END_TENSOR: latent[:, :8]}, SHAPE) is None
     assert stage_end_of(_meta(SECOND), {END_TENSOR: latent * float("nan")}, SHAPE) is None
     assert stage_end_of(_meta(SECOND), {}, SHAPE) is None
-    assert stage_end_of(stage_view(_meta({**SECOND, "end": {"sigma": 0.1}}), 1), {END_TENSOR: latent}, SHAPE) is None
+    assert stage_end_of(stage_entry(_meta({**SECOND, "end": {"sigma": 0.1}}), 1), {END_TENSOR: latent}, SHAPE) is None
 
 
 def _pending(store: ReuseStore) -> PendingEntry:
@@ -128,9 +127,8 @@ def test_a_later_stage_plans_only_against_the_same_stage_of_the_same_model(tmp_p
 
 
 def test_a_stage_is_skipped_to_the_donor_the_request_agrees_with_most(tmp_path):
-    run = ReuseRun(settings=ReuseSettings(mode="balanced"), store=ReuseStore(str(tmp_path / "store")), hard_key=KEY,
-                   latent_shape=SHAPE, noise_fingerprint="noise", cond_vector=torch.ones(8),
-                   sigmas=[1.0, 0.75, 0.5], cfg=1.0, seed=0)
+    decider = Decider(settings=ReuseSettings(mode="balanced"), facts=RequestFacts(
+        schedule="schedule", latent_shape=SHAPE, noise_fingerprint="noise", total_steps=2), sigmas=[1.0, 0.75, 0.5])
     targets = []
     for name, structure in (("edit", 0.90), ("rewording", 0.99), ("weak", 0.86)):
         meta = _meta(SECOND)
@@ -139,10 +137,10 @@ def test_a_stage_is_skipped_to_the_donor_the_request_agrees_with_most(tmp_path):
                               text_similarity=None)
         targets.append(ProbeTarget(candidate=candidate, meta=meta, step=1, sigma=0.75, x=torch.randn(SHAPE),
                                    x0=torch.randn(SHAPE), guidance=None, end=end))
-        run._screened[meta.entry_id] = ProbeSignals(depth=0.0, raw_agreement=structure,
-                                                    structure_agreement=structure, guidance_cosine=None)
-    resume = run._skip_stage(targets)
+        decider._screened[meta.entry_id] = ProbeSignals(depth=0.0, raw_agreement=structure,
+                                                        structure_agreement=structure, guidance_cosine=None)
+    resume = decider._skip_stage(targets)
     assert resume.target.candidate.prompt == "rewording" and resume.step == 2 and resume.end is targets[1].end
     # "weak" passes the depth-0 screen (0.85) but not the thresholds at the depth the skip reaches (0.5 of 4 steps)
-    run._screened = {targets[2].meta.entry_id: run._screened[targets[2].meta.entry_id]}
-    assert run._skip_stage(targets) is None
+    decider._screened = {targets[2].meta.entry_id: decider._screened[targets[2].meta.entry_id]}
+    assert decider._skip_stage(targets) is None

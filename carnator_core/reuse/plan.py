@@ -1,4 +1,4 @@
-"""Reuse planner: which donor checkpoints are worth a probe, deepest first across donors.
+"""The plan of one request: which donor checkpoints are worth a probe, deepest first across donors.
 
 A probe costs one model evaluation, so the planner filters by everything that is certain
 without the model (schedule, latent shape, initial noise under the seed policy, mode
@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.trajectory import StageEnd, checkpoint_blob, stage_end_of, stage_view, view_stage
-from carnator_core.store.entry import EntryMeta
+from carnator_core.reuse.trajectory import StageEnd, stage_end_of
+from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
+from carnator_core.store.stages import checkpoint_blob, stage_entry, stage_index
 
 log = logging.getLogger("carnator.planner")
 
@@ -44,7 +45,7 @@ class RequestFacts:
 @dataclass
 class StartPrediction:
     """What a donor's model predicted at its first state (step 0), and that state's fingerprint: a request that
-    starts from the same state compares its own first evaluation with it (ReuseRun._screen)."""
+    starts from the same state compares its own first evaluation with it (Decider._screen)."""
 
     meta: EntryMeta  # the entry that recorded it: the donor or, for a donor that itself resumed, up its lineage
     sigma: float
@@ -67,10 +68,10 @@ class ProbeTarget:
     # The donor's shallowest checkpoint, when shallower than this one (for a donor that itself resumed, its own
     # donor's: see `_anchor_for`). Early in the schedule the prompt still decides layout and motion; later the
     # model mostly follows the state it is given, so a deeper probe can agree with a donor whose trajectory the
-    # new prompt would not have taken (a motion word's opposite can pass half-way). ReuseRun.probe confirms a
+    # new prompt would not have taken (a motion word's opposite can pass half-way). Decider.decide confirms a
     # deep pass here, unless `start` already did.
     anchor: ProbeTarget | None = None
-    start: StartPrediction | None = None  # the donor's step 0, for ReuseRun._screen
+    start: StartPrediction | None = None  # the donor's step 0, for Decider._screen
     # Offered only to the step-0 screen (a same-noise donor beyond the probe budget): probed only if it passes there.
     screen_only: bool = False
     end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
@@ -113,7 +114,7 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
                 fallback_targets: int = 1) -> tuple[list[ProbeTarget], dict[str, int]]:
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
     plus skip reasons. With `fallback_fraction`, if none of them lies that shallow, up to `fallback_targets`
-    of the deepest checkpoints that do are appended, for the run's last probe call (`ReuseRun.probe`).
+    of the deepest checkpoints that do are appended, for the run's last probe call (`Decider.decide`).
 
     Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one, while a better donor ranked second would have passed at the first depth. Checkpoints
@@ -161,7 +162,7 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
         if meta is None:
             reads.skip("entry vanished or corrupt")
             continue
-        meta = stage_view(meta, reads.facts.stage)
+        meta = stage_entry(meta, reads.facts.stage)
         if meta is None:
             reads.skip("donor has no such stage")
             continue
@@ -177,11 +178,12 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
 
 
 def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool) -> str | None:
-    """Why no state of this donor can continue the live request (another sigma schedule, latent shape or, when
-    only the same noise counts, initial noise), or None when its states can."""
-    if facts.model and meta.hard_key.model != facts.model:
-        return "other model"
-    if meta.hard_key.schedule != facts.schedule or meta.total_steps != facts.total_steps:
+    """Why no state of this donor can continue the live request (another model where the stage names one, sigma
+    schedule, latent shape or, when only the same noise counts, initial noise), or None when its states can."""
+    reason = HardKey(model=facts.model, grid=(), schedule=facts.schedule).mismatch(meta.hard_key)
+    if reason is not None:
+        return reason
+    if meta.total_steps != facts.total_steps:
         return "other sigma schedule"
     if tuple(meta.latent_shape) != tuple(facts.latent_shape):
         return "other latent shape (batch or size)"
@@ -234,7 +236,7 @@ def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, m
 
 def _checkpoints_of(reads: _Reads, meta: EntryMeta) -> dict[str, torch.Tensor] | None:
     """The checkpoint tensors of the entry's stage, read once per plan; a missing or corrupt blob counts one skip."""
-    name = checkpoint_blob(view_stage(meta))
+    name = checkpoint_blob(stage_index(meta))
     key = f"{meta.entry_id}/{name}"
     if key not in reads.blobs:
         reads.blobs[key] = reads.store.get_tensors(meta.entry_id, name)

@@ -59,7 +59,7 @@ class RunRecorder:
             evaluated=evaluated)
 
     def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None) -> None:
-        """Step 0: never resumed from, only compared at (`ReuseRun._screen`) by requests that start from the same
+        """Step 0: never resumed from, only compared at (`Decider._screen`) by requests that start from the same
         state, so the prediction is kept and the state only as its fingerprint (a latent's worth of bytes saved)."""
         self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=None, start=start,
                                          x0=x0.detach().to("cpu", torch.float16, copy=True),

@@ -1,0 +1,264 @@
+"""The decision of one request: resume at a donor state, skip a stage whole, or miss; and the probes behind it.
+
+`Decider.decide` takes the plan's targets (`carnator_core.reuse.plan`) and the live model (an `Evaluate` callback)
+and returns a `Decision`. Its contract:
+
+- the model judges: a resume or a stage skip happens only where `ProbeThresholds.passes` held for the live
+  request's own evaluation against the donor's (the `text-only` verification is the one unverified baseline);
+- at most `max_probes` probe calls, one more per deep pass confirmed at the donor's shallowest checkpoint, and one
+  step-0 screen that is the request's own first evaluation (it serves the sampler's first call on a miss);
+- every call asked is one `ProbeRecord`, in the order asked, so the report shows each verdict and its signals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from carnator_core.reuse.cached_evaluation import same_sigma
+from carnator_core.reuse.plan import ProbeTarget, RequestFacts, StartPrediction
+from carnator_core.reuse.probe import ProbeSignals, probe_signals
+from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.trajectory import StageEnd
+from carnator_core.store.entry import EntryMeta
+
+log = logging.getLogger("carnator.decision")
+
+# The live request's model at several states sharing one sigma, in one call: per state its
+# (x0 prediction, guidance direction or None).
+Evaluate = Callable[[list[torch.Tensor], float], list[tuple[torch.Tensor, torch.Tensor | None]]]
+
+
+def text_similarity_depth(similarity: float) -> float:
+    """NIRVANA's table as a line: similarity 0.65 skips 10% of the steps, 0.95 skips 50%; below 0.65 none."""
+    if similarity < 0.65:
+        return 0.0
+    return min(0.5, 0.1 + (similarity - 0.65) / 0.30 * 0.4)
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """One question put to the model about one donor state, and its answer."""
+
+    donor_id: str
+    donor_prompt: str
+    step: int
+    passed: bool
+    donor_given_up: bool  # the donor missed by more than `give_up_margin`: no further probe of it
+    batched_with: int  # other donors' states evaluated in the same call
+    confirms_deeper: bool  # a step-0 screen or a shallow confirmation, not a resume candidate of its own
+    signals: ProbeSignals
+    boundary: bool = False  # a later stage's first evaluation at the donor output its first stage was skipped to
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's JSON form: the record's fields with the signals flattened in."""
+        data = {name: value for name, value in asdict(self).items() if name not in ("signals", "boundary")}
+        data.update(self.signals.as_dict())
+        if self.boundary:
+            data["boundary"] = True
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeRecord:
+        """The record behind its JSON (clients reading a report back)."""
+        signals = ProbeSignals(depth=float(data.get("depth", 0.0)), raw_agreement=float(data.get("raw_agreement", 0.0)),
+                               structure_agreement=float(data.get("structure_agreement", 0.0)),
+                               guidance_cosine=data.get("guidance_cosine"))
+        return cls(donor_id=str(data.get("donor_id", "")), donor_prompt=str(data.get("donor_prompt", "")),
+                   step=int(data.get("step", 0)), passed=bool(data.get("passed")),
+                   donor_given_up=bool(data.get("donor_given_up")), batched_with=int(data.get("batched_with", 0)),
+                   confirms_deeper=bool(data.get("confirms_deeper")), signals=signals,
+                   boundary=bool(data.get("boundary")))
+
+
+@dataclass
+class Decision:
+    """What the request does with a donor: resume sampling at `target` (`step` > 0), or skip the stage whole and
+    return the donor stage's output (`end`). A request without a Decision is a miss; the report says why."""
+
+    target: ProbeTarget
+    signals: ProbeSignals | None  # None for the unverified text-similarity baseline
+    x0: torch.Tensor | None  # the live model's prediction at the resume state: reused as step `step`'s evaluation
+    guidance: torch.Tensor | None = None  # and its guidance direction, recorded with it
+    end: StageEnd | None = None  # the stage is skipped whole: the run returns the donor stage's output
+
+    @property
+    def skips_stage(self) -> bool:
+        return self.end is not None
+
+    @property
+    def step(self) -> int:
+        """The step sampling resumes at (the stage's length when it is skipped whole)."""
+        return self.target.meta.total_steps if self.end is not None else self.target.step
+
+
+@dataclass
+class Decider:
+    """Asks the live model about a plan's targets, in the order and within the budget the contract above sets.
+
+    `start_state` (the state the sampler starts from) and its fingerprint enable the step-0 screen; `on_start`
+    receives the request's own step-0 evaluation when the screen makes it (the run records it as its step 0).
+    """
+
+    settings: ReuseSettings
+    facts: RequestFacts
+    sigmas: list[float]
+    start_state: torch.Tensor | None = None
+    start_fingerprint: str | None = None
+    on_start: Callable[[float, torch.Tensor, torch.Tensor, torch.Tensor | None], None] | None = None
+    probes: list[ProbeRecord] = field(default_factory=list)
+    model_calls: int = 0
+    # The request's own step-0 evaluation (x0, guidance) when the screen made it: without a resume the sampler's
+    # first call is served from it, so the screen costs a miss nothing.
+    start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    _screened: dict[str, ProbeSignals] = field(default_factory=dict, init=False, repr=False)  # passed at step 0
+
+    def decide(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Decision | None:
+        """Evaluate targets in plan order; resume from the deepest checkpoint whose signals pass, or skip the stage.
+
+        Each call takes the next unprobed target together with up to `batch_limit - 1` later ones at the same step
+        (other donors' checkpoints), so one evaluation probes several candidates. A call with a pass ends probing
+        and resumes from its first passing target: all targets of a call share one depth, and later calls are only
+        shallower or lower-ranked. A donor that misses the structure threshold by more than `give_up_margin` gets
+        no further probe. In fast mode the last call goes to targets no deeper than balanced's limit when no
+        earlier call was that shallow. A pass deeper than the donor's shallowest checkpoint is confirmed there with
+        one more call (`ProbeTarget.anchor`), unless the donor was already confirmed at step 0 by the screen.
+        """
+        if self.settings.verification == "text-only":
+            return self._by_text_similarity(targets)
+        pending = [target for target in targets if not target.screen_only]
+        if self.start_state is not None and self.settings.max_probes > 0:
+            pending = self._screen(list(targets), evaluate)
+            skip = self._skip_stage(pending)
+            if skip is not None:
+                return skip
+        thresholds = self.settings.thresholds
+        fallback = self.settings.fallback_resume_fraction
+        fallback_step = None if fallback is None else self.facts.max_step(fallback)
+        for call_index in range(self.settings.max_probes):
+            if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
+                    p.step <= fallback_step and not p.confirms_deeper for p in self.probes):
+                pending = [t for t in pending if t.step <= fallback_step] or pending
+            if not pending:
+                break
+            call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]
+            pending = [t for t in pending if not any(t is c for c in call)]
+            results = evaluate([t.x for t in call], call[0].sigma)
+            self.model_calls += 1
+            hopeless: set[str] = set()
+            decision = None
+            for target, (x0_new, guidance_new) in zip(call, results, strict=True):
+                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
+                passed = thresholds.passes(signals)
+                given_up = not passed and thresholds.donor_hopeless(signals)
+                self._record(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
+                if passed and decision is None and target.anchor is not None:
+                    passed = self._confirm(target.anchor, evaluate)  # a failed confirmation rules out the donor
+                    given_up = not passed
+                if given_up:
+                    hopeless.add(target.meta.entry_id)
+                if passed and decision is None:
+                    decision = Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new)
+            pending = [t for t in pending if t.meta.entry_id not in hopeless]
+            if decision is not None:
+                return decision
+        return None
+
+    def _skip_stage(self, screened: list[ProbeTarget]) -> Decision | None:
+        """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's
+        share of the trajectory lies within the mode's depth and the screen passes at that depth's thresholds: the
+        run returns the output of the donor it agrees with most, and the next stage starts from it (its own model's
+        first evaluation there is the boundary check)."""
+        if self.sigmas[-1] <= 0.0 or self.facts.stage != 0:
+            return None
+        limit = self.settings.max_resume_fraction + 1e-9
+        skips = []
+        for target in screened:
+            signals = self._screened.get(target.meta.entry_id)
+            if target.end is None or signals is None or target.end.share > limit \
+                    or not same_sigma(target.end.sigma, self.sigmas[-1]):
+                continue
+            # the screen must pass at the depth the skip reaches, as a probe there would
+            if self.settings.thresholds.passes(replace(signals, depth=target.end.share)):
+                skips.append((signals.structure_agreement, -len(skips), target, signals))
+        if not skips:
+            return None
+        # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too
+        _, _, target, signals = max(skips, key=lambda skip: skip[:2])
+        return Decision(target=target, signals=signals, x0=None, end=target.end)
+
+    def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate) -> list[ProbeTarget]:
+        """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
+
+        A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
+        decides the most (docs/measurements.md, "Probe calibration"), so one call judges every such donor at once.
+        It is not extra work: without a resume the sampler's first call is served from it (`start_evaluation`);
+        with one it replaces the confirmation of the deep pass. Donors that fail get no probe; those that pass need
+        no confirmation later. Others are left as they were.
+        """
+        start_state = self.start_state
+        starts = {t.meta.entry_id: t.start for t in targets
+                  if t.start is not None and t.start.state == self.start_fingerprint}
+        if not starts:
+            return [target for target in targets if not target.screen_only]
+        sigma = self.sigmas[0]
+        [(x0_new, guidance_new)] = evaluate([start_state], sigma)
+        self.model_calls += 1
+        self.start_evaluation = (x0_new, guidance_new)
+        if self.on_start is not None:
+            self.on_start(sigma, start_state, x0_new, guidance_new)
+        ruled_out: set[str] = set()
+        for entry_id, start in starts.items():
+            signals = probe_signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
+            passed = self.settings.thresholds.passes(signals)
+            self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
+            if not passed:
+                ruled_out.add(entry_id)
+            else:
+                self._screened[entry_id] = signals
+        kept = [replace(target, anchor=None) if target.meta.entry_id in starts else target
+                for target in targets if target.meta.entry_id not in ruled_out
+                and (not target.screen_only or target.meta.entry_id in starts)]
+        return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
+
+    def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
+        """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and
+        motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
+        [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
+        self.model_calls += 1
+        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
+        confirmed = self.settings.thresholds.passes(signals)
+        self._record(anchor.meta, anchor.step, signals, confirmed, not confirmed, batched_with=0, confirms=True)
+        return confirmed
+
+    def check_boundary(self, boundary: StartPrediction, x: torch.Tensor, x0: torch.Tensor,
+                       guidance: torch.Tensor | None) -> None:
+        """Compare a later stage's first evaluation, at the donor output the previous stage was skipped to, with the
+        donor's own there. It changes nothing (the skip is done); the report shows it beside the step-0 screen."""
+        donor_guidance = boundary.guidance.to(x0.device) if boundary.guidance is not None else None
+        signals = probe_signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance)
+        passed = self.settings.thresholds.passes(signals)
+        self._record(boundary.meta, 0, signals, passed, False, batched_with=0, confirms=True, boundary=True)
+        if not passed:
+            log.warning("Carnator: the state stage %d was skipped to disagrees at the boundary with donor %s (%s)",
+                        self.facts.stage - 1, boundary.meta.entry_id[:8], signals.as_dict())
+
+    def _record(self, donor: EntryMeta, step: int, signals: ProbeSignals, passed: bool, given_up: bool,
+                batched_with: int, confirms: bool = False, boundary: bool = False) -> None:
+        self.probes.append(ProbeRecord(donor_id=donor.entry_id, donor_prompt=donor.prompt, step=step, passed=passed,
+                                       donor_given_up=given_up, batched_with=batched_with, confirms_deeper=confirms,
+                                       signals=signals, boundary=boundary))
+
+    @staticmethod
+    def _by_text_similarity(targets: list[ProbeTarget]) -> Decision | None:
+        """Baseline (NIRVANA/Chorus style): skip depth from prompt similarity alone, no model check."""
+        for target in targets:
+            similarity = target.candidate.text_similarity
+            similarity = target.candidate.score if similarity is None else similarity
+            if target.depth <= text_similarity_depth(similarity):
+                return Decision(target=target, signals=None, x0=None)
+        return None

@@ -1,0 +1,107 @@
+"""The stages of a recorded trajectory, as the store keeps them in one entry.
+
+A request sampled in stages (Wan 2.2 14B's two experts, LTX-2's refinement) is one entry. Its first stage is the
+entry itself: hard key, checkpoints under the blob `checkpoints`, masks under `masks`, and its output, when it
+hands over, as `extra["stage_end"]`. `extra["stages"]` lists the later stages as `StageRecord`s, each with its own
+model fingerprint (expert, LoRA and strength), schedule slice, checkpoints numbered within the stage and blobs
+`checkpoints_<i>` / `masks_<i>`. `stage_entry` presents any stage as an entry of its own, so lookup, planning and
+mask loading treat every stage alike. A malformed record is never trusted: it reads as "no such stage".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from carnator_core.store.entry import EntryMeta, HardKey
+
+
+def checkpoint_blob(stage: int) -> str:
+    """The blob that holds a stage's checkpoint tensors (and, for a stage that hands over, its output)."""
+    return "checkpoints" if stage == 0 else f"checkpoints_{stage}"
+
+
+def masks_blob(stage: int) -> str:
+    """The blob that holds a stage's attention masks."""
+    return "masks" if stage == 0 else f"masks_{stage}"
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One later stage of a trajectory, as `extra["stages"]` keeps it."""
+
+    model: str
+    schedule: str
+    steps: int
+    checkpoints: list[dict[str, Any]]
+    masks: dict[str, Any]
+    end_sigma: float | None = None  # where the stage ended, when it hands over to another
+
+    @classmethod
+    def parse(cls, record: Any) -> StageRecord | None:
+        """The record as read from the store; None when any field is missing or of the wrong type."""
+        if not isinstance(record, dict):
+            return None
+        model, schedule, steps, listing = (record.get("model"), record.get("schedule"), record.get("steps"),
+                                           record.get("checkpoints"))
+        if not (isinstance(model, str) and isinstance(schedule, str) and isinstance(steps, int) and steps > 0
+                and _valid_checkpoints(listing)):
+            return None
+        end = record.get("end")
+        end_sigma = end.get("sigma") if isinstance(end, dict) else None
+        masks = record.get("masks")
+        return cls(model=model, schedule=schedule, steps=steps, checkpoints=list(listing),
+                   masks=dict(masks) if isinstance(masks, dict) else {},
+                   end_sigma=float(end_sigma) if isinstance(end_sigma, (int, float)) else None)
+
+    def as_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"model": self.model, "schedule": self.schedule, "steps": self.steps,
+                                  "checkpoints": self.checkpoints, "masks": self.masks}
+        if self.end_sigma is not None:
+            record["end"] = {"sigma": self.end_sigma}
+        return record
+
+
+def _valid_checkpoints(listing: Any) -> bool:
+    return isinstance(listing, list) and all(
+        isinstance(c, dict) and isinstance(c.get("step"), int) and isinstance(c.get("sigma"), (int, float))
+        for c in listing)
+
+
+def _raw_records(meta: EntryMeta) -> list[Any]:
+    stages = meta.extra.get("stages")
+    return stages if isinstance(stages, list) else []
+
+
+def trajectory_steps(meta: EntryMeta) -> int:
+    """Steps of the whole recorded trajectory: the first stage's and every later stage's."""
+    later = 0
+    for record in _raw_records(meta):
+        steps = record.get("steps") if isinstance(record, dict) else None
+        if not isinstance(steps, int) or steps <= 0:
+            return meta.total_steps  # a malformed record: the later stages do not count
+        later += steps
+    return meta.total_steps + later
+
+
+def stage_entry(meta: EntryMeta, stage: int) -> EntryMeta | None:
+    """Stage `stage` of a recorded trajectory as an entry of its own (stage 0 is the entry); None when the entry has
+    no such stage or its record is malformed."""
+    if stage == 0:
+        return meta
+    records = _raw_records(meta)
+    record = StageRecord.parse(records[stage - 1]) if 0 < stage <= len(records) else None
+    if record is None:
+        return None
+    extra: dict[str, Any] = {"stage": stage, "trajectory_steps": trajectory_steps(meta)}
+    if record.end_sigma is not None:
+        extra["stage_end"] = {"sigma": record.end_sigma}
+    return replace(meta, hard_key=HardKey(model=record.model, grid=meta.hard_key.grid, schedule=record.schedule),
+                   total_steps=record.steps, checkpoints=list(record.checkpoints), masks=dict(record.masks),
+                   lineage={}, extra=extra)
+
+
+def stage_index(meta: EntryMeta) -> int:
+    """Which stage of its trajectory an entry (or a `stage_entry`) stands for."""
+    stage = meta.extra.get("stage", 0)
+    return stage if isinstance(stage, int) else 0
