@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from carnator_core.reuse.cached_evaluation import same_sigma
-from carnator_core.reuse.plan import ProbeTarget, RequestFacts, StartPrediction
+from carnator_core.reuse.plan import ProbeTarget, RequestFacts, ScreenOnly, StartPrediction
 from carnator_core.reuse.probe import ProbeSignals, probe_signals
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.trajectory import StageEnd
@@ -117,7 +117,8 @@ class Decider:
     start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
     _screened: dict[str, ProbeSignals] = field(default_factory=dict, init=False, repr=False)  # passed at step 0
 
-    def decide(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Decision | None:
+    def decide(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
+               batch_limit: int = 1) -> Decision | None:
         """Evaluate targets in plan order; resume from the deepest checkpoint whose signals pass, or skip the stage.
 
         Each call takes the next unprobed target together with up to `batch_limit - 1` later ones at the same step
@@ -128,9 +129,9 @@ class Decider:
         earlier call was that shallow. A pass deeper than the donor's shallowest checkpoint is confirmed there with
         one more call (`ProbeTarget.anchor`), unless the donor was already confirmed at step 0 by the screen.
         """
+        pending = [target for target in targets if isinstance(target, ProbeTarget)]
         if self.settings.verification == "text-only":
-            return self._by_text_similarity(targets)
-        pending = [target for target in targets if not target.screen_only]
+            return self._by_text_similarity(pending)
         if self.start_state is not None and self.settings.max_probes > 0:
             pending = self._screen(list(targets), evaluate)
             skip = self._skip_stage(pending)
@@ -191,7 +192,7 @@ class Decider:
         _, _, target, signals = max(skips, key=lambda skip: skip[:2])
         return Decision(target=target, signals=signals, x0=None, end=target.end)
 
-    def _screen(self, targets: list[ProbeTarget], evaluate: Evaluate) -> list[ProbeTarget]:
+    def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate) -> list[ProbeTarget]:
         """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
 
         A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
@@ -204,7 +205,7 @@ class Decider:
         starts = {t.meta.entry_id: t.start for t in targets
                   if t.start is not None and t.start.state == self.start_fingerprint}
         if not starts:
-            return [target for target in targets if not target.screen_only]
+            return [target for target in targets if isinstance(target, ProbeTarget)]
         sigma = self.sigmas[0]
         [(x0_new, guidance_new)] = evaluate([start_state], sigma)
         self.model_calls += 1
@@ -220,9 +221,16 @@ class Decider:
                 ruled_out.add(entry_id)
             else:
                 self._screened[entry_id] = signals
-        kept = [replace(target, anchor=None) if target.meta.entry_id in starts else target
-                for target in targets if target.meta.entry_id not in ruled_out
-                and (not target.screen_only or target.meta.entry_id in starts)]
+        kept = []
+        for target in targets:
+            if target.meta.entry_id in ruled_out:
+                continue
+            if isinstance(target, ScreenOnly):  # passed: now its state is read
+                target = target.load() if target.meta.entry_id in starts else None
+            elif target.meta.entry_id in starts:
+                target = replace(target, anchor=None)
+            if target is not None:
+                kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
 
     def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:

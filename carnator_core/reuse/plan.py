@@ -17,7 +17,7 @@ from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.trajectory import StageEnd, stage_end_of
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
-from carnator_core.store.stages import checkpoint_blob, stage_entry, stage_index
+from carnator_core.store.stages import checkpoint_blob, stage_entry, stage_index, start_blob
 
 log = logging.getLogger("carnator.planner")
 
@@ -72,8 +72,6 @@ class ProbeTarget:
     # deep pass here, unless `start` already did.
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for Decider._screen
-    # Offered only to the step-0 screen (a same-noise donor beyond the probe budget): probed only if it passes there.
-    screen_only: bool = False
     end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
 
     @property
@@ -111,7 +109,7 @@ class _Reads:
 
 def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
                 same_noise_only: bool, max_probes: int, fallback_fraction: float | None = None,
-                fallback_targets: int = 1) -> tuple[list[ProbeTarget], dict[str, int]]:
+                fallback_targets: int = 1) -> tuple[list[ProbeTarget | ScreenOnly], dict[str, int]]:
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
     plus skip reasons. With `fallback_fraction`, if none of them lies that shallow, up to `fallback_targets`
     of the deepest checkpoints that do are appended, for the run's last probe call (`Decider.decide`).
@@ -119,7 +117,8 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one, while a better donor ranked second would have passed at the first depth. Checkpoints
     recorded at a step EasyCache or LazyCache skipped are never offered: their x0 is the cache's extrapolation,
-    which no probe of the live model can confirm. Checkpoint blobs are read only for the donors the plan keeps.
+    which no probe of the live model can confirm. Checkpoint blobs are read only for the donors the plan keeps;
+    same-noise donors beyond them follow as `ScreenOnly` entries, for the step-0 screen.
     """
     reads = _Reads(store, facts)
     offers = donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only)
@@ -129,27 +128,41 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
         fallback_step = facts.max_step(fallback_fraction)
         if not any(t.step <= fallback_step for t in targets):
             targets += _collect(reads, (offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
-    return targets + _screen_targets(reads, offers, targets), reads.skipped
+    return targets + _screen_only(reads, offers, targets), reads.skipped
 
 
-def _screen_targets(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ProbeTarget]:
-    """The deepest state of each same-noise donor that `targets` leave out and that recorded its step 0: the
-    step-0 screen judges all of them in the one call the request makes anyway, and one that passes needs a state
-    to resume from. None of them costs a probe call unless the screen passes it."""
+@dataclass
+class ScreenOnly:
+    """A same-noise donor beyond the probe budget, offered to the step-0 screen only. Only its step-0 record is read
+    while planning; its deepest state (`load`) is read once the screen passes it, so screening many donors reads a
+    step-0 record each, not their checkpoints."""
+
+    candidate: Candidate
+    meta: EntryMeta
+    start: StartPrediction
+    step: int
+    sigma: float
+    _reads: _Reads = field(repr=False)
+
+    def load(self) -> ProbeTarget | None:
+        """The donor's deepest state within the mode's depth, to resume from; None (a skip) when unusable."""
+        return _load_target(self._reads, self.step, self.sigma, self.candidate, self.meta, anchored=False)
+
+
+def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ScreenOnly]:
+    """Each same-noise donor that `targets` leave out and that recorded its step 0: the step-0 screen judges all of
+    them in the one call the request makes anyway. None of them costs a probe call unless the screen passes it."""
     have = {target.meta.entry_id for target in targets}
     extra = []
     for step, _, sigma, candidate, meta in offers:  # deepest first: a donor's first offer is its deepest
         if meta.entry_id in have or not candidate.same_noise or meta.noise_fingerprint != reads.facts.noise_fingerprint:
             continue
         have.add(meta.entry_id)
-        target = _load_target(reads, step, sigma, candidate, meta)
-        if target is None:
-            continue
-        if target.start is None:
+        start = _start_for(reads, meta)
+        if start is None:
             reads.skip("no step-0 record to screen", meta)
             continue
-        target.screen_only = True
-        extra.append(target)
+        extra.append(ScreenOnly(candidate=candidate, meta=meta, start=start, step=step, sigma=sigma, _reads=reads))
     return extra
 
 
@@ -218,9 +231,10 @@ def _collect(reads: _Reads, pool: Iterator[Offer], limit: int) -> list[ProbeTarg
     return collected
 
 
-def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, meta: EntryMeta) -> ProbeTarget | None:
-    """The probe target of one offer, with its anchor and start prediction; None (a skip) when its checkpoint blob
-    or the tensors at that step are unusable."""
+def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, meta: EntryMeta,
+                 anchored: bool = True) -> ProbeTarget | None:
+    """The probe target of one offer, with its start prediction and (`anchored`) its anchor; None (a skip) when its
+    checkpoint blob or the tensors at that step are unusable."""
     tensors = _checkpoints_of(reads, meta)
     if tensors is None:
         return None
@@ -228,7 +242,7 @@ def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, m
     if target is None:
         reads.skip("checkpoint of another shape, or NaN", meta)
         return None
-    target.anchor = _anchor_for(reads, meta, step, candidate)
+    target.anchor = _anchor_for(reads, meta, step, candidate) if anchored else None
     target.start = _start_for(reads, meta)
     target.end = stage_end_of(meta, tensors, reads.facts.latent_shape)
     return target
@@ -242,6 +256,18 @@ def _checkpoints_of(reads: _Reads, meta: EntryMeta) -> dict[str, torch.Tensor] |
         reads.blobs[key] = reads.store.get_tensors(meta.entry_id, name)
         if reads.blobs[key] is None:
             reads.skip("checkpoint blob missing or corrupt", meta)
+    return reads.blobs[key]
+
+
+def _start_record_of(reads: _Reads, meta: EntryMeta) -> dict[str, torch.Tensor] | None:
+    """The step-0 tensors of the entry's stage: their own small blob, or, for an entry recorded without one, its
+    checkpoint blob."""
+    name = start_blob(stage_index(meta))
+    if name not in meta.blob_bytes:
+        return _checkpoints_of(reads, meta)
+    key = f"{meta.entry_id}/{name}"
+    if key not in reads.blobs:
+        reads.blobs[key] = reads.store.get_tensors(meta.entry_id, name)
     return reads.blobs[key]
 
 
@@ -288,7 +314,7 @@ def _start_for(reads: _Reads, meta: EntryMeta) -> StartPrediction | None:
         record = next((c for c in owner.checkpoints if int(c["step"]) == 0 and c.get("start")), None)
         if record is None:
             continue
-        tensors = _checkpoints_of(reads, owner)
+        tensors = _start_record_of(reads, owner)
         x0 = None if tensors is None else tensors.get("x0_0")
         if not _usable(x0, reads.facts.latent_shape):
             return None

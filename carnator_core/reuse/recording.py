@@ -70,21 +70,25 @@ class RunRecorder:
         self.end = (float(sigma), output.detach().to("cpu", torch.float16, copy=True))
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
-        """Checkpoint metadata list and the safetensors blob holding the tensors."""
+        """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, and step 0's
+        record apart in `start` (what the step-0 screen reads of a donor)."""
         tensors: dict[str, torch.Tensor] = {}
+        start: dict[str, torch.Tensor] = {}
         listing = []
         for step in sorted(self.checkpoints):
             checkpoint = self.checkpoints[step]
+            kept = start if step == 0 else tensors
             if checkpoint.x is not None:
-                tensors[f"x_{step}"] = checkpoint.x
-            tensors[f"x0_{step}"] = checkpoint.x0
+                kept[f"x_{step}"] = checkpoint.x
+            kept[f"x0_{step}"] = checkpoint.x0
             if checkpoint.guidance is not None:
-                tensors[f"g_{step}"] = checkpoint.guidance
+                kept[f"g_{step}"] = checkpoint.guidance
             listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
                             "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
         if self.end is not None:
             tensors[END_TENSOR] = self.end[1]
-        return listing, ({"checkpoints": encode_tensors(tensors)} if tensors else {})
+        blobs = {name: encode_tensors(kept) for name, kept in (("checkpoints", tensors), ("start", start)) if kept}
+        return listing, blobs
 
 
 def _stored_guidance(guidance: torch.Tensor | None) -> torch.Tensor | None:

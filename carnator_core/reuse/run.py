@@ -31,6 +31,7 @@ from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecor
 from carnator_core.reuse.plan import (
     ProbeTarget,
     RequestFacts,
+    ScreenOnly,
     StartPrediction,
     boundary_prediction,
     plan_probes,
@@ -134,7 +135,7 @@ class ReuseRun:
         return self._decider.start_evaluation if self._decider is not None else None
 
     # ------------------------------------------------------------------ before sampling
-    def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget]:
+    def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget | ScreenOnly]:
         """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing:
         enough for `max_probes` calls of `batch_limit` states each. The prompt's text vector the lookup used (a
         match's, when made for this prompt) is kept for the entry this run records.
@@ -168,7 +169,7 @@ class ReuseRun:
                                             fallback_targets=max(1, batch_limit))
         return targets
 
-    def _plan_continuation(self, batch_limit: int) -> list[ProbeTarget]:
+    def _plan_continuation(self, batch_limit: int) -> list[ProbeTarget | ScreenOnly]:
         """A later stage plans against the donor its first stage was skipped to, and no other: that donor's same stage,
         made by the same model (expert, LoRA, strength) over the same schedule slice, at most as deep as the mode allows
         in the whole trajectory. The donor was confirmed at step 0, so a deep pass needs no confirmation."""
@@ -190,9 +191,10 @@ class ReuseRun:
                                             same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
                                             fallback_fraction=self.settings.fallback_resume_fraction,
                                             fallback_targets=max(1, batch_limit))
-        return [replace(target, anchor=None) for target in targets]
+        return [replace(target, anchor=None) if isinstance(target, ProbeTarget) else target for target in targets]
 
-    def decide(self, targets: list[ProbeTarget], evaluate: Evaluate, batch_limit: int = 1) -> Decision | None:
+    def decide(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
+               batch_limit: int = 1) -> Decision | None:
         """Ask the live model about the plan's targets (`Decider.decide`); the decision, or None for a miss."""
         self.candidate_checkpoints = len(targets)
         self.decision = self.decider.decide(targets, evaluate, batch_limit)

@@ -31,6 +31,7 @@ from carnator_core.store.stages import (
     checkpoint_blob,
     masks_blob,
     stage_index,
+    start_blob,
     trajectory_steps,
 )
 
@@ -156,7 +157,7 @@ def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: in
     record = StageRecord(model=hard_key.model, schedule=hard_key.schedule, steps=steps, checkpoints=listing,
                          masks=masks, end_sigma=end_sigma)
     pending.meta.extra.setdefault("stages", []).append(record.as_dict())
-    names = {"checkpoints": checkpoint_blob(stage), "masks": masks_blob(stage)}
+    names = {"checkpoints": checkpoint_blob(stage), "start": start_blob(stage), "masks": masks_blob(stage)}
     for name, blob in blobs.items():
         pending.blobs[names.get(name, name)] = blob  # the last stage's thumbnail previews the request
 

@@ -1,10 +1,11 @@
 """The stages of a recorded trajectory, as the store keeps them in one entry.
 
 A request sampled in stages (Wan 2.2 14B's two experts, LTX-2's refinement) is one entry. Its first stage is the
-entry itself: hard key, checkpoints under the blob `checkpoints`, masks under `masks`, and its output, when it
+entry itself: hard key, checkpoints under the blob `checkpoints` (step 0's record under `start`), masks under
+`masks`, and its output, when it
 hands over, as `extra["stage_end"]`. `extra["stages"]` lists the later stages as `StageRecord`s, each with its own
 model fingerprint (expert, LoRA and strength), schedule slice, checkpoints numbered within the stage and blobs
-`checkpoints_<i>` / `masks_<i>`. `stage_entry` presents any stage as an entry of its own, so lookup, planning and
+`checkpoints_<i>` / `start_<i>` / `masks_<i>`. `stage_entry` presents any stage as an entry of its own, so lookup, planning and
 mask loading treat every stage alike. A malformed record is never trusted: it reads as "no such stage".
 """
 
@@ -19,6 +20,12 @@ from carnator_core.store.entry import EntryMeta, HardKey
 def checkpoint_blob(stage: int) -> str:
     """The blob that holds a stage's checkpoint tensors (and, for a stage that hands over, its output)."""
     return "checkpoints" if stage == 0 else f"checkpoints_{stage}"
+
+
+def start_blob(stage: int) -> str:
+    """The blob that holds a stage's step-0 record (prediction and guidance at its first state): small, and all the
+    step-0 screen reads of a donor."""
+    return "start" if stage == 0 else f"start_{stage}"
 
 
 def masks_blob(stage: int) -> str:

@@ -6,7 +6,7 @@ import torch
 
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.plan import RequestFacts, plan_probes
+from carnator_core.reuse.plan import RequestFacts, ScreenOnly, plan_probes
 from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
@@ -217,3 +217,59 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
     run.decide([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
     assert run.start_evaluation is None and calls[2] == ("other seed", 5)  # nothing to screen: no call at the start
 
+
+class _CountingStore(ReuseStore):
+    """A real store that remembers which blobs were read, by (donor prompt, blob name)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.read: list[tuple[str, str]] = []
+
+    def get_tensors(self, entry_id: str, name: str) -> dict[str, torch.Tensor] | None:
+        meta = self.get_meta(entry_id)
+        self.read.append((meta.prompt if meta is not None else entry_id, name))
+        return super().get_tensors(entry_id, name)
+
+
+X0_5 = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))  # every recorded donor's prediction at step 5
+
+
+def _recorded_donor(store: ReuseStore, name: str, start: torch.Tensor, x0_start: torch.Tensor) -> Candidate:
+    """A same-noise donor recorded as a run records one (`RunRecorder.blobs`): step 0 from `start`, step 5."""
+    recorder = RunRecorder({0, 5})
+    recorder.capture_start(1.0, noise_fingerprint(start), x0_start, None)
+    recorder.capture(5, 0.5, torch.full(SHAPE, 5.0), X0_5, None)
+    listing, blobs = recorder.blobs()
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name, latent_shape=SHAPE,
+                     noise_fingerprint="noise", total_steps=10, checkpoints=listing)
+    store.put(meta, blobs, IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
+    return Candidate(entry_id=meta.entry_id, prompt=name, score=1.0, cond_similarity=1.0, text_similarity=None,
+                     same_noise=True)
+
+
+def test_the_screen_reads_a_step_0_record_per_donor_and_states_only_of_those_it_passes(tmp_path):
+    """Donors beyond the probe budget cost the screen their small step-0 record; the one the model passes is read
+    whole and resumed from."""
+    store = _CountingStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    predictions = {name: torch.randn(SHAPE, generator=torch.Generator().manual_seed(i + 2))
+                   for i, name in enumerate(("first", "second", "third"))}
+    donors = [_recorded_donor(store, name, start, x0) for name, x0 in predictions.items()]
+    assert all("start" in store.get_meta(d.entry_id).blob_bytes for d in donors)
+    run = _run(store)
+    run.start_state = start
+    targets, _ = plan_probes(store, donors, FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+    assert [(t.candidate.prompt, isinstance(t, ScreenOnly)) for t in targets] == [
+        ("first", False), ("second", True), ("third", True)]
+    assert sorted(store.read) == [("first", "checkpoints"), ("first", "start"), ("second", "start"),
+                                  ("third", "start")]
+    store.read.clear()
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        return [(predictions["third"] if x is start else X0_5.half().float(), None) for x in xs]
+
+    decision = run.decide(targets, evaluate)
+    assert decision is not None and decision.target.candidate.prompt == "third" and decision.step == 5
+    assert store.read == [("third", "checkpoints")]  # the screen ruled the others out on what it had read
+    assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [
+        ("first", 0, False), ("second", 0, False), ("third", 0, True), ("third", 5, True)]
