@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -79,7 +80,16 @@ class ProbeTarget:
         return self.step / max(1, self.meta.total_steps)
 
 
-Offer = tuple[int, int, float, Candidate, EntryMeta]  # (step, donor rank, sigma, ...): one donor checkpoint
+class Offer(NamedTuple):
+    """One donor checkpoint a resume could start from, as the plan orders them (deepest, then best-ranked first)."""
+
+    step: int
+    rank: int  # the donor's place in the lookup's ranking
+    sigma: float
+    candidate: Candidate
+    meta: EntryMeta
+
+
 MAX_LINEAGE = 4  # donors of donors searched for a shallow checkpoint to confirm a deep probe (ProbeTarget.anchor)
 
 
@@ -127,7 +137,7 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     if fallback_fraction is not None:
         fallback_step = facts.max_step(fallback_fraction)
         if not any(t.step <= fallback_step for t in targets):
-            targets += _collect(reads, (offer for offer in remaining if offer[0] <= fallback_step), fallback_targets)
+            targets += _collect(reads, (offer for offer in remaining if offer.step <= fallback_step), fallback_targets)
     return targets + _screen_only(reads, offers, targets), reads.skipped
 
 
@@ -185,8 +195,8 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
         if reason is not None:
             reads.skip(reason, meta)
             continue
-        offers += [(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in checkpoints]
-    offers.sort(key=lambda offer: (-offer[0], offer[1]))
+        offers += [Offer(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in checkpoints]
+    offers.sort(key=lambda offer: (-offer.step, offer.rank))
     return offers
 
 
