@@ -15,6 +15,7 @@ BENCHMARKS = {
     "probe": "carnator_core.bench.probe",
     "store": "carnator_core.bench.store",
     "masks": "carnator_core.bench.masks",
+    "screen": "carnator_core.bench.screen",
 }
 
 
