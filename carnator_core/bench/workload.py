@@ -273,7 +273,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "model_calls": round(sum(s.model_calls for s in runs) / len(runs), 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
-            "psnr": round(psnr_from_mse(_mean([s.quality["mse"] for s in runs])), 2),
+            "psnr": _psnr(runs),
             "ssim": round(_mean([s.quality["ssim"] for s in runs]), 4),
             "adherence": _round(_mean([s.quality["adherence"] for s in runs]), 3),
             "bytes_per_entry": round(store_bytes.get(name, 0.0)),
@@ -286,6 +286,11 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _psnr(runs: list[Sample]) -> float | None:
+    """PSNR of the runs' clips together (mean squared error over them) against their same-seed plain clips."""
+    return round(psnr_from_mse(_mean([s.quality["mse"] for s in runs])), 2) if runs else None
 
 
 def score_samples(prompts: list[str], samples: dict[str, list[Sample]]) -> None:
@@ -364,8 +369,8 @@ def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: li
 
 
 def per_kind(kinds: list[str], samples: dict[str, list[Sample]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per configuration and kind of edit (`streams.edit_kinds`): how many resumed, at which depths, and the
-    kind's mean adherence."""
+    """Per configuration and kind of edit (`streams.edit_kinds`): how many resumed, at which depths, the kind's mean
+    adherence, and PSNR against plain of the kind's clips and of its resumed clips alone (None without a resume)."""
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for name, runs in samples.items():
         table[name] = {}
@@ -373,7 +378,9 @@ def per_kind(kinds: list[str], samples: dict[str, list[Sample]]) -> dict[str, di
             of_kind = [s for s, k in zip(runs, kinds, strict=True) if k == kind]
             table[name][kind] = {"requests": len(of_kind), "resumed": sum(s.verdict.skips_steps for s in of_kind),
                                  "skipped_steps": [s.skipped_steps for s in of_kind],
-                                 "adherence": _round(_mean([s.quality["adherence"] for s in of_kind]), 3)}
+                                 "adherence": _round(_mean([s.quality["adherence"] for s in of_kind]), 3),
+                                 "psnr": _psnr(of_kind),
+                                 "resumed_psnr": _psnr([s for s in of_kind if s.verdict.skips_steps])}
     return table
 
 
@@ -422,10 +429,12 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                      f"{_shown(c['adherence'], '{:.3f}')} | {c['bytes_per_entry']:,} |")
     if result.get("per_kind"):
         kinds = list(next(iter(result["per_kind"].values())))
-        lines += ["", "Resumed per kind of edit (resumed/requests, skipped steps each):", "",
+        lines += ["", "Resumed per kind of edit (resumed/requests, skipped steps each, PSNR of the resumed clips):", "",
                   "| config | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
         for name, by_kind in result["per_kind"].items():
-            cells = [f"{k['resumed']}/{k['requests']} {k['skipped_steps']}" for k in by_kind.values()]
+            cells = [f"{k['resumed']}/{k['requests']} {k['skipped_steps']}"
+                     + (f" {k['resumed_psnr']:.1f} dB" if k["resumed_psnr"] is not None else "")
+                     for k in by_kind.values()]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     heavy = settings.get("attention_heavy")
     if heavy:

@@ -198,8 +198,11 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     for name in ("balanced", "fast"):  # the rewording of the scene resumes: the first stage is skipped whole
         assert by_name[name]["hit_rate"] == 0.5 and by_name[name]["first_expert_calls"] == 1.5, by_name[name]
     assert by_name["balanced"]["hit_model_calls"] == 3 and by_name["fast"]["hit_model_calls"] == 2
-    assert data["per_kind"]["fast"]["rewording"] == {"requests": 1, "resumed": 1, "skipped_steps": [3],
-                                                      "adherence": data["per_kind"]["fast"]["rewording"]["adherence"]}
+    rewording = data["per_kind"]["fast"]["rewording"]
+    assert rewording == {"requests": 1, "resumed": 1, "skipped_steps": [3], "adherence": rewording["adherence"],
+                         "psnr": rewording["psnr"], "resumed_psnr": rewording["psnr"]}  # its one clip resumed
+    assert all(kind["psnr"] == 100.0 and kind["resumed_psnr"] is None  # plain against itself, never resumed
+               for kind in data["per_kind"]["plain"].values())
     assert "| first-expert calls |" in (out / "workload_edit-loop_two-expert.md").read_text()
     per_prompt = json.loads((out / "workload_edit-loop_two-expert.json").read_text())["per_prompt"]
     assert [p["configs"]["fast"]["verdict"] for p in per_prompt] == ["miss", "stage skipped"], per_prompt
