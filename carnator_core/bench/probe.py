@@ -1,6 +1,6 @@
 """Probe calibration: which signal predicts that resuming from a donor state still reaches the new prompt?
 
-`python -m carnator_core.bench probe [--pairs 6] [--steps 30] [--weights FILE] [--json] [--out DIR]`
+`python -m carnator_core.bench probe [--pairs 6] [--steps 30] [--weights FILE] [--shortcuts] [--json] [--out DIR]`
 
 On the demo model (fixed seed, Euler flow sampler with CFG, as the reuse engine runs it), for
 donor/new prompt pairs of known relation (same scene reworded, background / colour / shape /
@@ -16,6 +16,18 @@ agreement of unrelated pairs per depth (the "everything converges late" trap), h
 acceptance rule (`ProbeThresholds`) does on these outcomes (precision: share of accepted resumes that
 kept quality; recall: share of quality-keeping resumes it accepted), and per depth the lowest
 structure-agreement threshold that accepts no resume which lost quality, with its recall.
+
+With `--shortcuts`, every row also asks whether the donor's state adds anything the request does not already
+have at step 0. Two more resumes at the same depth, scored the same way (adherence, and PSNR of the decoded clip
+against the new prompt's plain clip):
+
+- corrected: the donor's state moved by what the two prompts' step-0 predictions differ by, as far as sampling
+  has moved towards them: x_k + (1 - sigma_k / sigma_0) (x0_new_0 - x0_donor_0). Where the prompts agree it is the
+  donor's state; where they differ, the request's own estimate. It is region-level reuse without a mask.
+- own shortcut: no donor at all, the request's own step-0 prediction extrapolated to sigma_k (one Euler step).
+
+A resume whose clip is no closer to plain than the own shortcut's borrowed nothing from the donor: skipping those
+steps is then a few-step sampler, not reuse, and the acceptance rule must not count it as reuse.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from carnator_core.bench.quality import mse, psnr_from_mse
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.sampling import shifted_sigma
@@ -57,6 +70,11 @@ class Row:
     # the pair's step-0 signals (the new prompt's first evaluation against the donor's, same noise): Decider._screen
     start_structure_agreement: float = float("nan")
     start_guidance_cosine: float | None = None
+    psnr_resumed: float = float("nan")  # the resumed clip against the new prompt's plain clip (dB)
+    # `--shortcuts`: the same depth resumed from the corrected donor state and from the request's own step-0
+    # prediction alone (see the module docstring), each (adherence, PSNR against plain)
+    corrected: tuple[float, float] | None = None
+    own_shortcut: tuple[float, float] | None = None
 
     @property
     def outcome(self) -> bool:
@@ -122,7 +140,14 @@ def auc(scores: list[float], labels: list[bool]) -> float | None:
     return wins / (len(positives) * len(negatives))
 
 
-def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg_scale: float, seed: int) -> list[Row]:
+def _scored(prompt: str, latent: torch.Tensor, plain_rgb: torch.Tensor):
+    """The oracle's result for a clip and its PSNR against the plain clip."""
+    rgb = world.decode(latent[0])
+    return score(prompt, rgb), psnr_from_mse(mse(rgb, plain_rgb))
+
+
+def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg_scale: float, seed: int,
+              shortcuts: bool = False) -> list[Row]:
     rng = np.random.default_rng(seed)
     sampler = FlowSampler(model, cfg_scale, sigmas_for(steps))
     embedder = text_embedder()
@@ -135,17 +160,27 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
         noise = torch.randn(1, 16, *world.CLIP, generator=torch.Generator().manual_seed(seed + index))
         _, donor_states = sampler.run(noise, contexts[:1], uncond)
         plain, _ = sampler.run(noise, contexts[1:], uncond)
-        plain_result = score(new_prompt, world.decode(plain[0]))
+        plain_rgb = world.decode(plain[0])
+        plain_result = score(new_prompt, plain_rgb)
         text_cosine = float(embedder.embed([donor_prompt, new_prompt]).prod(dim=0).sum())
         x_start, x0_start_donor, guidance_start_donor = donor_states[0]
         x0_start_new, guidance_start_new = sampler.predict(x_start, sampler.sigmas[0], contexts[1:], uncond)
         start = probe_signals(0.0, x_start, x0_start_new, x0_start_donor, guidance_start_new, guidance_start_donor)
+        sigma_start = sampler.sigmas[0]
         for k in depths:
             x_k, x0_donor, guidance_donor = donor_states[k]
             x0_new, guidance_new = sampler.predict(x_k, sampler.sigmas[k], contexts[1:], uncond)
             signals = probe_signals(k / steps, x_k, x0_new, x0_donor, guidance_new, guidance_donor)
             resumed, _ = sampler.run(x_k, contexts[1:], uncond, start=k)
-            resumed_result = score(new_prompt, world.decode(resumed[0]))
+            resumed_result, resumed_psnr = _scored(new_prompt, resumed, plain_rgb)
+            alternatives = {}
+            if shortcuts:
+                moved = 1.0 - sampler.sigmas[k] / sigma_start
+                starts = {"corrected": x_k + moved * (x0_start_new - x0_start_donor),
+                          "own_shortcut": x0_start_new + (1.0 - moved) * (x_start - x0_start_new)}
+                for name, state in starts.items():
+                    result, psnr = _scored(new_prompt, sampler.run(state, contexts[1:], uncond, start=k)[0], plain_rgb)
+                    alternatives[name] = (result.adherence, psnr)
             rows.append(Row(relation=relation, depth=k / steps, raw_agreement=signals.raw_agreement,
                             structure_agreement=signals.structure_agreement,
                             guidance_cosine=signals.guidance_cosine, text_cosine=text_cosine,
@@ -153,7 +188,8 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
                             lost=[a for a in world.ATTRIBUTES
                                   if plain_result.matches[a] and not resumed_result.matches[a]],
                             start_structure_agreement=start.structure_agreement,
-                            start_guidance_cosine=start.guidance_cosine))
+                            start_guidance_cosine=start.guidance_cosine, psnr_resumed=resumed_psnr,
+                            **alternatives))
     return rows
 
 
@@ -207,6 +243,28 @@ def accepted_but_lost(rows: list[Row]) -> dict[str, int]:
     return dict(lost.most_common())
 
 
+RESUMES = ("donor", "corrected", "own_shortcut")  # where a `--shortcuts` row resumed from (module docstring)
+
+
+def _resumes(row: Row) -> dict[str, tuple[float, float] | None]:
+    return {"donor": (row.adherence_resumed, row.psnr_resumed), "corrected": row.corrected,
+            "own_shortcut": row.own_shortcut}
+
+
+def shortcuts_by_relation(rows: list[Row]) -> dict[str, dict[str, dict[str, float | int]]]:
+    """Per relation and resume start: resumes that kept plain's adherence, and the median PSNR against plain.
+    Empty unless the rows were made with `--shortcuts`."""
+    table: dict[str, dict[str, dict[str, float | int]]] = {}
+    for relation in RELATIONS:
+        of = [r for r in rows if r.relation == relation and r.own_shortcut is not None]
+        if of:
+            table[relation] = {
+                name: {"kept": sum(_resumes(r)[name][0] >= r.adherence_plain - 1e-9 for r in of), "rows": len(of),
+                       "psnr_median": float(np.median([_resumes(r)[name][1] for r in of]))}
+                for name in RESUMES}
+    return table
+
+
 def summarise(rows: list[Row]) -> dict:
     depths = sorted({row.depth for row in rows})
     summary = {"rows": len(rows), "outcome_rate": float(np.mean([row.outcome for row in rows])),
@@ -218,7 +276,8 @@ def summarise(rows: list[Row]) -> dict:
                "accepted_but_lost": accepted_but_lost(rows),
                "start_screen_by_relation": start_screen_by_relation(rows),
                "default_rule_after_start_screen": precision_recall(
-                   [default_rule_passes(r) and start_screen_passes(r) for r in rows], [r.outcome for r in rows])}
+                   [default_rule_passes(r) and start_screen_passes(r) for r in rows], [r.outcome for r in rows]),
+               "shortcuts_by_relation": shortcuts_by_relation(rows)}
     for depth in depths:
         at = [r for r in rows if r.depth == depth]
         summary["auc_by_depth"][f"{depth:.2f}"] = {
@@ -254,12 +313,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weights", type=Path, default=None,
                         help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else the shipped file)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shortcuts", action="store_true",
+                        help="also resume from the corrected donor state and from the request's own step-0 "
+                             "prediction alone, to see what the donor adds (twice the resumes)")
     parser.add_argument("--out", type=Path, default=None, help="write rows.jsonl and summary.json here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     depths = sorted({round(float(d) * args.steps) for d in args.depths.split(",")})
-    rows = calibrate(load_model(args.weights), args.pairs, args.steps, depths, args.cfg, args.seed)
+    rows = calibrate(load_model(args.weights), args.pairs, args.steps, depths, args.cfg, args.seed, args.shortcuts)
     summary = summarise(rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -292,6 +354,12 @@ def main(argv: list[str]) -> int:
     rule = summary["default_rule_after_start_screen"]
     print(f"default rule after the step-0 screen: accepted {rule['accepted']}, precision {_fmt(rule['precision'])}, "
           f"recall {_fmt(rule['recall'])}")
+    if summary["shortcuts_by_relation"]:
+        print("resumed from: kept plain's adherence / resumes, median PSNR against plain (dB)")
+        print("relation    " + "".join(f"{name:>22}" for name in RESUMES))
+        for relation, starts in summary["shortcuts_by_relation"].items():
+            cells = [f"{start['kept']}/{start['rows']}, {start['psnr_median']:.1f}" for start in starts.values()]
+            print(f"{relation:<12}" + "".join(f"{cell:>22}" for cell in cells))
     return 0
 
 

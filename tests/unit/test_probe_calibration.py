@@ -13,6 +13,7 @@ from carnator_core.bench.probe import (
     calibrate,
     precision_recall,
     safe_threshold,
+    shortcuts_by_relation,
     summarise,
 )
 from carnator_core.demo.wan_model import WanConfig, WanT2V
@@ -65,3 +66,24 @@ def test_accepted_resumes_that_lost_quality_are_listed_by_relation_and_attribute
                       lost=["motion"])
     rejected = Row("colour", 0.5, 0.2, 0.5, 0.5, 0.9, adherence_plain=1.0, adherence_resumed=0.75, lost=["colour"])
     assert accepted_but_lost([lost_motion, lost_motion, rejected, _row(0.95, True)]) == {"reworded: motion": 2}
+
+
+def test_shortcuts_resume_from_the_corrected_donor_state_and_from_the_requests_own_step_0_alone():
+    """With shortcuts every row also carries the two other resumes, scored like the donor's."""
+    model = WanT2V(WanConfig(dim=128, ffn_dim=256, num_layers=1)).eval()
+    generator = torch.Generator().manual_seed(1)
+    for parameter in model.parameters():
+        parameter.data = torch.randn(parameter.shape, generator=generator) * 0.05
+    rows = calibrate(model, pair_count=1, steps=4, depths=[2], cfg_scale=1.0, seed=0, shortcuts=True)
+    assert all(r.corrected is not None and r.own_shortcut is not None for r in rows)
+    assert all(0.0 <= r.corrected[0] <= 1.0 and 0.0 <= r.own_shortcut[0] <= 1.0 for r in rows)
+    assert all(math.isfinite(r.psnr_resumed) and math.isfinite(r.own_shortcut[1]) for r in rows)
+    # a reworded pair's prompts predict alike at step 0, so the corrected state stays near the donor's
+    reworded = next(r for r in rows if r.relation == "reworded")
+    assert abs(reworded.corrected[1] - reworded.psnr_resumed) < abs(reworded.own_shortcut[1] - reworded.psnr_resumed) + 1e-6
+    table = shortcuts_by_relation(rows)
+    assert set(table) == set(RELATIONS)
+    assert all(set(starts) == {"donor", "corrected", "own_shortcut"} and all(s["rows"] == 1 for s in starts.values())
+               for starts in table.values())
+    assert summarise(rows)["shortcuts_by_relation"] == table
+    assert shortcuts_by_relation(calibrate(model, 1, 4, [2], 1.0, 0)) == {}  # without shortcuts: no table
