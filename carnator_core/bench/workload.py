@@ -77,6 +77,17 @@ EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "first_expert_c
 # The two-expert graph (`--graph two-expert`, the Wan 2.2 14B template's shape): plain and the reuse modes, one
 # CarnatorReuse on each expert.
 TWO_EXPERT_CONFIGS = ("plain", "safe", "balanced", "fast")
+# What each stream must show, by configuration (the benchmark's JSON reports each as measured and met or not):
+# calls_speedup: plain's mean model calls over the configuration's; adherence_gap: the mean adherence the
+# configuration loses against plain; extra_calls: the most model calls one request makes beyond plain's.
+STREAM_TARGETS: dict[str, dict[str, dict[str, float]]] = {
+    "edit-loop": {"fast": {"calls_speedup": 2.0, "adherence_gap": 0.01},
+                  "balanced": {"calls_speedup": 1.5, "adherence_gap": 0.01}},
+    "near-dup": {"fast": {"calls_speedup": 1.6}},
+    "adversarial": {mode: {"adherence_gap": 0.0} for mode in ("safe", "balanced", "fast")},
+    "unrelated": {mode: {"extra_calls": 1.0} for mode in ("safe", "balanced", "fast")},
+}
+AT_LEAST = frozenset({"calls_speedup"})  # the measures a target bounds from below; the others from above
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
 WARMUP_PROMPT = "a green square resting on a white background"
 WARMUP_STEPS = 2
@@ -284,6 +295,34 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
     return rows
 
 
+def targets(stream: str, samples: dict[str, list[Sample]]) -> list[dict[str, Any]]:
+    """The stream's `STREAM_TARGETS`, each with what this run measured and whether it met it."""
+    plain = samples["plain"]
+    plain_calls = sum(s.model_calls for s in plain) / len(plain)
+    plain_adherence = _mean([s.quality["adherence"] for s in plain])
+    rows = []
+    for name, wanted in STREAM_TARGETS.get(stream, {}).items():
+        runs = samples.get(name)
+        if not runs:
+            continue
+        adherence = _mean([s.quality["adherence"] for s in runs])
+        measured = {
+            "calls_speedup": plain_calls / (sum(s.model_calls for s in runs) / len(runs)),
+            "adherence_gap": None if adherence is None or plain_adherence is None else plain_adherence - adherence,
+            "extra_calls": max(s.model_calls - p.model_calls for s, p in zip(runs, plain, strict=True)),
+        }
+        for measure, bound in wanted.items():
+            value = measured[measure]
+            met = None if value is None else (value >= bound if measure in AT_LEAST else value <= bound + 1e-9)
+            rows.append({"config": name, "measure": measure, "target": bound,
+                         "measured": _round(value, 3), "met": met})
+    return rows
+
+
+def _verdict(met: bool | None) -> str:
+    return "unmeasured" if met is None else "met" if met else "not met"
+
+
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -436,6 +475,10 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                      + (f" {k['resumed_psnr']:.1f} dB" if k["resumed_psnr"] is not None else "")
                      for k in by_kind.values()]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if result.get("targets"):
+        lines += ["", "Targets: " + "; ".join(
+            f"{t['config']} {t['measure'].replace('_', ' ')} {'>=' if t['measure'] in AT_LEAST else '<='} "
+            f"{t['target']:g}: {_shown(t['measured'], '{:.3f}')} ({_verdict(t['met'])})" for t in result["targets"])]
     heavy = settings.get("attention_heavy")
     if heavy:
         lines += ["", f"Attention-heavy timing (random-weight Wan 2.1, {heavy['video_tokens']} video tokens, "
@@ -569,6 +612,8 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
     result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes)}
     if args.stream in KINDED_STREAMS and not args.prompts:
         result["per_kind"] = per_kind(edit_kinds(args.stream, len(prompts)), samples)
+    if not args.prompts:
+        result["targets"] = targets(args.stream, samples)
     settings = {"graph": args.graph, "steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
                 "donor_prompt": donor, "clip": list(world.CLIP), "attention_heavy": heavy, "machine": _machine(),
                 "seed_policy": seed_policy, "comfyui_args": list(DENSE_ATTENTION)}

@@ -28,6 +28,7 @@ from carnator_core.bench.workload import (
     EXTRA_FIELDS,
     FIELDS,
     RECORDING,
+    STREAM_TARGETS,
     TWO_EXPERT_CONFIGS,
     donor_prompt_for,
 )
@@ -61,6 +62,21 @@ def _agrees_with_its_runs(config: dict, runs: list[dict]) -> None:
     assert all(run["skipped_steps"] == 0 for run in runs if run not in resumed), (name, runs)
     assert config["ssim"] <= 1 + 1e-6 and config["psnr"] <= PSNR_IDENTICAL, name
     assert config["adherence"] is None or 0 <= config["adherence"] <= 1, name
+
+
+def _targets_agree_with_configs(data: dict, stream: str) -> None:
+    """The JSON's targets are the stream's, each measured from the configurations' own figures."""
+    by_name = {c["name"]: c for c in data["configs"]}
+    wanted = [(config, measure, bound) for config, measures in STREAM_TARGETS[stream].items()
+              for measure, bound in measures.items() if config in by_name]
+    assert [(t["config"], t["measure"], t["target"]) for t in data["targets"]] == wanted and wanted
+    for target in data["targets"]:
+        config = by_name[target["config"]]
+        if target["measure"] == "calls_speedup":
+            assert target["measured"] == pytest.approx(by_name["plain"]["model_calls"] / config["model_calls"], abs=2e-3)
+            assert target["met"] == (target["measured"] >= target["target"])
+        if target["measure"] == "adherence_gap" and config["adherence"] is not None:
+            assert target["measured"] == pytest.approx(by_name["plain"]["adherence"] - config["adherence"], abs=2e-3)
 
 
 @pytest.mark.parametrize("name", STREAMS)
@@ -150,8 +166,9 @@ def test_workload_end_to_end_json_shape(tmp_path):
                     "--weights", str(weights))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert set(data) == {"stream", "prompts", "configs"}
+    assert set(data) == {"stream", "prompts", "configs", "targets"}
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
+    _targets_agree_with_configs(data, "near-dup")
     assert [c["name"] for c in data["configs"]] == list(CONFIGS)
     for config in data["configs"]:
         assert set(config) == {"name", *FIELDS, *EXTRA_FIELDS}
@@ -190,7 +207,9 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
                     "--out", str(out), "--weights", str(weights))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert data["stream"] == "edit-loop (two-expert)" and set(data) == {"stream", "prompts", "configs", "per_kind"}
+    assert data["stream"] == "edit-loop (two-expert)"
+    assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets"}
+    _targets_agree_with_configs(data, "edit-loop")
     by_name = {c["name"]: c for c in data["configs"]}
     assert list(by_name) == list(TWO_EXPERT_CONFIGS)
     assert all(set(config) == {"name", *FIELDS, *EXTRA_FIELDS} for config in data["configs"])
