@@ -20,6 +20,7 @@ import folder_paths
 import torch
 
 from carnator_core.lookup.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
+from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, packing_error
 from carnator_core.store.entry import HardKey
 from carnator_core.store.fleet_config import SETTINGS_FILE, configured_store_url
 from carnator_core.store.location import open_store, resolve_store_location
@@ -165,9 +166,13 @@ def joint_attention_text_first(diffusion_model) -> bool:
     return bool(blocks) and not getattr(blocks[0], "flipped_img_txt", False)
 
 
-def hard_key(model_patcher, latent: torch.Tensor, sigmas: torch.Tensor | None = None) -> HardKey:
-    """Model fingerprint, token grid and (when known) schedule of a request."""
-    return HardKey(model=fingerprint(model_patcher), grid=token_grid(latent.shape, patch_size(model_patcher)),
+def hard_key(model_patcher, latent: torch.Tensor, sigmas: torch.Tensor | None = None,
+             packed: PackedShapes | None = None) -> HardKey:
+    """Model fingerprint, token grid and (when known) schedule of a request. A packed latent's grid is every part's
+    grid in turn, so a donor with another audio length, or other video, never matches."""
+    patch = patch_size(model_patcher)
+    grid = sum((token_grid(shape, patch) for shape in packed), ()) if packed else token_grid(latent.shape, patch)
+    return HardKey(model=fingerprint(model_patcher), grid=grid,
                    schedule=schedule_fingerprint(sigmas) if sigmas is not None else "")
 
 
@@ -187,13 +192,17 @@ def outer_sample_arguments(args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(_OUTER_SAMPLE_PARAMETERS, args, strict=False)), **kwargs}
 
 
-def unsupported_latent(call: dict) -> str:
-    """Why Carnator cannot key this run by its latent ("" when it can): several latents packed into one
-    (LTX-2's audio + video) reach the sampler as a (B, 1, N) tensor with their shapes beside it."""
-    shapes = call.get("latent_shapes")
-    if shapes is not None and len(shapes) > 1:
-        return f"packed multi-latent ({len(shapes)} latents, e.g. audio + video): not supported, sampled plain"
+def unsupported_latent(call: dict, packed_ok: bool = False) -> str:
+    """Why Carnator cannot work on this run's latent ("" when it can). Several latents packed into one (LTX-2's
+    audio + video) reach the sampler as a (B, 1, N) tensor with their shapes beside it: reuse takes them whole
+    (`packed_ok`) when the shapes add up; sparse attention does not."""
+    packed = packed_shapes(call.get("latent_shapes"))
     noise = call.get("noise")
+    if packed is not None:
+        if not packed_ok:
+            return f"packed multi-latent ({len(packed)} latents, e.g. audio + video): attention stays dense"
+        problem = packing_error(packed, noise) if isinstance(noise, torch.Tensor) else "no noise tensor"
+        return f"{problem}: sampled plain" if problem else ""
     if isinstance(noise, torch.Tensor) and noise.ndim < 4:
         return f"latent of shape {tuple(noise.shape)} is not an image/video latent: sampled plain"
     return ""

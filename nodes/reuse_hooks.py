@@ -32,6 +32,7 @@ from carnator_core.lookup.fingerprint import FingerprintError, content_fingerpri
 from carnator_core.reuse.applicability import latent_reuse_refusal
 from carnator_core.reuse.cached_evaluation import CachedEvaluation, same_sigma
 from carnator_core.reuse.decision import Decision
+from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, unpack
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
@@ -112,13 +113,15 @@ def _positive_cross_attn(guider) -> torch.Tensor | None:
     return None
 
 
-def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed) -> ReuseRun:
+def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed,
+              latent_shapes=None) -> ReuseRun:
     store = store_at(settings.store_location)
     cross_attn = _positive_cross_attn(guider)
     if cross_attn is None:
         raise ValueError("the positive conditioning carries no cross-attention tensor")
     sigma_list = [float(s) for s in sigmas.flatten().tolist()]
-    key = hard_key(guider.model_patcher, noise, sigmas)
+    packed = packed_shapes(latent_shapes)
+    key = hard_key(guider.model_patcher, noise, sigmas, packed)
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
     continues, refusal = None, latent_reuse_refusal(denoise_mask, latent_image, sigma_list[0], sigma_max)
     if refusal and denoise_mask is None and isinstance(latent_image, torch.Tensor):
@@ -126,17 +129,17 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     return ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
                     noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
-                    latent_reuse_refusal=refusal, continues=continues)
+                    latent_reuse_refusal=refusal, continues=continues, packed=packed)
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
     """The holder of one sampling run, for the model wrapper and the reuse sampler alike: with its ReuseRun, or
     without one and why (it then samples plain and reports that)."""
-    reason, notes = unsupported_latent(call), None
+    reason, notes = unsupported_latent(call, packed_ok=True), None
     if not reason:
         try:
             run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
-                            call.get("denoise_mask"), call.get("seed"))
+                            call.get("denoise_mask"), call.get("seed"), call.get("latent_shapes"))
             return ReuseHolder(settings, run, opened=True)
         except StoreError as error:
             reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
@@ -179,7 +182,8 @@ def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
             attention: SparseAttentionRun | None) -> RunReport:
     """Record the run and return its report; without a ReuseRun, the plain run's report."""
     if state.run is not None:
-        return state.run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0))
+        return state.run.finish(state.model_calls, state.attention,
+                                thumbnail_png(guider, state.last_x0, state.run.packed))
     return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
                            attention.summary() if attention is not None else None, state.plain_notes)
 
@@ -197,10 +201,13 @@ def outer_sample_wrapper(executor, *args, **kwargs):
             return output
 
 
-def thumbnail_png(guider, x0: torch.Tensor | None) -> bytes | None:
-    """Preview of the final prediction's middle frame via the model's latent-preview factors, if it has them."""
+def thumbnail_png(guider, x0: torch.Tensor | None, packed: PackedShapes | None = None) -> bytes | None:
+    """Preview of the final prediction's middle frame via the model's latent-preview factors, if it has them (of the
+    first latent of a packed one: the video)."""
     latent_format = getattr(guider.model_patcher.model, "latent_format", None)
     factors = getattr(latent_format, "latent_rgb_factors", None)
+    if x0 is not None and packed is not None:
+        x0 = unpack(x0, packed)[0]
     if x0 is None or factors is None or x0.ndim not in (4, 5):
         return None
     frame = x0[0, :, x0.shape[2] // 2] if x0.ndim == 5 else x0[0]

@@ -83,8 +83,9 @@ export function tooltipLines(report) {
     lines.push(`text similarity ${number(report.text_similarity, 3)}`);
   }
   if (report.agreement !== null && report.agreement !== undefined) {
+    const parts = (report.other_parts_agreement || []).map((value, index) => `, packed part ${index + 2} ${number(value, 3)}`);
     lines.push(`probe: agreement ${number(report.agreement, 3)}, structure ${number(report.structure_agreement, 3)}, ` +
-               `guidance ${number(report.guidance_cosine, 3)}`);
+               `guidance ${number(report.guidance_cosine, 3)}${parts.join("")}`);
   }
   const probes = report.probes || [];
   if (probes.length) lines.push(`probes: ${probes.length} (${probes.filter((p) => p.passed).length} passed)`);

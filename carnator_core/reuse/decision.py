@@ -67,7 +67,8 @@ class ProbeRecord:
         """The record behind its JSON (clients reading a report back)."""
         signals = ProbeSignals(depth=float(data.get("depth", 0.0)), raw_agreement=float(data.get("raw_agreement", 0.0)),
                                structure_agreement=float(data.get("structure_agreement", 0.0)),
-                               guidance_cosine=data.get("guidance_cosine"))
+                               guidance_cosine=data.get("guidance_cosine"),
+                               other_parts_agreement=tuple(float(v) for v in data.get("other_parts_agreement", ())))
         return cls(donor_id=str(data.get("donor_id", "")), donor_prompt=str(data.get("donor_prompt", "")),
                    step=int(data.get("step", 0)), passed=bool(data.get("passed")),
                    donor_given_up=bool(data.get("donor_given_up")), batched_with=int(data.get("batched_with", 0)),
@@ -153,7 +154,8 @@ class Decider:
             hopeless: set[str] = set()
             decision = None
             for target, (x0_new, guidance_new) in zip(call, results, strict=True):
-                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
+                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance,
+                                        self.facts.packed)
                 passed = thresholds.passes(signals)
                 given_up = not passed and thresholds.donor_hopeless(signals)
                 self._record(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
@@ -214,7 +216,8 @@ class Decider:
             self.on_start(sigma, start_state, x0_new, guidance_new)
         ruled_out: set[str] = set()
         for entry_id, start in starts.items():
-            signals = probe_signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
+            signals = probe_signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance,
+                                    self.facts.packed)
             passed = self.settings.thresholds.passes(signals)
             self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
             if not passed:
@@ -238,7 +241,8 @@ class Decider:
         motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
         [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
         self.model_calls += 1
-        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
+        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance,
+                                self.facts.packed)
         confirmed = self.settings.thresholds.passes(signals)
         self._record(anchor.meta, anchor.step, signals, confirmed, not confirmed, batched_with=0, confirms=True)
         return confirmed
@@ -248,7 +252,7 @@ class Decider:
         """Compare a later stage's first evaluation, at the donor output the previous stage was skipped to, with the
         donor's own there. It changes nothing (the skip is done); the report shows it beside the step-0 screen."""
         donor_guidance = boundary.guidance.to(x0.device) if boundary.guidance is not None else None
-        signals = probe_signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance)
+        signals = probe_signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance, self.facts.packed)
         passed = self.settings.thresholds.passes(signals)
         self._record(boundary.meta, 0, signals, passed, False, batched_with=0, confirms=True, boundary=True)
         if not passed:

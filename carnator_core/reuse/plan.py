@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.trajectory import StageEnd, stage_end_of
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
@@ -37,6 +38,7 @@ class RequestFacts:
     model: str = ""
     first_step: int = 0
     trajectory_steps: int | None = None
+    packed: PackedShapes | None = None  # the latents packed into this run's one (LTX-2's video and audio)
 
     def max_step(self, fraction: float) -> int:
         """The deepest step of this run a resume limited to `fraction` of the (trajectory's) schedule may start at."""

@@ -12,6 +12,10 @@ own conditioning and CFG, predicts x0_new and guidance_new. Three signals come o
                      global colour or style change (fixable late) does not hide a layout or
                      motion change (not fixable late), and vice versa.
 
+On a packed latent (`carnator_core.reuse.packed_latent`: LTX-2's video and audio) the signals above are the first
+part's (the video), and the structure agreement of every other part is reported beside them: a resume needs each to
+pass, since a prompt can change the sound and leave the picture alone.
+
 `ProbeThresholds` turns them into a depth-dependent decision; its defaults come from the probe
 calibration (`python -m carnator_core.bench probe`, docs/measurements.md "Probe calibration").
 """
@@ -22,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from carnator_core.reuse.packed_latent import PackedShapes, unpack
+
 
 @dataclass
 class ProbeSignals:
@@ -29,9 +35,16 @@ class ProbeSignals:
     raw_agreement: float
     structure_agreement: float
     guidance_cosine: float | None  # None without CFG (no uncond half to subtract)
+    # a packed latent's other parts (LTX-2's audio), in packing order: each part's structure agreement
+    other_parts_agreement: tuple[float, ...] = ()
 
-    def as_dict(self) -> dict[str, float | None]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, float | None | list[float]]:
+        data = asdict(self)
+        if self.other_parts_agreement:
+            data["other_parts_agreement"] = list(self.other_parts_agreement)
+        else:
+            del data["other_parts_agreement"]
+        return data
 
 
 def _remove_frame_channel_means(tensor: torch.Tensor) -> torch.Tensor:
@@ -68,20 +81,33 @@ def downsample_guidance(guidance: torch.Tensor, size: tuple[int, ...] | None = N
     return pool(guidance.float(), size)
 
 
+def _structure_agreement(x0_new: torch.Tensor, x0_donor: torch.Tensor, state: torch.Tensor) -> float:
+    return _agreement(_remove_frame_channel_means(x0_new), _remove_frame_channel_means(x0_donor),
+                      _remove_frame_channel_means(state))
+
+
 def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
-                  guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None) -> ProbeSignals:
-    """All signals of one probe, in fp32. NaN anywhere makes the probe fail (NaN never passes)."""
+                  guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None,
+                  packed: PackedShapes | None = None) -> ProbeSignals:
+    """All signals of one probe, in fp32. NaN anywhere makes the probe fail (NaN never passes). With `packed`, the
+    tensors are those latents packed: the signals are the first part's, and each other part's structure agreement
+    is added (guidance, stored packed, is compared whole)."""
     state, x0_new, x0_donor = state.float(), x0_new.float(), x0_donor.float()
+    others: tuple[float, ...] = ()
+    if packed is not None:
+        parts = list(zip(*(unpack(t, packed) for t in (x0_new, x0_donor, state)), strict=True))
+        others = tuple(_structure_agreement(*part) for part in parts[1:])
+        x0_new, x0_donor, state = parts[0]
     raw = _agreement(x0_new, x0_donor, state)
-    structure = _agreement(_remove_frame_channel_means(x0_new), _remove_frame_channel_means(x0_donor),
-                           _remove_frame_channel_means(state))
+    structure = _structure_agreement(x0_new, x0_donor, state)
     cosine = None
     if guidance_new is not None and guidance_donor is not None:
         donor = guidance_donor.float()
         new = downsample_guidance(guidance_new, tuple(donor.shape[2:])) if donor.ndim in (4, 5) else guidance_new
         if new.shape == donor.shape:
             cosine = float(torch.nn.functional.cosine_similarity(new.reshape(-1).float(), donor.reshape(-1), dim=0))
-    return ProbeSignals(depth=depth, raw_agreement=raw, structure_agreement=structure, guidance_cosine=cosine)
+    return ProbeSignals(depth=depth, raw_agreement=raw, structure_agreement=structure, guidance_cosine=cosine,
+                        other_parts_agreement=others)
 
 
 @dataclass
@@ -106,7 +132,9 @@ class ProbeThresholds:
         return min(1.0, self.structure + self.structure_slope * depth)
 
     def passes(self, signals: ProbeSignals) -> bool:
-        if not signals.structure_agreement >= self.needed_structure(signals.depth):  # NaN fails
+        """Every part's structure agreement (NaN fails) and the guidance cosine, each at the depth's bar."""
+        needed = self.needed_structure(signals.depth)
+        if not all(agreement >= needed for agreement in (signals.structure_agreement, *signals.other_parts_agreement)):
             return False
         if signals.guidance_cosine is None:
             return True
@@ -115,4 +143,5 @@ class ProbeThresholds:
 
     def donor_hopeless(self, signals: ProbeSignals) -> bool:
         """Whether a failed probe says the donor's other checkpoints are not worth a model call either."""
-        return not signals.structure_agreement >= self.needed_structure(signals.depth) - self.give_up_margin
+        floor = self.needed_structure(signals.depth) - self.give_up_margin
+        return not all(agreement >= floor for agreement in (signals.structure_agreement, *signals.other_parts_agreement))

@@ -71,6 +71,7 @@ class RunReport:
     agreement: float | None = None
     structure_agreement: float | None = None
     guidance_cosine: float | None = None
+    other_parts_agreement: tuple[float, ...] = ()  # a packed latent's other parts (LTX-2's audio), as the probe's
     skipped_steps: int = 0
     attention: dict[str, Any] = field(default_factory=dict)  # the sparse-attention summary; empty without one
     model_calls: int = 0
@@ -113,6 +114,7 @@ class RunReport:
         values.setdefault("mode", "")
         values.setdefault("total_steps", 0)
         values.setdefault("time_s", 0.0)
+        values["other_parts_agreement"] = tuple(float(v) for v in values.get("other_parts_agreement", ()))
         values["probes"] = [ProbeRecord.from_dict(probe) for probe in values.get("probes", ()) if isinstance(probe, dict)]
         if "attention" not in values:  # only the flat attention fields: keep what they say
             flat = {"density": "attention_density", "heads_reuse": "heads_reuse", "heads_own": "heads_own"}
@@ -138,6 +140,7 @@ class RunReport:
         donor = repr((self.donor_prompt or "")[:60])
         checks = [f"{name} {value:.3f}" for name, value in (("structure", self.structure_agreement),
                                                            ("guidance", self.guidance_cosine)) if value is not None]
+        checks += [f"packed part {index} {value:.3f}" for index, value in enumerate(self.other_parts_agreement, 2)]
         what = (f"stage skipped ({self.skipped_steps}/{self.total_steps} steps), output taken from {donor}"
                 if verdict is Verdict.STAGE_SKIPPED
                 else f"resumed at step {self.skipped_steps}/{self.total_steps} from {donor}")
@@ -169,6 +172,7 @@ class RunReport:
             "agreement": self.agreement,
             "structure_agreement": self.structure_agreement,
             "guidance_cosine": self.guidance_cosine,
+            **({"other_parts_agreement": list(self.other_parts_agreement)} if self.other_parts_agreement else {}),
             "skipped_steps": self.skipped_steps,
             "total_steps": self.total_steps,
             "attention_density": self.attention.get("density"),

@@ -28,6 +28,7 @@ from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, 
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
+from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import (
     ProbeTarget,
     RequestFacts,
@@ -65,6 +66,7 @@ class ReuseRun:
     cfg: float
     seed: int | None
     latent_reuse_refusal: str = ""  # why latent reuse does not apply to this request ("" when it does)
+    packed: PackedShapes | None = None  # the latents packed into `latent_shape`'s one (LTX-2's video and audio)
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
     skipped: dict[str, int] = field(default_factory=dict)
@@ -112,7 +114,8 @@ class ReuseRun:
                             noise_fingerprint=self.noise_fingerprint, total_steps=self.total_steps, stage=self.stage,
                             model=self.hard_key.model if handover is not None else "",
                             first_step=handover.next_step if handover is not None else 0,
-                            trajectory_steps=trajectory_steps(donor) if donor is not None else None)
+                            trajectory_steps=trajectory_steps(donor) if donor is not None else None,
+                            packed=self.packed)
 
     @property
     def decider(self) -> Decider:
@@ -335,6 +338,7 @@ class ReuseRun:
             agreement=signals.raw_agreement if signals else None,
             structure_agreement=signals.structure_agreement if signals else None,
             guidance_cosine=signals.guidance_cosine if signals else None,
+            other_parts_agreement=signals.other_parts_agreement if signals else (),
             skipped_steps=skipped_steps,
             total_steps=self.total_steps,
             attention=self.attention,

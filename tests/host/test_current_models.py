@@ -3,7 +3,8 @@
 
 Each model is a tiny random-weight file written on first use (`current_model`); a host without the model's config
 class skips its tests. On a plain video latent a miss is the plain sampler's output bit for bit and a second request
-with the same prompt and seed resumes from the first; LTX-2's packed audio+video latent is a clean miss that says why.
+with the same prompt and seed resumes from the first, LTX-2's packed audio+video latent included (recorded and resumed
+whole, its audio judged beside its video).
 Block-sparse attention takes video self-attention only: traced call by call, text, audio and audio-video cross
 attention stay dense, and the text rows of joint attention are exact.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sys
 from collections import Counter
 
@@ -107,23 +109,80 @@ def test_a_plain_video_latent_resumes_from_the_same_prompt_and_seed(comfy, curre
         assert {tensor.shape[1] for name, tensor in checkpoints.items() if not name.startswith("g_")} == {channels}
 
 
-def test_ltx2_audio_and_video_is_a_clean_miss_identical_to_plain(comfy, current_model, store_path, audio_latent):
+def _packed_length(*shapes: tuple[int, ...]) -> int:
+    return sum(math.prod(shape[1:]) for shape in shapes)
+
+
+def test_ltx2_audio_and_video_records_and_resumes_both_parts(comfy, current_model, store_path, audio_latent):
+    """The packed audio+video latent is recorded whole and resumed whole; every probe judges the audio as well."""
     graph = _graph(current_model, "ltxav", seed=3, steps=4)
     plain, _ = _sample(comfy, graph)
-    for _ in range(2):  # nothing is recorded, so the second request misses the same way
-        reused, reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
-        (report,) = reports
-        assert not report["hit"] and report["skipped_steps"] == 0 and report["model_calls"] == 4
-        assert report["reason"] == "packed multi-latent (2 latents, e.g. audio + video): not supported, sampled plain"
-        video, audio = reused.unbind()
-        assert tuple(video.shape) == (1, 128, 2, 2, 2) and tuple(audio.shape) == ltx2_audio_latent_shape()
-        assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
-    assert not list(_pack_module(comfy, "host").store_at(store_path).entry_ids())
+    first, (first_report,) = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    assert not first_report["hit"] and first_report["reason"] == "no candidate", json.dumps(first_report)
+    assert all(torch.equal(a, b) for a, b in zip(first.unbind(), plain.unbind(), strict=True))  # a miss is plain
+
+    second, (report,) = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    assert report["hit"] and report["skipped_steps"] == 2 and report["model_calls"] == 3, json.dumps(report)
+    assert [probe["step"] for probe in report["probes"]] == [0, 2]  # the step-0 screen, then the resume's probe
+    assert report["other_parts_agreement"] == report["probes"][-1]["other_parts_agreement"]  # the resume's audio
+    for probe in report["probes"]:  # video and audio each judged, each agreeing with the same prompt's own run
+        assert probe["passed"] and probe["structure_agreement"] > 0.99, probe
+        assert len(probe["other_parts_agreement"]) == 1 and probe["other_parts_agreement"][0] > 0.99, probe
+    video, audio = second.unbind()
+    assert tuple(video.shape) == (1, 128, 2, 2, 2) and tuple(audio.shape) == ltx2_audio_latent_shape()
+    for part, reference in zip(second.unbind(), plain.unbind(), strict=True):  # fp16 checkpoints
+        assert float((part - reference).norm() / reference.norm()) < 2e-3
+
+    store = _pack_module(comfy, "host").store_at(store_path)
+    length = _packed_length((1, 128, 2, 2, 2), ltx2_audio_latent_shape())
+    for entry_id in store.entry_ids():  # recorded packed, as the sampler sees the latent
+        assert tuple(store.get_meta(entry_id).latent_shape) == (1, 1, length)
+        states = [t for name, t in store.get_tensors(entry_id, "checkpoints").items() if name.startswith("x_")]
+        assert states and all(tuple(t.shape) == (1, 1, length) and bool(torch.isfinite(t).all()) for t in states)
 
 
-def test_ltx2_through_the_reuse_sampler_is_the_same_clean_miss(comfy, current_model, store_path, audio_latent):
+def test_ltx2_rejected_donor_samples_plain_bit_for_bit(comfy, current_model, store_path, audio_latent):
+    """A donor the model rejects (here: a structure bar no agreement reaches) leaves the packed run plain bit for bit,
+    at plain's model calls: the step-0 screen that rejected it serves the sampler's first call."""
+    graph = _graph(current_model, "ltxav", seed=3, steps=4)
+    plain, _ = _sample(comfy, graph)
+    _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    reused, (report,) = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT, structure_threshold=1.0))
+    assert not report["hit"] and report["model_calls"] == 4, json.dumps(report)
+    assert report["probes"] and not any(probe["passed"] for probe in report["probes"]), json.dumps(report)
+    assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
+
+
+def test_ltx2_donor_with_another_audio_length_is_filtered(comfy, current_model, store_path, audio_latent):
+    """Another audio length is another packed layout: the donor is never offered, and the run is plain bit for bit."""
+    graph = _graph(current_model, "ltxav", seed=3, steps=4)
+    _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    longer = "tiny_ltx2_audio_longer.latent"
+    save_file({"latent_tensor": torch.zeros(ltx2_audio_latent_shape(length=17)),
+               "latent_format_version_0": torch.tensor([])}, str(comfy.base_dir / "input" / longer))
+    other = CURRENT_GRAPHS["ltxav"](current_model("ltxav").name, steps=4, sampler_name="euler", seed=3,
+                                    audio_latent=longer)
+    plain, _ = _sample(comfy, other)
+    reused, (report,) = _sample(comfy, with_reuse(other, store_path, prompt=PROMPT))
+    assert not report["hit"] and not report["probes"], json.dumps(report)
+    assert report["filtered"], json.dumps(report)
+    assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
+
+
+def test_ltx2_packed_shapes_that_do_not_add_up_sample_plain_with_the_reason(comfy):
+    host = _pack_module(comfy, "host")
+    shapes = [(1, 128, 2, 2, 2), ltx2_audio_latent_shape()]
+    noise = torch.zeros(1, 1, _packed_length(*shapes) - 16)
+    reason = host.unsupported_latent({"noise": noise, "latent_shapes": shapes}, packed_ok=True)
+    assert reason.startswith("packed latent shapes") and f"not {noise.shape[-1]}" in reason, reason
+    assert host.unsupported_latent({"noise": torch.zeros(1, 1, _packed_length(*shapes)), "latent_shapes": shapes},
+                                   packed_ok=True) == ""
+    assert "attention stays dense" in host.unsupported_latent({"noise": noise, "latent_shapes": shapes})
+
+
+def test_ltx2_through_the_reuse_sampler_records_and_resumes_the_same(comfy, current_model, store_path, audio_latent):
     """CarnatorReuseSampler (SamplerCustom's SAMPLER input) opens its run as the model wrapper does: the packed
-    latent is refused with the same reason, sampled plain and reported."""
+    latent is recorded on the first request, plain bit for bit, and resumed on the second."""
     from carnator_core.demo.graphs import STORE, with_report, with_store
 
     graph = _graph(current_model, "ltxav", seed=3, steps=4)
@@ -133,10 +192,11 @@ def test_ltx2_through_the_reuse_sampler_is_the_same_clean_miss(comfy, current_mo
         "sampler": ["ksampler_select", 0], "store": [STORE, 0], "prompt": PROMPT}}
     graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
     graph = with_report(graph)
-    reused, (report,) = _sample(comfy, graph)
-    assert not report["hit"] and report["model_calls"] == 4
-    assert report["reason"] == "packed multi-latent (2 latents, e.g. audio + video): not supported, sampled plain"
-    assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
+    first, (report,) = _sample(comfy, graph)
+    assert not report["hit"] and report["model_calls"] == 4, json.dumps(report)
+    assert all(torch.equal(a, b) for a, b in zip(first.unbind(), plain.unbind(), strict=True))
+    _, (report,) = _sample(comfy, graph)
+    assert report["hit"] and report["skipped_steps"] == 2, json.dumps(report)
 
 
 # Every video self-attention call may go sparse: no dense steps or edge blocks, own masks at most half full.
