@@ -165,7 +165,7 @@ def test_ltx2_donor_with_another_audio_length_is_filtered(comfy, current_model, 
     plain, _ = _sample(comfy, other)
     reused, (report,) = _sample(comfy, with_reuse(other, store_path, prompt=PROMPT))
     assert not report["hit"] and not report["probes"], json.dumps(report)
-    assert report["filtered"], json.dumps(report)
+    assert report["filtered"] == {"other token grid": 1}, json.dumps(report)
     assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
 
 
