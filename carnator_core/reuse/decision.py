@@ -154,8 +154,7 @@ class Decider:
             hopeless: set[str] = set()
             decision = None
             for target, (x0_new, guidance_new) in zip(call, results, strict=True):
-                signals = probe_signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance,
-                                        self.facts.packed)
+                signals = self._signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
                 passed = thresholds.passes(signals)
                 given_up = not passed and thresholds.donor_hopeless(signals)
                 self._record(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
@@ -216,8 +215,7 @@ class Decider:
             self.on_start(sigma, start_state, x0_new, guidance_new)
         ruled_out: set[str] = set()
         for entry_id, start in starts.items():
-            signals = probe_signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance,
-                                    self.facts.packed)
+            signals = self._signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
             passed = self.settings.thresholds.passes(signals)
             self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
             if not passed:
@@ -241,8 +239,7 @@ class Decider:
         motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
         [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
         self.model_calls += 1
-        signals = probe_signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance,
-                                self.facts.packed)
+        signals = self._signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
         confirmed = self.settings.thresholds.passes(signals)
         self._record(anchor.meta, anchor.step, signals, confirmed, not confirmed, batched_with=0, confirms=True)
         return confirmed
@@ -252,12 +249,17 @@ class Decider:
         """Compare a later stage's first evaluation, at the donor output the previous stage was skipped to, with the
         donor's own there. It changes nothing (the skip is done); the report shows it beside the step-0 screen."""
         donor_guidance = boundary.guidance.to(x0.device) if boundary.guidance is not None else None
-        signals = probe_signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance, self.facts.packed)
+        signals = self._signals(0.0, x, x0, boundary.x0.to(x0.device), guidance, donor_guidance)
         passed = self.settings.thresholds.passes(signals)
         self._record(boundary.meta, 0, signals, passed, False, batched_with=0, confirms=True, boundary=True)
         if not passed:
             log.warning("Carnator: the state stage %d was skipped to disagrees at the boundary with donor %s (%s)",
                         self.facts.stage - 1, boundary.meta.entry_id[:8], signals.as_dict())
+
+    def _signals(self, depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
+                 guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None) -> ProbeSignals:
+        """`probe_signals` on this request's latent (judged part by part when it is packed)."""
+        return probe_signals(depth, state, x0_new, x0_donor, guidance_new, guidance_donor, self.facts.packed)
 
     def _record(self, donor: EntryMeta, step: int, signals: ProbeSignals, passed: bool, given_up: bool,
                 batched_with: int, confirms: bool = False, boundary: bool = False) -> None:
