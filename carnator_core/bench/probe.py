@@ -51,6 +51,7 @@ from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
+from carnator_core.reuse.start_difference import StartDifference
 
 RELATIONS = ("reworded", "background", "colour", "shape", "motion", "unrelated")
 SIGNALS = ("raw_agreement", "structure_agreement", "guidance_cosine", "text_cosine")
@@ -75,6 +76,9 @@ class Row:
     # prediction alone (see the module docstring), each (adherence, PSNR against plain)
     corrected: tuple[float, float] | None = None
     own_shortcut: tuple[float, float] | None = None
+    # and the probe at the corrected state, against the donor's prediction moved alike (as a screened donor is probed)
+    corrected_structure_agreement: float = float("nan")
+    corrected_guidance_cosine: float | None = None
 
     @property
     def outcome(self) -> bool:
@@ -175,12 +179,21 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
             resumed_result, resumed_psnr = _scored(new_prompt, resumed, plain_rgb)
             alternatives = {}
             if shortcuts:
-                moved = 1.0 - sampler.sigmas[k] / sigma_start
-                starts = {"corrected": x_k + moved * (x0_start_new - x0_start_donor),
+                difference = StartDifference.of(sigma_start, x0_start_new, x0_start_donor, guidance_start_new,
+                                                guidance_start_donor)
+                moved = difference.moved(sampler.sigmas[k])
+                starts = {"corrected": difference.state(x_k, sampler.sigmas[k]),
                           "own_shortcut": x0_start_new + (1.0 - moved) * (x_start - x0_start_new)}
                 for name, state in starts.items():
                     result, psnr = _scored(new_prompt, sampler.run(state, contexts[1:], uncond, start=k)[0], plain_rgb)
                     alternatives[name] = (result.adherence, psnr)
+                x0_corrected, guidance_corrected = sampler.predict(starts["corrected"], sampler.sigmas[k],
+                                                                   contexts[1:], uncond)
+                probed = probe_signals(k / steps, starts["corrected"], x0_corrected,
+                                       difference.prediction(x0_donor), guidance_corrected,
+                                       guidance_donor + difference.guidance, corrected=True)
+                alternatives["corrected_structure_agreement"] = probed.structure_agreement
+                alternatives["corrected_guidance_cosine"] = probed.guidance_cosine
             rows.append(Row(relation=relation, depth=k / steps, raw_agreement=signals.raw_agreement,
                             structure_agreement=signals.structure_agreement,
                             guidance_cosine=signals.guidance_cosine, text_cosine=text_cosine,
@@ -265,6 +278,41 @@ def shortcuts_by_relation(rows: list[Row]) -> dict[str, dict[str, dict[str, floa
     return table
 
 
+def borrowed(row: Row) -> bool:
+    """Whether the corrected resume kept plain's adherence and ended closer to plain than the own shortcut: it reused
+    something, rather than being a few-step sampler."""
+    adherence, psnr = row.corrected
+    return adherence >= row.adherence_plain - 1e-9 and psnr > row.own_shortcut[1]
+
+
+def corrected_signals(row: Row) -> ProbeSignals:
+    return ProbeSignals(depth=row.depth, raw_agreement=float("nan"),
+                        structure_agreement=row.corrected_structure_agreement,
+                        guidance_cosine=row.corrected_guidance_cosine, corrected=True)
+
+
+def corrected_rule(rows: list[Row], thresholds: ProbeThresholds | None = None) -> dict:
+    """How the engine's rule for screened same-noise donors does: of the rows whose pair passes the step-0 screen, the
+    corrected resumes it accepts (`ProbeThresholds.passes` on the corrected probe) against those that `borrowed`;
+    per relation the accepted ones; and the largest `corrected_relief` that accepts no resume that did not borrow,
+    with its recall. Empty unless the rows were made with `--shortcuts`."""
+    thresholds = thresholds or ProbeThresholds()
+    screened = [r for r in rows if r.corrected is not None and start_screen_passes(r)]
+    if not screened:
+        return {}
+    accepted = [thresholds.passes(corrected_signals(r)) for r in screened]
+    good = [borrowed(r) for r in screened]
+    # the relief at which each row would just pass its structure bar
+    needs = [thresholds.needed_structure(r.depth) - r.corrected_structure_agreement for r in screened]
+    bad_needs = [need for need, is_good in zip(needs, good, strict=True) if not is_good]
+    safe = min(bad_needs) - 1e-6 if bad_needs else max(needs)
+    return {"relief": thresholds.corrected_relief, **precision_recall(accepted, good),
+            "accepted_by_relation": dict(Counter(r.relation for r, a in zip(screened, accepted, strict=True) if a)),
+            "safe_relief": float(safe),
+            "safe_relief_recall": (sum(need <= safe and g for need, g in zip(needs, good, strict=True)) / sum(good)
+                                   if any(good) else None)}
+
+
 def summarise(rows: list[Row]) -> dict:
     depths = sorted({row.depth for row in rows})
     summary = {"rows": len(rows), "outcome_rate": float(np.mean([row.outcome for row in rows])),
@@ -277,7 +325,7 @@ def summarise(rows: list[Row]) -> dict:
                "start_screen_by_relation": start_screen_by_relation(rows),
                "default_rule_after_start_screen": precision_recall(
                    [default_rule_passes(r) and start_screen_passes(r) for r in rows], [r.outcome for r in rows]),
-               "shortcuts_by_relation": shortcuts_by_relation(rows)}
+               "shortcuts_by_relation": shortcuts_by_relation(rows), "corrected_rule": corrected_rule(rows)}
     for depth in depths:
         at = [r for r in rows if r.depth == depth]
         summary["auc_by_depth"][f"{depth:.2f}"] = {
@@ -360,6 +408,12 @@ def main(argv: list[str]) -> int:
         for relation, starts in summary["shortcuts_by_relation"].items():
             cells = [f"{start['kept']}/{start['rows']}, {start['psnr_median']:.1f}" for start in starts.values()]
             print(f"{relation:<12}" + "".join(f"{cell:>22}" for cell in cells))
+    rule = summary["corrected_rule"]
+    if rule:
+        print(f"screened donors probed and resumed at the corrected state (relief {rule['relief']:.2f}): accepted "
+              f"{rule['accepted']} {rule['accepted_by_relation']}, precision {_fmt(rule['precision'])}, recall "
+              f"{_fmt(rule['recall'])} of {rule['good']} that borrowed; safe relief {rule['safe_relief']:.3f} "
+              f"(recall {_fmt(rule['safe_relief_recall'])})")
     return 0
 
 

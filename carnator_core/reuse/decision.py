@@ -5,6 +5,9 @@ and returns a `Decision`. Its contract:
 
 - the model judges: a resume or a stage skip happens only where `ProbeThresholds.passes` held for the live
   request's own evaluation against the donor's (the `text-only` verification is the one unverified baseline);
+- a same-noise donor the step-0 screen passed is probed, and resumed, at its state corrected by the step-0
+  difference (`carnator_core.reuse.start_difference`), so an edit keeps the donor's trajectory only where the prompts
+  agree;
 - at most `max_probes` probe calls, one more per deep pass confirmed at the donor's shallowest checkpoint, and one
   step-0 screen that is the request's own first evaluation (it serves the sampler's first call on a miss);
 - every call asked is one `ProbeRecord`, in the order asked, so the report shows each verdict and its signals.
@@ -23,6 +26,7 @@ from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.plan import ProbeTarget, RequestFacts, ScreenOnly, StartPrediction
 from carnator_core.reuse.probe import ProbeSignals, probe_signals
 from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.trajectory import StageEnd
 from carnator_core.store.entry import EntryMeta
 
@@ -68,7 +72,8 @@ class ProbeRecord:
         signals = ProbeSignals(depth=float(data.get("depth", 0.0)), raw_agreement=float(data.get("raw_agreement", 0.0)),
                                structure_agreement=float(data.get("structure_agreement", 0.0)),
                                guidance_cosine=data.get("guidance_cosine"),
-                               other_parts_agreement=tuple(float(v) for v in data.get("other_parts_agreement", ())))
+                               other_parts_agreement=tuple(float(v) for v in data.get("other_parts_agreement", ())),
+                               corrected=bool(data.get("corrected")))
         return cls(donor_id=str(data.get("donor_id", "")), donor_prompt=str(data.get("donor_prompt", "")),
                    step=int(data.get("step", 0)), passed=bool(data.get("passed")),
                    donor_given_up=bool(data.get("donor_given_up")), batched_with=int(data.get("batched_with", 0)),
@@ -154,7 +159,8 @@ class Decider:
             hopeless: set[str] = set()
             decision = None
             for target, (x0_new, guidance_new) in zip(call, results, strict=True):
-                signals = self._signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance)
+                signals = self._signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance,
+                                        corrected=target.corrected)
                 passed = thresholds.passes(signals)
                 given_up = not passed and thresholds.donor_hopeless(signals)
                 self._record(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
@@ -200,7 +206,8 @@ class Decider:
         decides the most (docs/measurements.md, "Probe calibration"), so one call judges every such donor at once.
         It is not extra work: without a resume the sampler's first call is served from it (`start_evaluation`);
         with one it replaces the confirmation of the deep pass. Donors that fail get no probe; those that pass need
-        no confirmation later. Others are left as they were.
+        no confirmation later, and are probed and resumed at their states corrected by what the two step-0
+        predictions differ by (`carnator_core.reuse.start_difference`). Others are left as they were.
         """
         start_state = self.start_state
         starts = {t.meta.entry_id: t.start for t in targets
@@ -214,6 +221,7 @@ class Decider:
         if self.on_start is not None:
             self.on_start(sigma, start_state, x0_new, guidance_new)
         ruled_out: set[str] = set()
+        differences: dict[str, StartDifference] = {}
         for entry_id, start in starts.items():
             signals = self._signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
             passed = self.settings.thresholds.passes(signals)
@@ -222,14 +230,16 @@ class Decider:
                 ruled_out.add(entry_id)
             else:
                 self._screened[entry_id] = signals
+                differences[entry_id] = StartDifference.between(start, x0_new, guidance_new)
         kept = []
         for target in targets:
             if target.meta.entry_id in ruled_out:
                 continue
             if isinstance(target, ScreenOnly):  # passed: now its state is read
                 target = target.load() if target.meta.entry_id in starts else None
-            elif target.meta.entry_id in starts:
-                target = replace(target, anchor=None)
+            if target is not None and target.meta.entry_id in differences:
+                # confirmed at step 0: probed, and resumed, at its state corrected by what step 0 differs by
+                target = differences[target.meta.entry_id].corrected(replace(target, anchor=None))
             if target is not None:
                 kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
@@ -257,9 +267,11 @@ class Decider:
                         self.facts.stage - 1, boundary.meta.entry_id[:8], signals.as_dict())
 
     def _signals(self, depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
-                 guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None) -> ProbeSignals:
+                 guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None,
+                 corrected: bool = False) -> ProbeSignals:
         """`probe_signals` on this request's latent (judged part by part when it is packed)."""
-        return probe_signals(depth, state, x0_new, x0_donor, guidance_new, guidance_donor, self.facts.packed)
+        return probe_signals(depth, state, x0_new, x0_donor, guidance_new, guidance_donor, self.facts.packed,
+                             corrected)
 
     def _record(self, donor: EntryMeta, step: int, signals: ProbeSignals, passed: bool, given_up: bool,
                 batched_with: int, confirms: bool = False, boundary: bool = False) -> None:

@@ -76,6 +76,7 @@ class ProbeTarget:
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for Decider._screen
     end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
+    corrected: bool = False  # moved by the request's step-0 difference from the donor (`start_difference`)
 
     @property
     def depth(self) -> float:

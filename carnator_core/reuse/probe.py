@@ -37,13 +37,17 @@ class ProbeSignals:
     guidance_cosine: float | None  # None without CFG (no uncond half to subtract)
     # a packed latent's other parts (LTX-2's audio), in packing order: each part's structure agreement
     other_parts_agreement: tuple[float, ...] = ()
+    # measured at a corrected donor state against the donor's prediction moved alike (`start_difference`)
+    corrected: bool = False
 
-    def as_dict(self) -> dict[str, float | None | list[float]]:
+    def as_dict(self) -> dict[str, float | None | list[float] | bool]:
         data = asdict(self)
         if self.other_parts_agreement:
             data["other_parts_agreement"] = list(self.other_parts_agreement)
         else:
             del data["other_parts_agreement"]
+        if not self.corrected:
+            del data["corrected"]
         return data
 
 
@@ -88,7 +92,7 @@ def _structure_agreement(x0_new: torch.Tensor, x0_donor: torch.Tensor, state: to
 
 def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
                   guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None,
-                  packed: PackedShapes | None = None) -> ProbeSignals:
+                  packed: PackedShapes | None = None, corrected: bool = False) -> ProbeSignals:
     """All signals of one probe, in fp32. NaN anywhere makes the probe fail (NaN never passes). With `packed`, the
     tensors are those latents packed: the signals are the first part's, and each other part's structure agreement
     is added (guidance, stored packed, is compared whole)."""
@@ -107,7 +111,7 @@ def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_do
         if new.shape == donor.shape:
             cosine = float(torch.nn.functional.cosine_similarity(new.reshape(-1).float(), donor.reshape(-1), dim=0))
     return ProbeSignals(depth=depth, raw_agreement=raw, structure_agreement=structure, guidance_cosine=cosine,
-                        other_parts_agreement=others)
+                        other_parts_agreement=others, corrected=corrected)
 
 
 @dataclass
@@ -127,13 +131,19 @@ class ProbeThresholds:
     # with depth about as the threshold does, so it would miss at the others too. (Checkpoints holding a step
     # cache's extrapolation would break this; the planner never offers them.)
     give_up_margin: float = 0.05
+    # How much lower the structure bar is at a corrected donor state (`start_difference`). What the prompts differ by
+    # at step 0 was taken out of the comparison, but an edited region keeps drifting from the donor's as sampling
+    # goes on. Such a probe only follows a step-0 screen passed at the full bar. The relief is the largest that
+    # accepted no corrected resume that ended further from plain than the request's own shortcut
+    # (`bench probe --shortcuts`, docs/measurements.md).
+    corrected_relief: float = 0.07
 
-    def needed_structure(self, depth: float) -> float:
-        return min(1.0, self.structure + self.structure_slope * depth)
+    def needed_structure(self, depth: float, corrected: bool = False) -> float:
+        return min(1.0, self.structure + self.structure_slope * depth) - (self.corrected_relief if corrected else 0.0)
 
     def passes(self, signals: ProbeSignals) -> bool:
         """Every part's structure agreement (NaN fails) and the guidance cosine, each at the depth's bar."""
-        needed = self.needed_structure(signals.depth)
+        needed = self.needed_structure(signals.depth, signals.corrected)
         if not all(agreement >= needed for agreement in (signals.structure_agreement, *signals.other_parts_agreement)):
             return False
         if signals.guidance_cosine is None:
@@ -143,5 +153,5 @@ class ProbeThresholds:
 
     def donor_hopeless(self, signals: ProbeSignals) -> bool:
         """Whether a failed probe says the donor's other checkpoints are not worth a model call either."""
-        floor = self.needed_structure(signals.depth) - self.give_up_margin
+        floor = self.needed_structure(signals.depth, signals.corrected) - self.give_up_margin
         return not all(agreement >= floor for agreement in (signals.structure_agreement, *signals.other_parts_agreement))

@@ -273,3 +273,44 @@ def test_the_screen_reads_a_step_0_record_per_donor_and_states_only_of_those_it_
     assert store.read == [("third", "checkpoints")]  # the screen ruled the others out on what it had read
     assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [
         ("first", 0, False), ("second", 0, False), ("third", 0, True), ("third", 5, True)]
+
+
+def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_step_0_difference(tmp_path):
+    """A one-attribute edit: the request's step-0 prediction differs from the donor's in one region. The donor passes
+    the screen, is probed at x_5 + (1 - sigma_5 / sigma_0) x difference against its own prediction moved by the
+    difference, and the run resumes at that corrected state. A request whose model does not carry the edit on there
+    misses."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    edit = torch.zeros(SHAPE)
+    edit[..., :2, :4] = 0.5  # one region of the frame, as another background or shape would be
+    donor = _recorded_donor(store, "donor scene", start, x0_start)
+    corrected = torch.full(SHAPE, 5.0) + 0.5 * edit  # sigma 0.5 of 1.0: half-way towards the prediction
+
+    def asked(carries_edit: bool) -> tuple[ReuseRun, list[torch.Tensor]]:
+        states: list[torch.Tensor] = []
+
+        def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+            states.extend(xs)
+            if xs[0] is start:
+                return [(x0_start + edit, None)]
+            return [(X0_5 + edit if carries_edit else torch.randn(SHAPE, generator=torch.Generator()), None)]
+
+        run = _run(store)
+        run.start_state = start
+        targets, _ = plan_probes(store, [donor], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+        run.decide(targets, evaluate)
+        return run, states
+
+    run, states = asked(carries_edit=True)
+    assert [p.passed for p in run.probes] == [True, True] and states[0] is start
+    assert torch.allclose(states[1], corrected, atol=1e-3)
+    assert run.decision is not None and torch.allclose(run.decision.target.x, corrected, atol=1e-3)
+    assert torch.allclose(run.decision.target.x0, X0_5.half().float() + edit, atol=1e-3)
+    record = run.probes[1].as_dict()
+    assert record["corrected"] is True and record["structure_agreement"] > 0.99 and "corrected" not in \
+        run.probes[0].as_dict()
+
+    run, _ = asked(carries_edit=False)
+    assert run.decision is None and [p.passed for p in run.probes] == [True, False]

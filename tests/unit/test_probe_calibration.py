@@ -11,12 +11,15 @@ from carnator_core.bench.probe import (
     accepted_but_lost,
     auc,
     calibrate,
+    corrected_rule,
     precision_recall,
     safe_threshold,
     shortcuts_by_relation,
+    start_screen_passes,
     summarise,
 )
 from carnator_core.demo.wan_model import WanConfig, WanT2V
+from carnator_core.reuse.probe import ProbeThresholds
 
 
 def test_calibration_runs_and_summarises_every_signal():
@@ -86,4 +89,11 @@ def test_shortcuts_resume_from_the_corrected_donor_state_and_from_the_requests_o
     assert all(set(starts) == {"donor", "corrected", "own_shortcut"} and all(s["rows"] == 1 for s in starts.values())
                for starts in table.values())
     assert summarise(rows)["shortcuts_by_relation"] == table
+    # the probe at the corrected state, as the engine asks a screened donor; the safe relief lets nothing through
+    # that did not borrow from the donor
+    assert all(math.isfinite(r.corrected_structure_agreement) for r in rows)
+    rule = corrected_rule(rows)
+    assert rule and rule["accepted"] <= sum(start_screen_passes(r) for r in rows)
+    safe = corrected_rule(rows, ProbeThresholds(corrected_relief=rule["safe_relief"]))
+    assert safe["precision"] in (None, 1.0) and (safe["recall"] or 0.0) == (rule["safe_relief_recall"] or 0.0)
     assert shortcuts_by_relation(calibrate(model, 1, 4, [2], 1.0, 0)) == {}  # without shortcuts: no table

@@ -1,0 +1,79 @@
+"""What a request's first evaluation differs by from a same-noise donor's, and the donor state corrected by it.
+
+A request and a donor sampled from the same initial noise share their first state, so at step 0 the request's own
+prediction differs from the donor's only where their prompts differ. Carried along the donor's trajectory as far as
+sampling has moved towards the prediction (one Euler step from sigma_0 to sigma_k moves the state by
+`1 - sigma_k / sigma_0` of a change in the prediction), that difference gives the corrected donor state
+
+    x_k + (1 - sigma_k / sigma_0) (x0_new_0 - x0_donor_0)
+
+Where the prompts agree it is the donor's state; where they differ, the request's own estimate: region-level reuse
+without a mask. A one-attribute edit (another background, another shape) resumed there ends closer to its own plain
+clip than from the donor's state, or from its own step-0 estimate alone (docs/measurements.md, "What a donor adds to a
+one-attribute edit"). The probe at the corrected state compares the live prediction with the donor's moved by the same
+difference, so it judges what step 0 could not see: whether the rest of the donor's trajectory still holds.
+
+Both predictions are rounded as the store rounds what it records (float16) before subtracting, so for an identical
+prompt the difference is exactly zero and every corrected tensor equals the donor's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from carnator_core.reuse.plan import ProbeTarget, StartPrediction
+from carnator_core.reuse.probe import downsample_guidance
+
+
+def _as_stored(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor rounded as the recording stores predictions (a no-op on a recorded one), in float32."""
+    return tensor.detach().to(torch.float16).float()
+
+
+@dataclass(frozen=True)
+class StartDifference:
+    """The request's step-0 prediction (and guidance, pooled as recorded) minus a same-noise donor's."""
+
+    sigma: float  # the first sigma, where both predictions were made
+    x0: torch.Tensor
+    guidance: torch.Tensor | None  # None when either side has no guidance or their shapes differ
+
+    @classmethod
+    def between(cls, donor: StartPrediction, x0_new: torch.Tensor,
+                guidance_new: torch.Tensor | None) -> StartDifference:
+        return cls.of(donor.sigma, x0_new, donor.x0, guidance_new, donor.guidance)
+
+    @classmethod
+    def of(cls, sigma: float, x0_new: torch.Tensor, x0_donor: torch.Tensor, guidance_new: torch.Tensor | None,
+           guidance_donor: torch.Tensor | None) -> StartDifference:
+        """The difference of two step-0 evaluations at `sigma`; the guidance's where both have one (pooled to the
+        donor's recorded size)."""
+        guidance = None
+        if guidance_new is not None and guidance_donor is not None and guidance_donor.ndim in (4, 5):
+            pooled = downsample_guidance(guidance_new, tuple(guidance_donor.shape[2:]))
+            if pooled.shape == guidance_donor.shape:
+                guidance = _as_stored(pooled) - _as_stored(guidance_donor.to(pooled.device))
+        return cls(sigma=sigma, x0=_as_stored(x0_new) - _as_stored(x0_donor.to(x0_new.device)), guidance=guidance)
+
+    def moved(self, sigma: float) -> float:
+        """How far sampling from the first sigma to `sigma` has moved the state towards the prediction."""
+        return 1.0 - sigma / self.sigma if self.sigma > 0 else 1.0
+
+    def state(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        """The donor's state `x` at `sigma`, corrected (in float32: a recorded state is float16)."""
+        return x.float() + self.moved(sigma) * self.x0.to(x.device)
+
+    def prediction(self, x0: torch.Tensor) -> torch.Tensor:
+        """The donor's prediction `x0` moved by the difference: what the request should predict at the corrected
+        state if the rest of the donor's trajectory holds for it."""
+        return x0.float() + self.x0.to(x0.device)
+
+    def corrected(self, target: ProbeTarget) -> ProbeTarget:
+        """The target at the corrected donor state, with the donor's prediction (and guidance) moved alike."""
+        guidance = target.guidance
+        if guidance is not None and self.guidance is not None and self.guidance.shape == guidance.shape:
+            guidance = guidance.float() + self.guidance.to(guidance.device)
+        return replace(target, x=self.state(target.x, target.sigma), x0=self.prediction(target.x0),
+                       guidance=guidance, corrected=True)
