@@ -91,6 +91,9 @@ class Decision:
     x0: torch.Tensor | None  # the live model's prediction at the resume state: reused as step `step`'s evaluation
     guidance: torch.Tensor | None = None  # and its guidance direction, recorded with it
     end: StageEnd | None = None  # the stage is skipped whole: the run returns the donor stage's output
+    # what the request's step 0 differs by from the donor's, when the donor was screened: the resume state and a
+    # skipped stage's output are corrected by it, and so are the donor states a later stage continues from
+    difference: StartDifference | None = None
 
     @property
     def skips_stage(self) -> bool:
@@ -121,7 +124,8 @@ class Decider:
     # The request's own step-0 evaluation (x0, guidance) when the screen made it: without a resume the sampler's
     # first call is served from it, so the screen costs a miss nothing.
     start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
-    _screened: dict[str, ProbeSignals] = field(default_factory=dict, init=False, repr=False)  # passed at step 0
+    # the donors that passed the step-0 screen: their signals there, and what the request's step 0 differs by
+    _screened: dict[str, tuple[ProbeSignals, StartDifference]] = field(default_factory=dict, init=False, repr=False)
 
     def decide(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
                batch_limit: int = 1) -> Decision | None:
@@ -170,7 +174,8 @@ class Decider:
                 if given_up:
                     hopeless.add(target.meta.entry_id)
                 if passed and decision is None:
-                    decision = Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new)
+                    decision = Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new,
+                                        difference=self._difference(target))
             pending = [t for t in pending if t.meta.entry_id not in hopeless]
             if decision is not None:
                 return decision
@@ -179,25 +184,27 @@ class Decider:
     def _skip_stage(self, screened: list[ProbeTarget]) -> Decision | None:
         """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's
         share of the trajectory lies within the mode's depth and the screen passes at that depth's thresholds: the
-        run returns the output of the donor it agrees with most, and the next stage starts from it (its own model's
-        first evaluation there is the boundary check)."""
+        run returns the output of the donor it agrees with most, corrected by the step-0 difference, and the next
+        stage starts from it (its own model's first evaluation there is the boundary check)."""
         if self.sigmas[-1] <= 0.0 or self.facts.stage != 0:
             return None
         limit = self.settings.max_resume_fraction + 1e-9
         skips = []
         for target in screened:
-            signals = self._screened.get(target.meta.entry_id)
-            if target.end is None or signals is None or target.end.share > limit \
+            screened = self._screened.get(target.meta.entry_id)
+            if target.end is None or screened is None or target.end.share > limit \
                     or not same_sigma(target.end.sigma, self.sigmas[-1]):
                 continue
             # the screen must pass at the depth the skip reaches, as a probe there would
+            signals, difference = screened
             if self.settings.thresholds.passes(replace(signals, depth=target.end.share)):
-                skips.append((signals.structure_agreement, -len(skips), target, signals))
+                skips.append((signals.structure_agreement, -len(skips), target, signals, difference))
         if not skips:
             return None
         # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too
-        _, _, target, signals = max(skips, key=lambda skip: skip[:2])
-        return Decision(target=target, signals=signals, x0=None, end=target.end)
+        _, _, target, signals, difference = max(skips, key=lambda skip: skip[:2])
+        end = replace(target.end, latent=difference.state(target.end.latent, target.end.sigma))
+        return Decision(target=target, signals=signals, x0=None, end=end, difference=difference)
 
     def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate) -> list[ProbeTarget]:
         """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
@@ -221,7 +228,6 @@ class Decider:
         if self.on_start is not None:
             self.on_start(sigma, start_state, x0_new, guidance_new)
         ruled_out: set[str] = set()
-        differences: dict[str, StartDifference] = {}
         for entry_id, start in starts.items():
             signals = self._signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
             passed = self.settings.thresholds.passes(signals)
@@ -229,20 +235,24 @@ class Decider:
             if not passed:
                 ruled_out.add(entry_id)
             else:
-                self._screened[entry_id] = signals
-                differences[entry_id] = StartDifference.between(start, x0_new, guidance_new)
+                self._screened[entry_id] = (signals, StartDifference.between(start, x0_new, guidance_new))
         kept = []
         for target in targets:
             if target.meta.entry_id in ruled_out:
                 continue
             if isinstance(target, ScreenOnly):  # passed: now its state is read
                 target = target.load() if target.meta.entry_id in starts else None
-            if target is not None and target.meta.entry_id in differences:
-                # confirmed at step 0: probed, and resumed, at its state corrected by what step 0 differs by
-                target = differences[target.meta.entry_id].corrected(replace(target, anchor=None))
+            difference = self._difference(target) if target is not None else None
+            if difference is not None:  # confirmed at step 0: probed, and resumed, at its state corrected
+                target = difference.corrected(replace(target, anchor=None))
             if target is not None:
                 kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
+
+    def _difference(self, target: ProbeTarget) -> StartDifference | None:
+        """What the request's step 0 differs by from the target donor's, when the screen passed it."""
+        screened = self._screened.get(target.meta.entry_id)
+        return screened[1] if screened is not None else None
 
     def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
         """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and

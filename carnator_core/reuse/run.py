@@ -186,15 +186,25 @@ class ReuseRun:
                                     text_similarity=None)]
         self.match = Match(store_location=self.settings.store_location, request=None, candidates=candidates)
         view = stage_entry(donor, self.stage) if donor is not None else None
+        difference = handover.difference
         if view is not None and view.hard_key.model == self.hard_key.model:
             self.boundary = boundary_prediction(self.store, view, self.latent_shape)
+            if self.boundary is not None and difference is not None:
+                self.boundary = replace(self.boundary, x0=difference.prediction(self.boundary.x0))
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
             return []
         targets, self.skipped = plan_probes(self.store, candidates, self.facts, self.settings.max_resume_fraction,
                                             same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
                                             fallback_fraction=self.settings.fallback_resume_fraction,
                                             fallback_targets=max(1, batch_limit))
-        return [replace(target, anchor=None) if isinstance(target, ProbeTarget) else target for target in targets]
+        continued = []
+        for target in targets:
+            if isinstance(target, ProbeTarget):
+                target = replace(target, anchor=None)
+                if difference is not None:  # the first stage was corrected: so are the states that continue it
+                    target = difference.corrected(target)
+            continued.append(target)
+        return continued
 
     def decide(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
                batch_limit: int = 1) -> Decision | None:
@@ -310,12 +320,14 @@ class ReuseRun:
             entry = whole
         if self.hands_over and self.output_fingerprint is not None:
             first_step = self.continues.next_step if self.continues is not None else 0
-            donor = None
-            if self.decision is not None:
-                donor = self.decision.target.meta if self.continues is None else self.continues.donor
+            donor, difference = None, None
+            if self.decision is not None and self.continues is None:
+                donor, difference = self.decision.target.meta, self.decision.difference
+            elif self.decision is not None:
+                donor, difference = self.continues.donor, self.continues.difference
             handovers.park(self.output_fingerprint, Handover(
                 sigma=self.sigmas[-1], next_stage=self.stage + 1, next_step=first_step + self.total_steps,
-                pending=entry, donor=donor, mask_donor=self.mask_donor))
+                pending=entry, donor=donor, mask_donor=self.mask_donor, difference=difference))
         elif entry is not None:
             writer.submit(entry)
 

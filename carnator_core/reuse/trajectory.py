@@ -25,6 +25,7 @@ import torch
 from carnator_core.lookup.fingerprint import content_fingerprint
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
+from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.stages import (
     StageRecord,
@@ -80,6 +81,8 @@ class Handover:
     pending: PendingEntry | None  # the request's entry so far (None when not recording)
     donor: EntryMeta | None = None  # the donor whose stage output this stage returned (it was skipped to it)
     mask_donor: str | None = None  # the entry whose next stage lends its attention masks
+    # what the request's step 0 differs by from `donor`'s: the donor's later states are continued corrected by it
+    difference: StartDifference | None = None
     created_at: float = field(default_factory=time.monotonic)
 
 

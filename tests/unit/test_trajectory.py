@@ -15,6 +15,7 @@ from carnator_core.reuse.plan import ProbeTarget, RequestFacts, plan_probes
 from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
 from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.trajectory import (
     Handover,
     HandoverRegistry,
@@ -130,6 +131,7 @@ def test_a_stage_is_skipped_to_the_donor_the_request_agrees_with_most(tmp_path):
     decider = Decider(settings=ReuseSettings(mode="balanced"), facts=RequestFacts(
         schedule="schedule", latent_shape=SHAPE, noise_fingerprint="noise", total_steps=2), sigmas=[1.0, 0.75, 0.5])
     targets = []
+    difference = torch.randn(SHAPE, generator=torch.Generator().manual_seed(3)) * 0.1
     for name, structure in (("edit", 0.90), ("rewording", 0.99), ("weak", 0.86)):
         meta = _meta(SECOND)
         end = StageEnd(sigma=0.5, latent=torch.randn(SHAPE), stage_steps=2, trajectory_steps=4)
@@ -137,10 +139,14 @@ def test_a_stage_is_skipped_to_the_donor_the_request_agrees_with_most(tmp_path):
                               text_similarity=None)
         targets.append(ProbeTarget(candidate=candidate, meta=meta, step=1, sigma=0.75, x=torch.randn(SHAPE),
                                    x0=torch.randn(SHAPE), guidance=None, end=end))
-        decider._screened[meta.entry_id] = ProbeSignals(depth=0.0, raw_agreement=structure,
-                                                        structure_agreement=structure, guidance_cosine=None)
+        signals = ProbeSignals(depth=0.0, raw_agreement=structure, structure_agreement=structure,
+                               guidance_cosine=None)
+        decider._screened[meta.entry_id] = (signals, StartDifference(sigma=1.0, x0=difference, guidance=None))
     resume = decider._skip_stage(targets)
-    assert resume.target.candidate.prompt == "rewording" and resume.step == 2 and resume.end is targets[1].end
+    assert resume.target.candidate.prompt == "rewording" and resume.step == 2
+    # the donor's output, corrected as far as the stage moved (sigma 1.0 to 0.5) by what step 0 differed by
+    assert torch.allclose(resume.end.latent, targets[1].end.latent + 0.5 * difference)
+    assert resume.difference is decider._screened[targets[1].meta.entry_id][1]
     # "weak" passes the depth-0 screen (0.85) but not the thresholds at the depth the skip reaches (0.5 of 4 steps)
     decider._screened = {targets[2].meta.entry_id: decider._screened[targets[2].meta.entry_id]}
     assert decider._skip_stage(targets) is None
