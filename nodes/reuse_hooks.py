@@ -29,7 +29,7 @@ import torch
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError, content_fingerprint, noise_fingerprint
-from carnator_core.reuse.applicability import latent_reuse_refusal
+from carnator_core.reuse.applicability import latent_reuse_refusal, starts_from_input
 from carnator_core.reuse.cached_evaluation import CachedEvaluation, same_sigma
 from carnator_core.reuse.decision import Decision
 from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, unpack
@@ -123,13 +123,16 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     packed = packed_shapes(latent_shapes)
     key = hard_key(guider.model_patcher, noise, sigmas, packed)
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
-    continues, refusal = None, latent_reuse_refusal(denoise_mask, latent_image, sigma_list[0], sigma_max)
-    if refusal and denoise_mask is None and isinstance(latent_image, torch.Tensor):
-        continues, refusal = continued_stage(latent_image, noise, sigma_list[0], refusal)
+    refusal, continues, input_latent = latent_reuse_refusal(denoise_mask), None, None
+    if not refusal and starts_from_input(latent_image, sigma_list[0], sigma_max):
+        if isinstance(latent_image, torch.Tensor):
+            continues, refusal = continued_stage(latent_image, noise, sigma_list[0])
+        if continues is None:  # not a stage handed over here: a run from an input, reusing from its own kind
+            input_latent = latent_image if isinstance(latent_image, torch.Tensor) else torch.zeros_like(noise)
     return ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
                     noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
-                    latent_reuse_refusal=refusal, continues=continues, packed=packed)
+                    latent_reuse_refusal=refusal, continues=continues, packed=packed, input_latent=input_latent)
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:

@@ -182,7 +182,7 @@ def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg
                 difference = StartDifference.of(sigma_start, x0_start_new, x0_start_donor, guidance_start_new,
                                                 guidance_start_donor)
                 moved = difference.moved(sampler.sigmas[k])
-                starts = {"corrected": difference.state(x_k, sampler.sigmas[k]),
+                starts = {"corrected": difference.state_at(x_k, sampler.sigmas[k]),
                           "own_shortcut": x0_start_new + (1.0 - moved) * (x_start - x0_start_new)}
                 for name, state in starts.items():
                     result, psnr = _scored(new_prompt, sampler.run(state, contexts[1:], uncond, start=k)[0], plain_rgb)

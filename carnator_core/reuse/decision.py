@@ -203,7 +203,7 @@ class Decider:
             return None
         # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too
         _, _, target, signals, difference = max(skips, key=lambda skip: skip[:2])
-        end = replace(target.end, latent=difference.state(target.end.latent, target.end.sigma))
+        end = replace(target.end, latent=difference.state_at(target.end.latent, target.end.sigma))
         return Decision(target=target, signals=signals, x0=None, end=end, difference=difference)
 
     def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate) -> list[ProbeTarget]:
@@ -217,8 +217,8 @@ class Decider:
         predictions differ by (`carnator_core.reuse.start_difference`). Others are left as they were.
         """
         start_state = self.start_state
-        starts = {t.meta.entry_id: t.start for t in targets
-                  if t.start is not None and t.start.state == self.start_fingerprint}
+        starts = {t.meta.entry_id: t.start for t in targets if t.start is not None and (
+            t.start.state == self.start_fingerprint or (self.facts.from_input and t.start.x is not None))}
         if not starts:
             return [target for target in targets if isinstance(target, ProbeTarget)]
         sigma = self.sigmas[0]
@@ -229,13 +229,16 @@ class Decider:
             self.on_start(sigma, start_state, x0_new, guidance_new)
         ruled_out: set[str] = set()
         for entry_id, start in starts.items():
-            signals = self._signals(0.0, start_state, x0_new, start.x0, guidance_new, start.guidance)
+            # a donor from another input started elsewhere: its prediction is judged against its own first state
+            state = start.x.to(start_state.device) if start.x is not None else start_state
+            signals = self._signals(0.0, state, x0_new, start.x0, guidance_new, start.guidance)
             passed = self.settings.thresholds.passes(signals)
             self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
             if not passed:
                 ruled_out.add(entry_id)
             else:
-                self._screened[entry_id] = (signals, StartDifference.between(start, x0_new, guidance_new))
+                self._screened[entry_id] = (signals, StartDifference.between(start, x0_new, guidance_new,
+                                                                             start_state))
         kept = []
         for target in targets:
             if target.meta.entry_id in ruled_out:

@@ -15,7 +15,9 @@ from typing import NamedTuple
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.input_start import INPUT_START, input_mismatch
 from carnator_core.reuse.packed_latent import PackedShapes
+from carnator_core.reuse.recording import INPUT_TENSOR
 from carnator_core.reuse.trajectory import StageEnd, stage_end_of
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
@@ -39,6 +41,12 @@ class RequestFacts:
     first_step: int = 0
     trajectory_steps: int | None = None
     packed: PackedShapes | None = None  # the latents packed into this run's one (LTX-2's video and audio)
+    # the input a run that starts from one was given (`carnator_core.reuse.input_start`); None: from pure noise
+    input_latent: torch.Tensor | None = None
+
+    @property
+    def from_input(self) -> bool:
+        return self.input_latent is not None
 
     def max_step(self, fraction: float) -> int:
         """The deepest step of this run a resume limited to `fraction` of the (trajectory's) schedule may start at."""
@@ -48,13 +56,16 @@ class RequestFacts:
 @dataclass
 class StartPrediction:
     """What a donor's model predicted at its first state (step 0), and that state's fingerprint: a request that
-    starts from the same state compares its own first evaluation with it (Decider._screen)."""
+    starts from the same state compares its own first evaluation with it (Decider._screen). A donor that started from
+    an input also kept that state and its input: a request from a close input is compared with it."""
 
     meta: EntryMeta  # the entry that recorded it: the donor or, for a donor that itself resumed, up its lineage
     sigma: float
     state: str
     x0: torch.Tensor
     guidance: torch.Tensor | None
+    x: torch.Tensor | None = None  # the first state itself, kept by a run from an input
+    input: torch.Tensor | None = None  # and its input
 
 
 @dataclass
@@ -193,6 +204,9 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
             reads.skip("donor has no such stage")
             continue
         reason = _incompatibility(meta, reads.facts, same_noise_only)
+        if reason is None and reads.facts.from_input:
+            start = _start_for(reads, meta)
+            reason = input_mismatch(reads.facts.input_latent, start.input if start is not None else None)
         if reason is None:
             checkpoints, reason = _resumable_checkpoints(meta, max_step)
         if reason is not None:
@@ -215,6 +229,8 @@ def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool
         return "other latent shape (batch or size)"
     if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
         return "other initial noise (seed)"
+    if bool(meta.extra.get(INPUT_START)) != facts.from_input:
+        return "started from an input latent" if facts.input_latent is None else "started from pure noise"
     return None
 
 
@@ -331,9 +347,11 @@ def _start_for(reads: _Reads, meta: EntryMeta) -> StartPrediction | None:
         x0 = None if tensors is None else tensors.get("x0_0")
         if not _usable(x0, reads.facts.latent_shape):
             return None
-        guidance = tensors.get("g_0")
+        guidance, state, latent = tensors.get("g_0"), tensors.get("x_0"), tensors.get(INPUT_TENSOR)
         return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
-                               guidance=guidance if _usable(guidance, None) else None)
+                               guidance=guidance if _usable(guidance, None) else None,
+                               x=state if _usable(state, reads.facts.latent_shape) else None,
+                               input=latent if _usable(latent, None) else None)
     return None
 
 

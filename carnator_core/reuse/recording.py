@@ -26,6 +26,7 @@ from carnator_core.store.tensor_codec import encode_tensors
 log = logging.getLogger("carnator.recorder")
 
 END_TENSOR = "end"  # a stage's output in its checkpoint blob (`carnator_core.reuse.trajectory`)
+INPUT_TENSOR = "input"  # a run's input latent in its step-0 blob (`carnator_core.reuse.input_start`)
 
 @dataclass
 class Checkpoint:
@@ -36,6 +37,7 @@ class Checkpoint:
     guidance: torch.Tensor | None
     evaluated: bool = True  # False: x0 is a step cache's extrapolation (EasyCache skipped the step), not the model's
     start: str | None = None  # step 0: fingerprint of the state, matched against a later request's first state
+    input: torch.Tensor | None = None  # step 0 of a run from an input: that input (`carnator_core.reuse.input_start`)
 
 
 @dataclass
@@ -58,12 +60,15 @@ class RunRecorder:
             x0=x0.detach().to("cpu", torch.float16, copy=True), guidance=_stored_guidance(guidance),
             evaluated=evaluated)
 
-    def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None) -> None:
-        """Step 0: never resumed from, only compared at (`Decider._screen`) by requests that start from the same
-        state, so the prediction is kept and the state only as its fingerprint (a latent's worth of bytes saved)."""
-        self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=None, start=start,
-                                         x0=x0.detach().to("cpu", torch.float16, copy=True),
-                                         guidance=_stored_guidance(guidance))
+    def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None,
+                      from_input: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Step 0: never resumed from, only compared at (`Decider._screen`). A run from pure noise is compared by
+        requests that start from the same state, so the prediction is kept and the state only as its fingerprint (a
+        latent's worth of bytes saved). A run from an input (`from_input`: its first state and the input) is compared
+        by requests whose input is close to it, not equal: both are kept."""
+        state, latent = from_input if from_input is not None else (None, None)
+        self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=_stored(state), start=start,
+                                         x0=_stored(x0), guidance=_stored_guidance(guidance), input=_stored(latent))
 
     def capture_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep the stage's output (what its sampler returned, leftover noise included) as a CPU fp16 copy."""
@@ -81,6 +86,8 @@ class RunRecorder:
             if checkpoint.x is not None:
                 kept[f"x_{step}"] = checkpoint.x
             kept[f"x0_{step}"] = checkpoint.x0
+            if checkpoint.input is not None:
+                kept[INPUT_TENSOR] = checkpoint.input
             if checkpoint.guidance is not None:
                 kept[f"g_{step}"] = checkpoint.guidance
             listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
@@ -89,6 +96,10 @@ class RunRecorder:
             tensors[END_TENSOR] = self.end[1]
         blobs = {name: encode_tensors(kept) for name, kept in (("checkpoints", tensors), ("start", start)) if kept}
         return listing, blobs
+
+
+def _stored(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().to("cpu", torch.float16, copy=True)
 
 
 def _stored_guidance(guidance: torch.Tensor | None) -> torch.Tensor | None:

@@ -28,6 +28,7 @@ from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, 
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
+from carnator_core.reuse.input_start import INPUT_NOTE, INPUT_START
 from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import (
     ProbeTarget,
@@ -67,6 +68,8 @@ class ReuseRun:
     seed: int | None
     latent_reuse_refusal: str = ""  # why latent reuse does not apply to this request ("" when it does)
     packed: PackedShapes | None = None  # the latents packed into `latent_shape`'s one (LTX-2's video and audio)
+    # the input of a run that starts from one (`carnator_core.reuse.input_start`); None for a run from pure noise
+    input_latent: torch.Tensor | None = None
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
     skipped: dict[str, int] = field(default_factory=dict)
@@ -115,7 +118,7 @@ class ReuseRun:
                             model=self.hard_key.model if handover is not None else "",
                             first_step=handover.next_step if handover is not None else 0,
                             trajectory_steps=trajectory_steps(donor) if donor is not None else None,
-                            packed=self.packed)
+                            packed=self.packed, input_latent=self.input_latent)
 
     @property
     def decider(self) -> Decider:
@@ -224,7 +227,8 @@ class ReuseRun:
         if step > 0:
             self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
         elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
-            self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance)
+            from_input = (x, self.input_latent) if self.input_latent is not None else None
+            self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance, from_input)
 
     def observe_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
@@ -300,6 +304,8 @@ class ReuseRun:
         extra: dict[str, Any] = {"sigmas": [round(s, 6) for s in self.sigmas]}
         if self.recorder.end is not None:
             extra["stage_end"] = {"sigma": self.recorder.end[0]}
+        if self.input_latent is not None:
+            extra[INPUT_START] = True
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
                          latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
                          cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
@@ -378,6 +384,8 @@ class ReuseRun:
         if self.settings.prompt_note:  # says more than the lookup's "no prompt text given"
             notes = [self.settings.prompt_note] + [note for note in notes if self.settings.prompt
                                                    or not note.startswith("no prompt text given")]
+        if self.input_latent is not None:
+            notes.append(INPUT_NOTE)
         if self.store_problem and not any("store unavailable" in note for note in notes):
             notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
         if self.attention.get("inactive"):

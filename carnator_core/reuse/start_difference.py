@@ -13,6 +13,12 @@ clip than from the donor's state, or from its own step-0 estimate alone (docs/me
 one-attribute edit"). The probe at the corrected state compares the live prediction with the donor's moved by the same
 difference, so it judges what step 0 could not see: whether the rest of the donor's trajectory still holds.
 
+A run from an input (`carnator_core.reuse.input_start`) and its donor start from states that differ too, by their
+inputs. The same Euler step keeps `sigma_k / sigma_0` of a difference in the first state, so their corrected donor
+state is
+
+    x_k + (1 - sigma_k / sigma_0) (x0_new_0 - x0_donor_0) + (sigma_k / sigma_0) (x_new_0 - x_donor_0)
+
 Both predictions are rounded as the store rounds what it records (float16) before subtracting, so for an identical
 prompt the difference is exactly zero and every corrected tensor equals the donor's.
 """
@@ -43,10 +49,18 @@ class StartDifference:
     x0: torch.Tensor
     guidance: torch.Tensor | None  # None when either side has no guidance or their shapes differ
 
+    # the request's first state minus the donor's, when they differ (runs from an input); None: the same state
+    state: torch.Tensor | None = None
+
     @classmethod
-    def between(cls, donor: StartPrediction, x0_new: torch.Tensor,
-                guidance_new: torch.Tensor | None) -> StartDifference:
-        return cls.of(donor.sigma, x0_new, donor.x0, guidance_new, donor.guidance)
+    def between(cls, donor: StartPrediction, x0_new: torch.Tensor, guidance_new: torch.Tensor | None,
+                start_state: torch.Tensor) -> StartDifference:
+        """The difference to `donor`'s step 0, for a request that started from `start_state` (the donor's own, or,
+        for a donor from another input, its recorded state)."""
+        difference = cls.of(donor.sigma, x0_new, donor.x0, guidance_new, donor.guidance)
+        if donor.x is None:
+            return difference
+        return replace(difference, state=_as_stored(start_state) - _as_stored(donor.x.to(start_state.device)))
 
     @classmethod
     def of(cls, sigma: float, x0_new: torch.Tensor, x0_donor: torch.Tensor, guidance_new: torch.Tensor | None,
@@ -64,9 +78,12 @@ class StartDifference:
         """How far sampling from the first sigma to `sigma` has moved the state towards the prediction."""
         return 1.0 - sigma / self.sigma if self.sigma > 0 else 1.0
 
-    def state(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
-        """The donor's state `x` at `sigma`, corrected (in float32: a recorded state is float16)."""
-        return x.float() + self.moved(sigma) * self.x0.to(x.device)
+    def state_at(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        """The donor's state `x` at `sigma`, corrected (in float32: a recorded state is float16). Of a difference in
+        the first state, the part sampling has not yet moved away from carries over."""
+        moved = self.moved(sigma)
+        corrected = x.float() + moved * self.x0.to(x.device)
+        return corrected if self.state is None else corrected + (1.0 - moved) * self.state.to(x.device)
 
     def prediction(self, x0: torch.Tensor) -> torch.Tensor:
         """The donor's prediction `x0` moved by the difference: what the request should predict at the corrected
@@ -78,5 +95,5 @@ class StartDifference:
         guidance = target.guidance
         if guidance is not None and self.guidance is not None and self.guidance.shape == guidance.shape:
             guidance = guidance.float() + self.guidance.to(guidance.device)
-        return replace(target, x=self.state(target.x, target.sigma), x0=self.prediction(target.x0),
+        return replace(target, x=self.state_at(target.x, target.sigma), x0=self.prediction(target.x0),
                        guidance=guidance, corrected=True)

@@ -165,21 +165,19 @@ def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: in
         pending.blobs[names.get(name, name)] = blob  # the last stage's thumbnail previews the request
 
 
-def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor, first_sigma: float,
-                    refusal: str) -> tuple[Handover | None, str]:
+def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor, first_sigma: float) -> tuple[Handover | None, str]:
     """The hand-over a run continues when its input latent is a stage output this process handed over, it adds no
-    noise and starts where that stage ended; with why latent reuse does not apply ("" when it may)."""
+    noise and starts where that stage ended (else None: the run starts from an input like any other); with why latent
+    reuse does not apply to the continuation ("" when it may)."""
     if torch.count_nonzero(latent_image) == 0:
-        return None, refusal
+        return None, ""
     fingerprint = content_fingerprint(latent_image)
-    handover, why = handovers.claim(fingerprint)
+    handover, _ = handovers.claim(fingerprint)
     if handover is None:
-        return None, why or (refusal + " (and not the output of a stage sampled here: edited, resized, another seed "
-                                       "or another process)")
+        return None, ""
     if torch.count_nonzero(noise) or not same_sigma(handover.sigma, first_sigma):
         handovers.give_back(fingerprint, handover)
-        return None, ("a stage output sampled with fresh noise or from another sigma than the stage ended at: "
-                      "not a stage order Carnator knows, latent reuse off")
+        return None, ""
     if handover.donor is None:
         return handover, "continues a stage that sampled in full: latent reuse off for this stage"
     return handover, ""

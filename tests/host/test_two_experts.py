@@ -17,6 +17,7 @@ import torch
 from support.reuse_graphs import with_expert_reuse, with_reuse
 from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
 
+from carnator_core.reuse.input_start import INPUT_NOTE
 from carnator_core.reuse.recording import writer
 from carnator_core.reuse.trajectory import handovers
 
@@ -99,7 +100,8 @@ def test_a_latent_edited_between_the_stages_samples_the_second_plain(comfy, tiny
     edited[LOW_NOISE]["inputs"]["latent_image"] = ["edit", 0]
     output, calls, (first, second) = _run(comfy, edited)
     assert first["hit"] and calls == {"high_noise": 1, "low_noise": 2}
-    assert not second["hit"] and "not the output of a stage sampled here" in second["reason"], json.dumps(second)
+    # not a stage output handed over here: a run from an input, with no earlier run from a close input to reuse
+    assert not second["hit"] and INPUT_NOTE in second["notes"] and second["stage"] == {}, json.dumps(second)
     assert output.shape == (1, 16, 2, 8, 8)
 
 
@@ -123,10 +125,10 @@ def test_the_second_expert_without_carnator_samples_plain_from_the_skipped_stage
     plain, plain_calls, _ = _run(comfy, other_seed)
     output, calls, [second] = _run(comfy, only_second)
     assert torch.equal(output, plain) and calls == plain_calls
-    assert "not the output of a stage sampled here" in second["reason"]
+    assert not second["hit"] and INPUT_NOTE in second["notes"] and second["stage"] == {}, json.dumps(second)
 
 
-def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_new_request(
+def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_run_from_an_input(
         comfy, tiny_models, wan_low_noise, store_path):
     graph = _with_reuse(_graph(tiny_models, wan_low_noise, 4, 2), store_path)
     graph["again"] = copy.deepcopy(graph[LOW_NOISE])
@@ -137,8 +139,9 @@ def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_new
     run = comfy.run_prompt(comfy.complete(graph))
     writer.flush()
     reports = [data for event, data, _ in comfy.drain_events() if event == "carnator.status"]  # every run's report
-    reasons = [r["reason"] for r in reports if r["stage"].get("index") != 0]
-    assert any("already continued" in reason for reason in reasons), json.dumps(reports)
+    later = [r for r in reports if r["stage"].get("index") != 0]  # one continues the stage, the other starts anew
+    assert sorted(r["stage"].get("index", -1) for r in later) == [-1, 1], json.dumps(reports)
+    assert [INPUT_NOTE in r["notes"] for r in later if not r["stage"]] == [True], json.dumps(reports)
     assert run.output("again")["samples"].shape == run.output(LOW_NOISE)["samples"].shape
 
 
@@ -178,7 +181,7 @@ def test_a_schedule_split_between_two_custom_samplers_is_one_trajectory(comfy, t
 
 def test_a_stage_output_sampled_with_fresh_noise_is_not_a_continuation(comfy, tiny_models, wan_low_noise, store_path):
     graph = _with_reuse(_graph(tiny_models, wan_low_noise, 4, 2), store_path)
-    graph[LOW_NOISE]["inputs"]["add_noise"] = "enable"  # not a stage order Carnator knows: samples plain
+    graph[LOW_NOISE]["inputs"]["add_noise"] = "enable"  # not a continuation: a run from an input, sampled plain
     plain_graph = copy.deepcopy(graph)
     for node in [n for n in plain_graph if n.startswith("carnator")]:
         del plain_graph[node]
@@ -186,5 +189,5 @@ def test_a_stage_output_sampled_with_fresh_noise_is_not_a_continuation(comfy, ti
     plain_graph[LOW_NOISE]["inputs"]["model"] = ["low_noise_sampling", 0]
     plain, plain_calls, _ = _run(comfy, plain_graph)
     output, calls, (first, second) = _run(comfy, graph)
-    assert "fresh noise" in second["reason"] and not second["hit"], json.dumps(second)
+    assert not second["hit"] and INPUT_NOTE in second["notes"] and second["stage"] == {}, json.dumps(second)
     assert torch.equal(output, plain) and calls == plain_calls

@@ -42,6 +42,7 @@ from carnator_core.client import RequestRefused
 from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
 from carnator_core.demo.oracle import score
+from carnator_core.reuse.input_start import INPUT_NOTE
 from carnator_core.reuse.recording import writer
 
 pytestmark = pytest.mark.server
@@ -348,7 +349,7 @@ def test_workflow_reuses_its_run_for_a_one_word_edit(server, tiny_models, name):
 def test_ltx2_workflow_resumes_its_packed_audio_and_video_first_stage(server, tiny_models):
     """The LTX-2 twin as shipped, after a one-word edit of its prompt: its first stage resumes the packed audio+video
     latent from the edit's run, verified on video and audio alike; the refinement stage, whose input is the
-    upsampled first stage (with a noise mask), samples plain and says why."""
+    upsampled first stage (with a noise mask of ones), resumes from the edit's refinement."""
     graph = tiny_graph("carnator_ltx2_t2v", tiny_models)
     edited = copy.deepcopy(graph)  # first: the shipped graph may be the one this server ran last (then cached)
     (text_node,) = [node for node in edited.values() if "cheerful" in node["inputs"].get("text", "")]
@@ -359,7 +360,14 @@ def test_ltx2_workflow_resumes_its_packed_audio_and_video_first_stage(server, ti
     first_stage, refinement = sorted(reports.values(), key=lambda report: -report["total_steps"])
     assert first_stage["hit"] and first_stage["skipped_steps"] > 0, json.dumps(first_stage)
     assert all(len(probe["other_parts_agreement"]) == 1 for probe in first_stage["probes"]), json.dumps(first_stage)
-    assert not refinement["hit"] and refinement["reason"].endswith(": latent reuse off"), json.dumps(refinement)
+    # the refinement starts from the upsampled first stage: it resumes from the edit's refinement, whose input lies
+    # close, screened on its own first evaluation and verified at the corrected state (balanced: step 1 of 3)
+    assert refinement["hit"] and refinement["skipped_steps"] == 1 and INPUT_NOTE in refinement["notes"], \
+        json.dumps(refinement)
+    screen, verified = refinement["probes"]
+    assert (screen["step"], screen["passed"], verified["step"], verified["passed"], verified["corrected"]) == (
+        0, True, 1, True, True), json.dumps(refinement)
+    assert refinement["model_calls"] <= 3  # the screen is step 0's evaluation: a hit never costs more than plain
 
 
 # ------------------------------------------------------------------ on the demo model

@@ -1,0 +1,46 @@
+"""Runs that start from an input: which donors' states can continue them.
+
+A refinement or super-resolution stage (LTX-2's second pass after its latent upsampler, HunyuanVideo 1.5's 1080p
+stage), an image-to-video or a video-to-video run starts from an input latent mixed with noise, often over part of the
+schedule. Between requests that differ by a few words, that input differs a little and the noise is the same. Such a
+run takes as donors only the same stage of earlier runs that also started from an input (model, grid, sigmas and noise
+in the hard key and noise fingerprint), whose input lies within `MAX_INPUT_DISTANCE` of its own. The donor is then
+screened on the run's own first evaluation and resumed from its state corrected by what the two first states and the
+two first predictions differ by (`carnator_core.reuse.start_difference`), where the model verifies it.
+
+The distance is the relative L2 distance of the inputs, both rounded as the store rounds the donor's: a hard filter
+on what no model call can change, before the model is asked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INPUT_START = "input_start"  # the entry extra that marks a run from an input
+INPUT_NOTE = "starts from an input latent: reuses the same stage of runs from a close input"  # in its report
+
+# Inputs further apart than this are other inputs, not an edit of the same one: the donor is skipped with the reason.
+# The screen and the probe decide within it (docs/measurements.md, "Stages that start from an input").
+MAX_INPUT_DISTANCE = 0.25
+
+
+def input_distance(new: torch.Tensor, donor: torch.Tensor) -> float:
+    """|new - donor| / |donor| in float32 after float16 rounding; 0 for two empty inputs, inf against an empty one."""
+    new, donor = new.detach().to("cpu", torch.float16).float(), donor.detach().to("cpu", torch.float16).float()
+    scale = float(torch.linalg.vector_norm(donor))
+    difference = float(torch.linalg.vector_norm(new - donor))
+    if scale <= 0.0:
+        return 0.0 if difference <= 0.0 else float("inf")
+    return difference / scale
+
+
+def input_mismatch(new: torch.Tensor, donor: torch.Tensor | None) -> str | None:
+    """Why a donor's input rules it out for a run from `new` (None when it may continue it)."""
+    if donor is None:
+        return "no input recorded at its step 0"
+    if tuple(donor.shape) != tuple(new.shape):
+        return "input of another shape"
+    distance = input_distance(new, donor)
+    if not distance <= MAX_INPUT_DISTANCE:  # NaN fails
+        return f"input farther than {MAX_INPUT_DISTANCE} from the donor's"
+    return None

@@ -1,0 +1,94 @@
+"""A run that starts from an input reuses the same stage of an earlier run from a close input, in real ComfyUI.
+
+The graph is the Wan 2.2 14B template's shape with fresh noise added before the second expert (its KSamplerAdvanced
+with `add_noise` on): the second stage starts from the first stage's output mixed with new noise, as a refinement
+pass, image-to-video or video-to-video does. Only the second expert has a Carnator node. A request whose first stage
+ran at another guidance scale hands the second stage a slightly different input (tiny random-weight models cannot
+tell a rewording from an edit, so the input is changed the way an upstream tweak changes it). Its second stage is
+screened on its own first evaluation and resumed from the earlier second stage, corrected by what the two first states
+and predictions differ by; an input edited far, or a donor the model rejects, samples plain, bit-identical to the
+graph without Carnator.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import sys
+
+import pytest
+import torch
+from support.reuse_graphs import with_expert_reuse
+from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
+
+from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE
+from carnator_core.reuse.recording import writer
+
+_stores = itertools.count()
+PROMPT = "a red ball rolls left"
+
+
+@pytest.fixture
+def store_path() -> str:
+    return f"stores/input-start-{next(_stores)}"
+
+
+def _graph(tiny_models, wan_low_noise, first_stage_cfg: float = 1.0) -> dict:
+    graph = wan22_14b_t2v(tiny_models["wan"].name, wan_low_noise, steps=8, boundary=4, text=PROMPT, seed=5)
+    graph[LOW_NOISE]["inputs"]["add_noise"] = "enable"  # the second stage starts from its input and fresh noise
+    graph[HIGH_NOISE]["inputs"]["cfg"] = first_stage_cfg
+    return graph
+
+
+def _with_reuse(graph: dict, store_path: str, **options) -> dict:
+    return with_expert_reuse(graph, store_path, prompt=PROMPT, experts=(LOW_NOISE,), sparse_attention="off", **options)
+
+
+def _run(comfy, graph: dict) -> tuple[torch.Tensor, int, dict | None]:
+    """The request's latent, the second expert's forwards and its Carnator report (None without Carnator)."""
+    harness = next(m for k, m in sys.modules.items() if k.endswith("carnator_harness"))
+    comfy.unload_models()
+    before = harness.model_calls.get("low_noise", 0)
+    run = comfy.run_prompt(comfy.complete(graph))
+    writer.flush()
+    calls = harness.model_calls.get("low_noise", 0) - before
+    reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else [None]
+    return run.output(LOW_NOISE)["samples"], calls, reports[-1]
+
+
+def test_a_request_with_a_close_input_resumes_the_stage_that_starts_from_it(comfy, tiny_models, wan_low_noise,
+                                                                         store_path):
+    plain_first, plain_calls, _ = _run(comfy, _graph(tiny_models, wan_low_noise))
+    donor, calls, report = _run(comfy, _with_reuse(_graph(tiny_models, wan_low_noise), store_path))
+    assert torch.equal(donor, plain_first) and calls == plain_calls == 4  # a miss is plain, bit for bit
+    assert not report["hit"] and INPUT_NOTE in report["notes"] and report["stage"] == {}, json.dumps(report)
+
+    tweaked = _graph(tiny_models, wan_low_noise, first_stage_cfg=1.5)
+    plain, _, _ = _run(comfy, tweaked)
+    output, calls, report = _run(comfy, _with_reuse(tweaked, store_path))
+    assert report["hit"] and report["skipped_steps"] == 2, json.dumps(report)  # balanced: half of the stage
+    screen, verified = report["probes"]
+    assert screen["step"] == 0 and screen["passed"] and verified["step"] == 2 and verified["corrected"]
+    assert calls == 1 + 2  # the screen (the request's step 0), then the probe serves step 2 and step 3 is sampled
+    assert output.shape == plain.shape and float((output - plain).norm() / plain.norm()) < 0.05
+
+
+def test_an_input_edited_far_or_a_rejected_donor_samples_the_stage_plain(comfy, tiny_models, wan_low_noise,
+                                                                         store_path):
+    _run(comfy, _with_reuse(_graph(tiny_models, wan_low_noise), store_path))
+    edited = _graph(tiny_models, wan_low_noise)  # the first stage's output doubled before the second stage
+    edited["edit"] = {"class_type": "LatentMultiply", "inputs": {"samples": [HIGH_NOISE, 0], "multiplier": 2.0}}
+    edited[LOW_NOISE]["inputs"]["latent_image"] = ["edit", 0]
+    plain, plain_calls, _ = _run(comfy, edited)
+    output, calls, report = _run(comfy, _with_reuse(edited, store_path))
+    assert torch.equal(output, plain) and calls == plain_calls, json.dumps(report)
+    assert report["skipped_donors"] == {f"input farther than {MAX_INPUT_DISTANCE} from the donor's": 1}
+
+    tweaked = _graph(tiny_models, wan_low_noise, first_stage_cfg=1.5)
+    plain, plain_calls, _ = _run(comfy, tweaked)
+    strict = copy.deepcopy(_with_reuse(tweaked, store_path, structure_threshold=1.0))
+    output, calls, report = _run(comfy, strict)
+    assert torch.equal(output, plain) and calls == plain_calls, json.dumps(report)
+    assert [(p["step"], p["passed"]) for p in report["probes"]] == [(0, False)] and report["reason"] == \
+        "probe rejected"
