@@ -152,6 +152,10 @@ class ProbeThresholds:
         return signals.guidance_cosine >= needed_guidance
 
     def donor_hopeless(self, signals: ProbeSignals) -> bool:
-        """Whether a failed probe says the donor's other checkpoints are not worth a model call either."""
-        floor = self.needed_structure(signals.depth, signals.corrected) - self.give_up_margin
+        """Whether a failed probe says the donor's other checkpoints are not worth a model call either. Never at a
+        corrected state: there agreement falls with depth (an edited region drifts further from the donor's the
+        longer the donor sampled it), so a deep miss says nothing of a shallower checkpoint."""
+        if signals.corrected:
+            return False
+        floor = self.needed_structure(signals.depth) - self.give_up_margin
         return not all(agreement >= floor for agreement in (signals.structure_agreement, *signals.other_parts_agreement))
