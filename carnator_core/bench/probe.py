@@ -278,11 +278,15 @@ def shortcuts_by_relation(rows: list[Row]) -> dict[str, dict[str, dict[str, floa
     return table
 
 
+def kept(row: Row) -> bool:
+    """Whether the corrected resume kept plain's adherence."""
+    return row.corrected[0] >= row.adherence_plain - 1e-9
+
+
 def borrowed(row: Row) -> bool:
     """Whether the corrected resume kept plain's adherence and ended closer to plain than the own shortcut: it reused
     something, rather than being a few-step sampler."""
-    adherence, psnr = row.corrected
-    return adherence >= row.adherence_plain - 1e-9 and psnr > row.own_shortcut[1]
+    return kept(row) and row.corrected[1] > row.own_shortcut[1]
 
 
 def corrected_signals(row: Row) -> ProbeSignals:
@@ -293,24 +297,22 @@ def corrected_signals(row: Row) -> ProbeSignals:
 
 def corrected_rule(rows: list[Row], thresholds: ProbeThresholds | None = None) -> dict:
     """How the engine's rule for screened same-noise donors does: of the rows whose pair passes the step-0 screen, the
-    corrected resumes it accepts (`ProbeThresholds.passes` on the corrected probe) against those that `borrowed`;
-    per relation the accepted ones; and the largest `corrected_relief` that accepts no resume that did not borrow,
-    with its recall. Empty unless the rows were made with `--shortcuts`."""
+    corrected resumes `ProbeThresholds.passes` accepts on the corrected probe, with precision and recall against the
+    resumes that kept plain's adherence, how many of the accepted ones `borrowed`, and the accepted ones per relation;
+    beside it the same for the raw donor state the rule judged before. Empty unless the rows were made with
+    `--shortcuts`."""
     thresholds = thresholds or ProbeThresholds()
     screened = [r for r in rows if r.corrected is not None and start_screen_passes(r)]
     if not screened:
         return {}
     accepted = [thresholds.passes(corrected_signals(r)) for r in screened]
-    good = [borrowed(r) for r in screened]
-    # the relief at which each row would just pass its structure bar
-    needs = [thresholds.needed_structure(r.depth) - r.corrected_structure_agreement for r in screened]
-    bad_needs = [need for need, is_good in zip(needs, good, strict=True) if not is_good]
-    safe = min(bad_needs) - 1e-6 if bad_needs else max(needs)
-    return {"relief": thresholds.corrected_relief, **precision_recall(accepted, good),
+    raw = [thresholds.passes(ProbeSignals(depth=r.depth, raw_agreement=r.raw_agreement,
+                                          structure_agreement=r.structure_agreement,
+                                          guidance_cosine=r.guidance_cosine)) for r in screened]
+    return {**precision_recall(accepted, [kept(r) for r in screened]),
+            "borrowed": sum(a and borrowed(r) for r, a in zip(screened, accepted, strict=True)),
             "accepted_by_relation": dict(Counter(r.relation for r, a in zip(screened, accepted, strict=True) if a)),
-            "safe_relief": float(safe),
-            "safe_relief_recall": (sum(need <= safe and g for need, g in zip(needs, good, strict=True)) / sum(good)
-                                   if any(good) else None)}
+            "donor_state": precision_recall(raw, [r.outcome for r in screened])}
 
 
 def summarise(rows: list[Row]) -> dict:
@@ -410,10 +412,11 @@ def main(argv: list[str]) -> int:
             print(f"{relation:<12}" + "".join(f"{cell:>22}" for cell in cells))
     rule = summary["corrected_rule"]
     if rule:
-        print(f"screened donors probed and resumed at the corrected state (relief {rule['relief']:.2f}): accepted "
-              f"{rule['accepted']} {rule['accepted_by_relation']}, precision {_fmt(rule['precision'])}, recall "
-              f"{_fmt(rule['recall'])} of {rule['good']} that borrowed; safe relief {rule['safe_relief']:.3f} "
-              f"(recall {_fmt(rule['safe_relief_recall'])})")
+        raw = rule["donor_state"]
+        print(f"screened donors probed and resumed at the corrected state: accepted {rule['accepted']} "
+              f"{rule['accepted_by_relation']}, precision {_fmt(rule['precision'])} and recall {_fmt(rule['recall'])} "
+              f"by adherence, {rule['borrowed']} closer to plain than the own shortcut; at the donor state: accepted "
+              f"{raw['accepted']}, precision {_fmt(raw['precision'])}, recall {_fmt(raw['recall'])}")
     return 0
 
 

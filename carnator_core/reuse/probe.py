@@ -131,19 +131,15 @@ class ProbeThresholds:
     # with depth about as the threshold does, so it would miss at the others too. (Checkpoints holding a step
     # cache's extrapolation would break this; the planner never offers them.)
     give_up_margin: float = 0.05
-    # How much lower the structure bar is at a corrected donor state (`start_difference`). What the prompts differ by
-    # at step 0 was taken out of the comparison, but an edited region keeps drifting from the donor's as sampling
-    # goes on. Such a probe only follows a step-0 screen passed at the full bar. The relief is the largest that
-    # accepted no corrected resume that ended further from plain than the request's own shortcut
-    # (`bench probe --shortcuts`, docs/measurements.md).
-    corrected_relief: float = 0.07
 
-    def needed_structure(self, depth: float, corrected: bool = False) -> float:
-        return min(1.0, self.structure + self.structure_slope * depth) - (self.corrected_relief if corrected else 0.0)
+    def needed_structure(self, depth: float) -> float:
+        return min(1.0, self.structure + self.structure_slope * depth)
 
     def passes(self, signals: ProbeSignals) -> bool:
-        """Every part's structure agreement (NaN fails) and the guidance cosine, each at the depth's bar."""
-        needed = self.needed_structure(signals.depth, signals.corrected)
+        """Every part's structure agreement (NaN fails) and the guidance cosine, each at the depth's bar. A probe at
+        a corrected donor state meets the same bar: the correction changes what is compared, not how strictly
+        (`bench probe --shortcuts` measures both, docs/measurements.md)."""
+        needed = self.needed_structure(signals.depth)
         if not all(agreement >= needed for agreement in (signals.structure_agreement, *signals.other_parts_agreement)):
             return False
         if signals.guidance_cosine is None:

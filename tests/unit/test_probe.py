@@ -76,14 +76,15 @@ def test_the_give_up_margin_decides_at_its_edge():
 
 
 @pytest.mark.parametrize("depth", [0.35, 0.8])
-def test_a_corrected_state_passes_at_the_relieved_bar_and_never_gives_the_donor_up(depth):
-    """At a corrected donor state the bar is lower by `corrected_relief`, and a miss there leaves the donor's
-    shallower checkpoints to be probed."""
-    needed = THRESHOLDS.needed_structure(depth) - THRESHOLDS.corrected_relief
-    assert THRESHOLDS.needed_structure(depth, corrected=True) == pytest.approx(needed)
+def test_a_corrected_state_meets_the_same_bar_and_never_gives_the_donor_up(depth):
+    """At a corrected donor state the bar is the same, and a miss there leaves the donor's shallower checkpoints to be
+    probed."""
+    needed = THRESHOLDS.needed_structure(depth)
     corrected = ProbeSignals(depth=depth, raw_agreement=needed, structure_agreement=needed, guidance_cosine=None,
                              corrected=True)
-    assert THRESHOLDS.passes(corrected) and not THRESHOLDS.passes(_signals(needed, None, depth))
+    below = ProbeSignals(depth=depth, raw_agreement=needed, structure_agreement=math.nextafter(needed, 0.0),
+                         guidance_cosine=None, corrected=True)
+    assert THRESHOLDS.passes(corrected) and not THRESHOLDS.passes(below)
     far = ProbeSignals(depth=depth, raw_agreement=0.0, structure_agreement=0.0, guidance_cosine=None, corrected=True)
     assert not THRESHOLDS.passes(far) and not THRESHOLDS.donor_hopeless(far)
     assert corrected.as_dict()["corrected"] is True and "corrected" not in _signals(needed, None, depth).as_dict()

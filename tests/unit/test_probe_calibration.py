@@ -89,11 +89,11 @@ def test_shortcuts_resume_from_the_corrected_donor_state_and_from_the_requests_o
     assert all(set(starts) == {"donor", "corrected", "own_shortcut"} and all(s["rows"] == 1 for s in starts.values())
                for starts in table.values())
     assert summarise(rows)["shortcuts_by_relation"] == table
-    # the probe at the corrected state, as the engine asks a screened donor; the safe relief lets nothing through
-    # that did not borrow from the donor
+    # the probe at the corrected state, as the engine asks a screened donor, scored beside the donor state's
     assert all(math.isfinite(r.corrected_structure_agreement) for r in rows)
-    rule = corrected_rule(rows)
-    assert rule and rule["accepted"] <= sum(start_screen_passes(r) for r in rows)
-    safe = corrected_rule(rows, ProbeThresholds(corrected_relief=rule["safe_relief"]))
-    assert safe["precision"] in (None, 1.0) and (safe["recall"] or 0.0) == (rule["safe_relief_recall"] or 0.0)
+    rule = corrected_rule(rows, ProbeThresholds(structure=0.0, structure_slope=0.0, guidance=-1.0))
+    screened = sum(start_screen_passes(r) for r in rows)
+    assert rule["accepted"] == rule["donor_state"]["accepted"] == screened  # a bar of 0 takes every screened row
+    assert rule["good"] == sum(r.corrected[0] >= r.adherence_plain - 1e-9 for r in rows if start_screen_passes(r))
+    assert 0 <= rule["borrowed"] <= rule["good"] and sum(rule["accepted_by_relation"].values()) == screened
     assert shortcuts_by_relation(calibrate(model, 1, 4, [2], 1.0, 0)) == {}  # without shortcuts: no table
