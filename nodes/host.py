@@ -203,6 +203,8 @@ def unsupported_latent(call: dict, packed_ok: bool = False) -> str:
             return f"packed multi-latent ({len(packed)} latents, e.g. audio + video): attention stays dense"
         problem = packing_error(packed, noise) if isinstance(noise, torch.Tensor) else "no noise tensor"
         return f"{problem}: sampled plain" if problem else ""
+    if noise is not None and not isinstance(noise, torch.Tensor):  # e.g. a NestedTensor the host did not pack
+        return f"latent of type {type(noise).__name__}, not one tensor: sampled plain"
     if isinstance(noise, torch.Tensor) and noise.ndim < 4:
         return f"latent of shape {tuple(noise.shape)} is not an image/video latent: sampled plain"
     return ""

@@ -84,6 +84,15 @@ def test_packed_multi_latent_run_is_a_reported_miss(shapes):
         "latent_shapes": [torch.Size([1, 16, 2, 8, 8])]})) == ""
 
 
+def test_a_latent_that_is_not_one_tensor_is_a_reported_miss(comfy):
+    """A NestedTensor (LTX-2's video and audio before the host packs them) reaching the sampler unpacked."""
+    host = _pack_module("host")
+    nested = pytest.importorskip("comfy.nested_tensor").NestedTensor([torch.zeros(1, 16, 2, 8, 8),
+                                                                      torch.zeros(1, 8, 9, 16)])
+    call = host.outer_sample_arguments((nested, nested, None, torch.linspace(1, 0, 5)), {})
+    assert host.unsupported_latent(call, packed_ok=True) == "latent of type NestedTensor, not one tensor: sampled plain"
+
+
 def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, tiny_models):
     graph = wan_t2v(tiny_models["wan"].name, steps=4, seed=3, sampler_name="euler")
     graph["bypass"] = {"class_type": "HarnessBypassAttentionOverride",
