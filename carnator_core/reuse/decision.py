@@ -7,7 +7,7 @@ and returns a `Decision`. Its contract:
   request's own evaluation against the donor's (the `text-only` verification is the one unverified baseline);
 - a same-noise donor the step-0 screen passed is probed, and resumed, at its state corrected by the step-0
   difference (`carnator_core.reuse.start_difference`), so an edit keeps the donor's trajectory only where the prompts
-  agree;
+  agree; with CFG guidance only a difference of first states is corrected for (runs from an input);
 - at most `max_probes` probe calls, one more per deep pass confirmed at the donor's shallowest checkpoint, and one
   step-0 screen that is the request's own first evaluation (it serves the sampler's first call on a miss);
 - every call asked is one `ProbeRecord`, in the order asked, so the report shows each verdict and its signals.
@@ -125,7 +125,7 @@ class Decider:
     # first call is served from it, so the screen costs a miss nothing.
     start_evaluation: tuple[torch.Tensor, torch.Tensor | None] | None = None
     # the donors that passed the step-0 screen: their signals there, and what the request's step 0 differs by
-    _screened: dict[str, tuple[ProbeSignals, StartDifference]] = field(default_factory=dict, init=False, repr=False)
+    _screened: dict[str, tuple[ProbeSignals, StartDifference | None]] = field(default_factory=dict, init=False, repr=False)
 
     def decide(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
                batch_limit: int = 1) -> Decision | None:
@@ -203,7 +203,8 @@ class Decider:
             return None
         # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too
         _, _, target, signals, difference = max(skips, key=lambda skip: skip[:2])
-        end = replace(target.end, latent=difference.state_at(target.end.latent, target.end.sigma))
+        end = target.end if difference is None else replace(
+            target.end, latent=difference.state_at(target.end.latent, target.end.sigma))
         return Decision(target=target, signals=signals, x0=None, end=end, difference=difference)
 
     def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate) -> list[ProbeTarget]:
@@ -237,8 +238,9 @@ class Decider:
             if not passed:
                 ruled_out.add(entry_id)
             else:
-                self._screened[entry_id] = (signals, StartDifference.between(start, x0_new, guidance_new,
-                                                                             start_state))
+                difference = StartDifference.between(start, x0_new, guidance_new, start_state)
+                self._screened[entry_id] = (signals, difference if guidance_new is None
+                                            else difference.without_prediction())
         kept = []
         for target in targets:
             if target.meta.entry_id in ruled_out:

@@ -74,6 +74,16 @@ class StartDifference:
                 guidance = _as_stored(pooled) - _as_stored(guidance_donor.to(pooled.device))
         return cls(sigma=sigma, x0=_as_stored(x0_new) - _as_stored(x0_donor.to(x0_new.device)), guidance=guidance)
 
+    def without_prediction(self) -> StartDifference | None:
+        """Only the first states' difference (None without one), for runs with CFG guidance. The step-0 prediction
+        difference is measured where the correction was calibrated, without CFG; with it the step-0 difference is the
+        guidance-amplified one, and the official Wan 2.1 template's rewordings (uni_pc, cfg 6) agreed less at the
+        corrected state than at the donor's (docs/measurements.md, "Resuming screened donors at the corrected
+        state")."""
+        if self.state is None:
+            return None
+        return replace(self, x0=torch.zeros_like(self.x0), guidance=None)
+
     def moved(self, sigma: float) -> float:
         """How far sampling from the first sigma to `sigma` has moved the state towards the prediction."""
         return 1.0 - sigma / self.sigma if self.sigma > 0 else 1.0

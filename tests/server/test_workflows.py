@@ -364,9 +364,10 @@ def test_ltx2_workflow_resumes_its_packed_audio_and_video_first_stage(server, ti
     # close, screened on its own first evaluation and verified at the corrected state (balanced: step 1 of 3)
     assert refinement["hit"] and refinement["skipped_steps"] == 1 and INPUT_NOTE in refinement["notes"], \
         json.dumps(refinement)
-    screen, verified = refinement["probes"]
-    assert (screen["step"], screen["passed"], verified["step"], verified["passed"], verified["corrected"]) == (
-        0, True, 1, True, True), json.dumps(refinement)
+    verified = [probe for probe in refinement["probes"] if probe["passed"] and not probe["confirms_deeper"]]
+    assert [(probe["step"], probe.get("corrected")) for probe in verified] == [(1, True)], json.dumps(refinement)
+    assert any(probe["step"] == 0 and probe["passed"] and probe["donor_id"] == verified[0]["donor_id"]
+               for probe in refinement["probes"]), json.dumps(refinement)
     assert refinement["model_calls"] <= 3  # the screen is step 0's evaluation: a hit never costs more than plain
 
 

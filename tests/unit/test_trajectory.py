@@ -150,3 +150,13 @@ def test_a_stage_is_skipped_to_the_donor_the_request_agrees_with_most(tmp_path):
     # "weak" passes the depth-0 screen (0.85) but not the thresholds at the depth the skip reaches (0.5 of 4 steps)
     decider._screened = {targets[2].meta.entry_id: decider._screened[targets[2].meta.entry_id]}
     assert decider._skip_stage(targets) is None
+
+
+def test_with_cfg_guidance_only_a_difference_of_first_states_is_corrected_for():
+    x0 = torch.randn(SHAPE, generator=torch.Generator().manual_seed(4))
+    assert StartDifference(sigma=1.0, x0=x0, guidance=None).without_prediction() is None
+    state = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))
+    kept = StartDifference(sigma=1.0, x0=x0, guidance=torch.ones(SHAPE), state=state).without_prediction()
+    assert kept.guidance is None and not kept.x0.any() and kept.state is state
+    donor_state = torch.zeros(SHAPE)
+    assert torch.allclose(kept.state_at(donor_state, 0.25), 0.25 * state)  # a quarter of the start difference left
