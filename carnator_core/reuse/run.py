@@ -227,7 +227,8 @@ class ReuseRun:
         if step > 0:
             self.recorder.capture(step, sigma, x, x0, guidance, evaluated)
         elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
-            from_input = (x, self.input_latent) if self.input_latent is not None else None
+            # the state as the host computed it (`start_state`), whatever scaled copy the sampler's first call saw
+            from_input = (self.start_state, self.input_latent) if self.input_latent is not None else None
             self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance, from_input)
 
     def observe_end(self, sigma: float, output: torch.Tensor) -> None:
