@@ -191,12 +191,12 @@ class Decider:
         limit = self.settings.max_resume_fraction + 1e-9
         skips = []
         for target in screened:
-            screened = self._screened.get(target.meta.entry_id)
-            if target.end is None or screened is None or target.end.share > limit \
+            record = self._screened.get(target.meta.entry_id)
+            if target.end is None or record is None or target.end.share > limit \
                     or not same_sigma(target.end.sigma, self.sigmas[-1]):
                 continue
             # the screen must pass at the depth the skip reaches, as a probe there would
-            signals, difference = screened
+            signals, difference = record
             if self.settings.thresholds.passes(replace(signals, depth=target.end.share)):
                 skips.append((signals.structure_agreement, -len(skips), target, signals, difference))
         if not skips:
@@ -247,11 +247,14 @@ class Decider:
                 continue
             if isinstance(target, ScreenOnly):  # passed: now its state is read
                 target = target.load() if target.meta.entry_id in starts else None
-            difference = self._difference(target) if target is not None else None
-            if difference is not None:  # confirmed at step 0: probed, and resumed, at its state corrected
-                target = difference.corrected(replace(target, anchor=None))
-            if target is not None:
-                kept.append(target)
+            if target is None:
+                continue
+            if target.meta.entry_id in self._screened:  # confirmed at step 0: no anchor to confirm a deep pass on
+                target = replace(target, anchor=None)
+                difference = self._difference(target)
+                if difference is not None:  # probed, and resumed, at its state corrected
+                    target = difference.corrected(target)
+            kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
 
     def _difference(self, target: ProbeTarget) -> StartDifference | None:
