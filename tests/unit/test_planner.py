@@ -314,3 +314,30 @@ def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_st
 
     run, _ = asked(carries_edit=False)
     assert run.decision is None and [p.passed for p in run.probes] == [True, False]
+
+
+def test_with_cfg_guidance_a_screened_donor_resumes_at_its_own_state_without_a_confirmation_call(tmp_path):
+    """With guidance the step-0 prediction difference is not corrected for: the probe asks the donor's own state, and
+    the screen's pass stands in for the anchor's confirmation as without guidance."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    states = _random_states({"donor": (2, 5)}, seed=3)
+    guidance = torch.ones(SHAPE)
+    donor = _donor(store, "donor", [2, 5], {**_blob(states, "donor"), "x0_0": x0_start}, start=noise_fingerprint(start))
+    targets, _ = plan_probes(store, [donor], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
+    assert targets[0].anchor is not None
+    asked: list[torch.Tensor] = []
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        asked.extend(xs)
+        if xs[0] is start:
+            return [(x0_start + 0.01, guidance)]
+        return [(_probed(states, xs[0])[1], guidance)]
+
+    run = _run(store)
+    run.start_state = start
+    decision = run.decide(targets, evaluate)
+    assert decision is not None and decision.step == 5 and decision.difference is None
+    assert len(asked) == 2 and torch.equal(asked[1], states[("donor", 5)][0])  # the donor's own state, no anchor call
+    assert "corrected" not in run.probes[1].as_dict()
