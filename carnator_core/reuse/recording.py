@@ -56,8 +56,7 @@ class RunRecorder:
                 guidance: torch.Tensor | None, evaluated: bool = True) -> None:
         """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing)."""
         self.checkpoints[step] = Checkpoint(
-            step=step, sigma=float(sigma), x=x.detach().to("cpu", torch.float16, copy=True),
-            x0=x0.detach().to("cpu", torch.float16, copy=True), guidance=_stored_guidance(guidance),
+            step=step, sigma=float(sigma), x=_stored(x), x0=_stored(x0), guidance=_stored_guidance(guidance),
             evaluated=evaluated)
 
     def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None,
@@ -72,7 +71,7 @@ class RunRecorder:
 
     def capture_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep the stage's output (what its sampler returned, leftover noise included) as a CPU fp16 copy."""
-        self.end = (float(sigma), output.detach().to("cpu", torch.float16, copy=True))
+        self.end = (float(sigma), _stored(output))
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, and step 0's
@@ -99,6 +98,7 @@ class RunRecorder:
 
 
 def _stored(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A CPU fp16 copy (the live tensors keep changing), as every recorded tensor is kept."""
     return None if tensor is None else tensor.detach().to("cpu", torch.float16, copy=True)
 
 
