@@ -45,12 +45,15 @@ def reuse_inputs() -> list[io.Input]:
                              "step) and, for other donors, one call confirming a pass at their earliest checkpoint."),
         io.Float.Input("structure_threshold", **advanced_input(), **_setting("structure_threshold"), step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
-                               "at depth 0; rises with depth by depth_slope."),
+                               "at depth 0; rises with depth by depth_slope. Left at its default it is auto: the "
+                               "model's calibration profile in the store decides where there is one."),
         io.Float.Input("guidance_threshold", **advanced_input(), **_setting("guidance_threshold"), step=0.01,
                        tooltip="Cosine between the new and the donor guidance direction (cond - uncond) needed "
-                               "at depth 0 (CFG only); rises with depth by depth_slope."),
+                               "at depth 0 (CFG only); rises with depth by depth_slope. Auto at its default, as "
+                               "structure_threshold."),
         io.Float.Input("depth_slope", **advanced_input(), **_setting("depth_slope"), step=0.01,
-                       tooltip="How much stricter both thresholds get per unit of depth (fraction of steps skipped)."),
+                       tooltip="How much stricter both thresholds get per unit of depth (fraction of steps "
+                               "skipped). Auto at its default, as structure_threshold."),
         io.Float.Input("guidance_boost", **advanced_input(), **_setting("guidance_boost"), step=0.05,
                        tooltip="Extra CFG (as a fraction of cfg) for the first steps after a resume. 0 = off."),
         io.Int.Input("guidance_boost_steps", **advanced_input(), **_setting("guidance_boost_steps"),
@@ -60,7 +63,9 @@ def reuse_inputs() -> list[io.Input]:
         io.Combo.Input("verification", **advanced_input(), options=list(VERIFICATIONS), default=input_default("verification"),
                        optional=True,
                        tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "
-                               "depth from prompt similarity alone, unverified (a baseline for comparison)."),
+                               "depth from prompt similarity alone, unverified (a baseline for comparison). forced "
+                               "N%: resume the most similar donor at N% of the steps whatever the model says, "
+                               "recording its signals (what calibration measures; not for production)."),
     ]
 
 

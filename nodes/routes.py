@@ -11,6 +11,9 @@ name) of one of the stores the server serves, as `/stores` lists them; empty: th
     POST   /carnator/store/entries/{id}/pin?store         body {"pinned": true|false}
     DELETE /carnator/store/entries/{id}?store
     POST   /carnator/store/clear?confirm=true&store
+    GET    /carnator/store/profiles?store                 calibration profiles, whole (export), and refused ones
+    POST   /carnator/store/profiles?store                 body: a profile.json (import)
+    DELETE /carnator/store/profiles/{model}/{schedule}?store
 """
 
 from __future__ import annotations
@@ -136,6 +139,25 @@ async def clear(request: web.Request) -> web.Response:
     return web.json_response(await _in_store(request, store_api.clear_store, confirm))
 
 
+@_json_errors
+async def profiles(request: web.Request) -> web.Response:
+    return web.json_response(await _in_store(request, store_api.list_profiles))
+
+
+@_json_errors
+async def import_profile(request: web.Request) -> web.Response:
+    _same_origin(request)
+    return web.json_response(await _in_store(request, store_api.import_profile, await _json_body(request)))
+
+
+@_json_errors
+async def delete_profile(request: web.Request) -> web.Response:
+    _same_origin(request)
+    model = store_api.fingerprint(request.match_info["model"], "model")
+    schedule = store_api.fingerprint(request.match_info["schedule"], "schedule")
+    return web.json_response(await _in_store(request, store_api.remove_profile, model, schedule))
+
+
 def register_routes() -> None:
     """Add the routes to ComfyUI's server, once per server; a no-op when ComfyUI runs without one.
 
@@ -158,3 +180,6 @@ def register_routes() -> None:
     routes.post("/carnator/store/entries/{entry_id}/pin")(pin)
     routes.delete("/carnator/store/entries/{entry_id}")(delete)
     routes.post("/carnator/store/clear")(clear)
+    routes.get("/carnator/store/profiles")(profiles)
+    routes.post("/carnator/store/profiles")(import_profile)
+    routes.delete("/carnator/store/profiles/{model}/{schedule}")(delete_profile)

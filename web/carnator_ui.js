@@ -87,6 +87,7 @@ export function tooltipLines(report) {
     lines.push(`probe: agreement ${number(report.agreement, 3)}, structure ${number(report.structure_agreement, 3)}, ` +
                `guidance ${number(report.guidance_cosine, 3)}${parts.join("")}`);
   }
+  if (report.judged_by) lines.push(`judged by ${report.judged_by}`);
   const probes = report.probes || [];
   if (probes.length) lines.push(`probes: ${probes.length} (${probes.filter((p) => p.passed).length} passed)`);
   const candidates = report.candidates || [];

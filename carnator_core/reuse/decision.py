@@ -4,7 +4,8 @@
 and returns a `Decision`. Its contract:
 
 - the model judges: a resume or a stage skip happens only where `ProbeThresholds.passes` held for the live
-  request's own evaluation against the donor's (the `text-only` verification is the one unverified baseline);
+  request's own evaluation against the donor's (the `text-only` verification is the one unverified baseline, and a
+  forced resume, `forced N%`, what calibration measures: it resumes there whatever the signals, recording them);
 - a same-noise donor the step-0 screen passed is probed, and resumed, at its state corrected by the step-0
   difference (`carnator_core.reuse.start_difference`), so an edit keeps the donor's trajectory only where the prompts
   agree; with CFG guidance only a difference of first states is corrected for (runs from an input);
@@ -142,11 +143,18 @@ class Decider:
         pending = [target for target in targets if isinstance(target, ProbeTarget)]
         if self.settings.verification == "text-only":
             return self._by_text_similarity(pending)
+        forced = self.settings.forced_resume_fraction is not None
         if self.start_state is not None and self.settings.max_probes > 0:
-            pending = self._screen(list(targets), evaluate)
-            skip = self._skip_stage(pending)
+            pending = self._screen(list(targets), evaluate, keep_failed=forced)
+            skip = None if forced else self._skip_stage(pending)
             if skip is not None:
                 return skip
+        if forced:
+            return self._forced(pending, evaluate)
+        return self._probe(pending, evaluate, batch_limit)
+
+    def _probe(self, pending: list[ProbeTarget], evaluate: Evaluate, batch_limit: int) -> Decision | None:
+        """The probe calls of `decide`, deepest target first, within the budget."""
         thresholds = self.settings.thresholds
         fallback = self.settings.fallback_resume_fraction
         fallback_step = None if fallback is None else self.facts.max_step(fallback)
@@ -207,7 +215,8 @@ class Decider:
             target.end, latent=difference.state_at(target.end.latent, target.end.sigma))
         return Decision(target=target, signals=signals, x0=None, end=end, difference=difference)
 
-    def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate) -> list[ProbeTarget]:
+    def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
+                keep_failed: bool = False) -> list[ProbeTarget]:
         """Confirm donors at step 0 with the live request's own first evaluation, before any deep probe.
 
         A donor sampled from the same initial noise started from this very state, and step 0 is where the prompt
@@ -215,7 +224,8 @@ class Decider:
         It is not extra work: without a resume the sampler's first call is served from it (`start_evaluation`);
         with one it replaces the confirmation of the deep pass. Donors that fail get no probe; those that pass need
         no confirmation later, and are probed and resumed at their states corrected by what the two step-0
-        predictions differ by (`carnator_core.reuse.start_difference`). Others are left as they were.
+        predictions differ by (`carnator_core.reuse.start_difference`). Others are left as they were. With
+        `keep_failed` (a forced resume) a donor that fails is kept as if it had passed, its verdict still recorded.
         """
         start_state = self.start_state
         starts = {t.meta.entry_id: t.start for t in targets if t.start is not None and (
@@ -235,7 +245,7 @@ class Decider:
             signals = self._signals(0.0, state, x0_new, start.x0, guidance_new, start.guidance)
             passed = self.settings.thresholds.passes(signals)
             self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
-            if not passed:
+            if not passed and not keep_failed:
                 ruled_out.add(entry_id)
             else:
                 difference = StartDifference.between(start, x0_new, guidance_new, start_state)
@@ -256,6 +266,21 @@ class Decider:
                     target = difference.corrected(target)
             kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
+
+    def _forced(self, pending: list[ProbeTarget], evaluate: Evaluate) -> Decision | None:
+        """Resume at the deepest target within the forced depth, of the best-ranked donor, whatever the signals say:
+        the probe there is made and recorded (with the verdict the thresholds give) so calibration can see what the
+        engine would have judged."""
+        if not pending:
+            return None
+        target = pending[0]
+        [(x0_new, guidance_new)] = evaluate([target.x], target.sigma)
+        self.model_calls += 1
+        signals = self._signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance,
+                                corrected=target.corrected)
+        self._record(target.meta, target.step, signals, self.settings.thresholds.passes(signals), False, batched_with=0)
+        return Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new,
+                        difference=self._difference(target))
 
     def _difference(self, target: ProbeTarget) -> StartDifference | None:
         """What the request's step 0 differs by from the target donor's, when the screen passed it."""

@@ -65,6 +65,7 @@ class RunReport:
     reason: str = ""
     hit: bool = False
     prompt: str = ""  # the request's prompt text as matched: wired, or read from the queued graph
+    judged_by: str = ""  # whose thresholds judged the probes: a calibration profile, the node's inputs, the shipped
     donor_id: str | None = None
     donor_prompt: str | None = None
     text_similarity: float | None = None
@@ -152,6 +153,8 @@ class RunReport:
         lines = [self.headline(), f"  mode {self.mode}, {self.time_s:.1f} s, probes {len(self.probes)}"]
         if self.prompt:
             lines.append(f"  prompt {self.prompt[:80]!r}")
+        if self.judged_by:
+            lines.append(f"  judged by {self.judged_by}")
         lines.extend(f"  note: {note}" for note in self.notes if note != self.reason)
         if self.attention.get("density") is not None:
             lines.append(f"  attention density {self.attention['density']:.3f}, heads reuse/own "
@@ -166,6 +169,7 @@ class RunReport:
             "verdict": self.verdict.value,
             "mode": self.mode,
             "prompt": self.prompt,
+            "judged_by": self.judged_by,
             "donor_id": self.donor_id,
             "donor_prompt": self.donor_prompt,
             "text_similarity": self.text_similarity,

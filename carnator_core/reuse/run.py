@@ -43,6 +43,7 @@ from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.trajectory import Handover, append_stage, handovers
 from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.profiles import profile_for
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.stages import stage_entry, trajectory_steps
 from carnator_core.store.tensor_codec import encode_tensors
@@ -109,6 +110,15 @@ class ReuseRun:
         return self.continues.next_stage if self.continues is not None else 0
 
     @property
+    def resume_limit(self) -> float:
+        """How deep into the schedule this run may resume: the mode's limit, or a forced resume's depth rounded to the
+        step its checkpoint is recorded at (`ReuseSettings.checkpoint_steps` rounds alike)."""
+        forced = self.settings.forced_resume_fraction
+        if forced is None:
+            return self.settings.max_resume_fraction
+        return round(forced * self.total_steps) / self.total_steps
+
+    @property
     def facts(self) -> RequestFacts:
         """What the planner knows of this run; a later stage also its model and its place in the trajectory."""
         handover = self.continues
@@ -148,6 +158,7 @@ class ReuseRun:
 
         Empty when latent reuse is off for this run.
         """
+        self._judge_by_profile()
         if self.continues is not None:
             return self._plan_continuation(batch_limit)
         if match is not None:
@@ -167,13 +178,20 @@ class ReuseRun:
         self.recorder = RunRecorder(set(self.settings.checkpoint_steps(self.total_steps)))
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
             return []
-        targets, self.skipped = plan_probes(self.store, self.match.candidates, self.facts,
-                                            self.settings.max_resume_fraction,
+        targets, self.skipped = plan_probes(self.store, self.match.candidates, self.facts, self.resume_limit,
                                             same_noise_only=self.settings.seed_policy == "same-noise",
                                             max_probes=self.settings.max_probes * max(1, batch_limit),
                                             fallback_fraction=self.settings.fallback_resume_fraction,
                                             fallback_targets=max(1, batch_limit))
         return targets
+
+    def _judge_by_profile(self) -> None:
+        """Let the store's calibration profile for this model and schedule judge, where the node left its thresholds
+        at their defaults (`ReuseSettings.with_profile`)."""
+        if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
+            return
+        profile, note = profile_for(self.store, self.hard_key.model, self.hard_key.schedule)
+        self.settings = self.settings.with_profile(profile, note)
 
     def _plan_continuation(self, batch_limit: int) -> list[ProbeTarget | ScreenOnly]:
         """A later stage plans against the donor its first stage was skipped to, and no other: that donor's same stage,
@@ -196,7 +214,7 @@ class ReuseRun:
                 self.boundary = replace(self.boundary, x0=difference.prediction(self.boundary.x0))
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
             return []
-        targets, self.skipped = plan_probes(self.store, candidates, self.facts, self.settings.max_resume_fraction,
+        targets, self.skipped = plan_probes(self.store, candidates, self.facts, self.resume_limit,
                                             same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
                                             fallback_fraction=self.settings.fallback_resume_fraction,
                                             fallback_targets=max(1, batch_limit))
@@ -351,6 +369,7 @@ class ReuseRun:
             hit=best is not None or bool(self.attention.get("borrowed_sparse_calls")),
             mode=self.settings.mode,
             prompt=self.settings.prompt,
+            judged_by=self.settings.judged_by,
             donor_id=best.meta.entry_id if best else None,
             donor_prompt=best.meta.prompt if best else None,
             text_similarity=candidate.text_similarity if candidate else None,
@@ -387,6 +406,10 @@ class ReuseRun:
                                                    or not note.startswith("no prompt text given")]
         if self.input_latent is not None:
             notes.append(INPUT_NOTE)
+        if self.settings.thresholds_note:
+            notes.append(self.settings.thresholds_note)
+        if self.settings.forced_resume_fraction is not None:
+            notes.append(f"verification {self.settings.verification!r}: resumed whatever the signals say (calibration)")
         if self.store_problem and not any("store unavailable" in note for note in notes):
             notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
         if self.attention.get("inactive"):

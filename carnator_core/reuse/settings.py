@@ -9,19 +9,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from carnator_core.reuse.probe import ProbeThresholds
+
+if TYPE_CHECKING:
+    from carnator_core.calibration.profile import Profile
 
 MODES = ("safe", "balanced", "fast")
 RESUME_LIMITS = {"safe": 0.0, "balanced": 0.5, "fast": 0.8}  # how deep into the schedule each mode may resume
 EVERY_STEP_UP_TO = 8  # schedules this short record a checkpoint at every step
 MAX_AUTO_PROBE_BATCH = 4  # donor states per probe call when the host picks the number
 SEED_POLICIES = ("same-noise", "serving")
-VERIFICATIONS = ("model", "text-only")
+# Where a forced resume (calibration) starts: the fractions every run records a checkpoint at.
+FORCED_DEPTHS = (0.2, 0.35, 0.5, 0.65, 0.8)
+VERIFICATIONS = ("model", "text-only", *(f"forced {round(depth * 100)}%" for depth in FORCED_DEPTHS))
 
-# Node inputs that set a `ProbeThresholds` field, by input name; depth_slope sets both slopes.
+# Node inputs that set a `ProbeThresholds` field, by input name (the field their default comes from); depth_slope
+# sets both slopes (THRESHOLD_FIELDS).
 THRESHOLD_INPUTS = {"structure_threshold": "structure", "guidance_threshold": "guidance",
                     "depth_slope": "structure_slope"}
+THRESHOLD_FIELDS = {"structure_threshold": ("structure",), "guidance_threshold": ("guidance",),
+                    "depth_slope": ("structure_slope", "guidance_slope")}
 # The range of every numeric node input, by input name: the schemas offer it and `from_inputs` enforces it.
 INPUT_RANGES: dict[str, tuple[float, float]] = {
     "top_k": (1, 64),
@@ -63,8 +72,14 @@ class ReuseSettings:
     record: bool = True
     guidance_boost: float = 0.0  # extra CFG scale right after a resume (0 = off)
     guidance_boost_steps: int = 0
-    verification: str = "model"  # "text-only" is the unverified baseline the benchmark compares against
+    # "text-only" is the unverified baseline the benchmark compares against; "forced N%" resumes at N% of the
+    # steps whatever the signals say, recording them (what calibration measures)
+    verification: str = "model"
     prompt_note: str = ""  # where `prompt` came from when a node read it from the graph, or why it found none
+    # The `thresholds` fields the node set away from their defaults: a calibration profile leaves them alone
+    explicit_thresholds: frozenset[str] = frozenset()
+    judged_by: str = ""  # whose thresholds judge: a calibration profile, the node's inputs or the shipped ones
+    thresholds_note: str = ""  # why no calibration profile judges, where one was refused (`with_profile`)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -87,16 +102,42 @@ class ReuseSettings:
             value = inputs.get(name, input_default(name))
             if not low <= value <= high:  # NaN fails too
                 raise ValueError(f"{name} must lie between {low} and {high}, got {value!r}")
+        explicit = frozenset(field_name for name, fields_set in THRESHOLD_FIELDS.items()
+                             if inputs.get(name, input_default(name)) != input_default(name) for field_name in fields_set)
         slope = inputs.pop("depth_slope", input_default("depth_slope"))
         thresholds = ProbeThresholds(structure=inputs.pop("structure_threshold", input_default("structure_threshold")),
                                      guidance=inputs.pop("guidance_threshold", input_default("guidance_threshold")),
                                      structure_slope=slope, guidance_slope=slope)
-        return cls(store_location=store_location, prompt=prompt or "", thresholds=thresholds, **inputs)
+        return cls(store_location=store_location, prompt=prompt or "", thresholds=thresholds,
+                   explicit_thresholds=explicit, **inputs)
+
+    def with_profile(self, profile: Profile | None, note: str = "") -> ReuseSettings:
+        """These settings judged by `profile`'s thresholds where the node left its threshold inputs at their defaults
+        (`auto`). `judged_by` names what judges, for the report and the badge; `note` (why no profile applies) goes
+        to the report's notes."""
+        own = "node inputs" if self.explicit_thresholds else "shipped thresholds"
+        if profile is None:
+            return self.replace(judged_by=own, thresholds_note=note)
+        fitted = {name: value for name, value in profile.thresholds.items() if name not in self.explicit_thresholds}
+        if not fitted:
+            return self.replace(judged_by=own, thresholds_note=f"{profile.describe()} not used: every threshold is "
+                                                                "set on the node")
+        kept = f" with node inputs for {', '.join(sorted(self.explicit_thresholds))}" if self.explicit_thresholds else ""
+        return self.replace(thresholds=dataclasses.replace(self.thresholds, **fitted),
+                            judged_by=profile.describe() + kept, thresholds_note=note)
+
+    @property
+    def forced_resume_fraction(self) -> float | None:
+        """Where a forced resume starts (verification "forced N%"), None when the model decides."""
+        if not self.verification.startswith("forced "):
+            return None
+        return FORCED_DEPTHS[VERIFICATIONS.index(self.verification) - 2]
 
     @property
     def max_resume_fraction(self) -> float:
-        """How deep into the schedule a resume may start."""
-        return RESUME_LIMITS[self.mode]
+        """How deep into the schedule a resume may start: the mode's limit, or a forced resume's depth."""
+        forced = self.forced_resume_fraction
+        return RESUME_LIMITS[self.mode] if forced is None else forced
 
     @property
     def fallback_resume_fraction(self) -> float | None:
@@ -106,7 +147,7 @@ class ReuseSettings:
         fast run that spent its whole budget deep would sample in full what balanced resumes.
         """
         balanced = RESUME_LIMITS["balanced"]
-        return balanced if self.max_resume_fraction > balanced else None
+        return balanced if self.max_resume_fraction > balanced and self.forced_resume_fraction is None else None
 
     def probe_batch_limit(self, on_cpu: bool, fits: Callable[[int], bool]) -> int:
         """Donor states per probe call: the user's number, else (auto) the most, up to MAX_AUTO_PROBE_BATCH, that

@@ -22,12 +22,15 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from carnator_core.calibration.profile import Profile, ProfileError, profile_key
+from carnator_core.store import profiles
 from carnator_core.store.backend import CorruptValueError, StoreError, StoreUnavailable
 from carnator_core.store.entry import EntryMeta
 from carnator_core.store.location import host_address, is_loopback_host, is_store_url, opened_stores, store_key
 from carnator_core.store.reuse_store import EntryStats, ReuseStore
 
 ENTRY_ID = re.compile(r"[0-9a-f]{32}")
+FINGERPRINT = re.compile(r"[0-9a-f]{1,64}")
 DEFAULT_PAGE = 50
 MAX_PAGE = 100
 MAX_QUERY = 200
@@ -267,6 +270,8 @@ def _summary(entry: str, meta: EntryMeta, stats: EntryStats | None) -> dict[str,
         "cfg": meta.cfg,
         "donor_id": meta.lineage.get("donor_id"),
         "donor_depth": meta.lineage.get("depth"),
+        "model": meta.hard_key.model,
+        "schedule": meta.hard_key.schedule,
     }
 
 
@@ -347,3 +352,43 @@ def clear_store(store: ReuseStore | None, confirm: Any) -> dict[str, Any]:
     count = sum(1 for _ in store.entry_ids())
     store.clear()
     return {"deleted": count}
+
+
+# ------------------------------------------------------------------ calibration profiles
+def fingerprint(value: str, name: str) -> str:
+    """A model or schedule fingerprint from a request: hex digits only, so nothing else reaches a key."""
+    if not FINGERPRINT.fullmatch(value):
+        raise ApiError(400, f"{name} must be a fingerprint of hex digits")
+    return value
+
+
+@_on_store("read")
+def list_profiles(store: ReuseStore | None) -> dict[str, Any]:
+    """Every calibration profile in the store, whole (the export), and the refused ones with the reason."""
+    if store is None:
+        return {"profiles": [], "refused": {}}
+    usable, refused = profiles.stored_profiles(store)
+    return {"profiles": [{**profile.as_dict(), "key": key, "description": profile.describe()}
+                         for key, profile in sorted(usable.items())], "refused": refused}
+
+
+@_on_store("changed")
+def import_profile(store: ReuseStore | None, body: dict[str, Any]) -> dict[str, Any]:
+    """File the profile in `body` (a profile.json as calibration writes it), replacing the one for its model and
+    schedule; a profile with a missing, NaN or out-of-range field is refused with the field named."""
+    if store is None:
+        raise ApiError(409, "the default store does not exist yet: run a Carnator node once first")
+    try:
+        profile = Profile.from_dict(body)
+    except ProfileError as error:
+        raise ApiError(400, str(error)) from None
+    profiles.save_profile(store, profile)
+    return {"key": profile.key, "description": profile.describe()}
+
+
+@_on_store("changed")
+def remove_profile(store: ReuseStore | None, model: str, schedule: str) -> dict[str, Any]:
+    key = profile_key(model, schedule)
+    if store is None or not profiles.delete_profile(store, key):
+        raise ApiError(404, f"no profile {key}")
+    return {"key": key, "deleted": True}

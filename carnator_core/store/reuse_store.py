@@ -309,6 +309,16 @@ class ReuseStore:
         for entry_id in list(self.entry_ids()):
             self.delete(entry_id)
 
+    # ----------------------------------------------------------------- documents
+    def get_document(self, name: str) -> bytes | None:
+        """A small document kept beside the entries (the calibration profiles), or None when absent, unreadable
+        (logged once) or the store is unavailable. Clearing the entries keeps it."""
+        return self._value(f"doc/{name}", f"doc/{name}")
+
+    def set_document(self, name: str, value: bytes) -> None:
+        """Write a document whole; raises `StoreUnavailable` when the store is down."""
+        self._attempt(self.backend.set, f"doc/{name}", value)
+
     # ----------------------------------------------------------------- reading
     def _warn_once(self, entry_id: str, problem: str) -> None:
         with self._lock:
