@@ -207,6 +207,15 @@ class ComfyClient:
             time.sleep(poll)
         raise ComfyError(f"prompt {prompt_id} did not finish within {timeout:.0f} s")
 
+    def api(self, path: str, payload: dict | None = None) -> Any:
+        """A JSON route of the server (GET, or POST with `payload`), such as Carnator's /carnator/store/... routes."""
+        return self._request(path, payload)
+
+    def view(self, filename: str, subfolder: str = "", kind: str = "output") -> bytes:
+        """The bytes of a file a node saved (SaveLatent, PreviewImage), as /history names it, through /view."""
+        query = urllib.parse.urlencode({"filename": filename, "subfolder": subfolder, "type": kind})
+        return self._call(self._fetch(f"/view?{query}", None, raw=True))
+
     # ------------------------------------------------------------------ websocket
     def listen(self) -> None:
         """Open the websocket (once): the events of prompts queued from now on reach `follow`."""
@@ -271,7 +280,7 @@ class ComfyClient:
             await asyncio.gather(self._reader, return_exceptions=True)  # a failed reader ended as a lost server
         await self._session.close()
 
-    async def _fetch(self, path: str, payload: dict | None) -> Any:
+    async def _fetch(self, path: str, payload: dict | None, raw: bool = False) -> Any:
         try:
             async with self._session.request("POST" if payload is not None else "GET", self.url + path,
                                              json=payload) as response:
@@ -281,6 +290,8 @@ class ComfyClient:
         if response.status >= 400:
             raise RequestRefused(f"{path}: HTTP {response.status}: {_explain(body.decode(errors='replace'))}",
                                  response.status)
+        if raw:
+            return body
         try:
             return json.loads(body or b"null")
         except ValueError:

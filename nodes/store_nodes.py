@@ -97,5 +97,6 @@ class CarnatorStoreInfo(io.ComfyNode):
                    f"hits: {totals['hits']}, time saved: {totals['seconds_saved']:.1f} s")
         if store.unavailable:
             summary += f"\nunavailable: {store.unavailable}"
-        return io.NodeOutput(summary, ui={"text": [summary], "carnator_store": [json.dumps(totals)]})
+        info = {**totals, "store": store.location}  # the location names the store in the /carnator/store routes
+        return io.NodeOutput(summary, ui={"text": [summary], "carnator_store": [json.dumps(info)]})
 

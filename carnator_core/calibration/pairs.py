@@ -1,0 +1,54 @@
+"""Calibration pairs: an earlier prompt and the new prompt that follows it, sampled with the same seed.
+
+From a file (`--pairs FILE`: one pair per line, the two prompts separated by a tab; blank lines and lines starting
+with # are skipped) or from the user's own history (`--from-store`): successive prompts a store recorded for the
+same model, schedule and seed, which is how that user iterates.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from carnator_core.prompt_file import PromptFileError, read_prompt_file
+
+PAIR_RULE = "one pair per line, the earlier and the new prompt separated by a tab"
+
+
+@dataclass(frozen=True)
+class Pair:
+    earlier: str
+    new: str
+
+
+def read_pairs(path: Path) -> list[Pair]:
+    """The pairs of the file at `path`; PromptFileError names the line that is not a pair."""
+    pairs = []
+    for number, line in enumerate(read_prompt_file(path), 1):
+        parts = [part.strip() for part in line.split("\t")]
+        if len(parts) != 2 or not all(parts):
+            raise PromptFileError(f"pairs file {path}, pair {number} ({line[:60]!r}): {PAIR_RULE}")
+        pairs.append(Pair(*parts))
+    return pairs
+
+
+def pairs_from_history(entries: list[dict], limit: int) -> tuple[list[Pair], str]:
+    """The newest `limit` pairs of successive distinct prompts in a store listing (the store panel's entry
+    summaries), from the model and schedule the listing holds most such pairs of; and a line saying which."""
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for entry in entries:
+        if entry.get("prompt") and entry.get("seed") is not None and entry.get("model"):
+            runs[(entry["model"], entry.get("schedule"), entry["seed"])].append(entry)
+    by_model: dict[tuple, list[tuple[float, Pair]]] = defaultdict(list)
+    for (model, schedule, _), history in runs.items():
+        history.sort(key=lambda entry: entry.get("created_at") or 0.0)
+        for earlier, new in zip(history, history[1:], strict=False):
+            if earlier["prompt"] != new["prompt"]:
+                by_model[(model, schedule)].append((new.get("created_at") or 0.0, Pair(earlier["prompt"],
+                                                                                       new["prompt"])))
+    if not by_model:
+        return [], "the store holds no two successive prompts of one model, schedule and seed"
+    (model, _), found = max(by_model.items(), key=lambda item: len(item[1]))
+    unique = list(dict.fromkeys(pair for _, pair in sorted(found, key=lambda item: -item[0])))[:limit]
+    return unique, f"{len(unique)} pairs from the store's history of model {model[:12]}"

@@ -1,0 +1,316 @@
+"""One calibration through ComfyUI's queue: per pair the plain runs and forced resumes, measured, then the fit.
+
+For each pair (earlier prompt, new prompt, the workflow's seed), in a store of the pair's own:
+
+1. the earlier prompt, sampled plain and recorded: the donor;
+2. the new prompt, sampled plain: the clip a resume is measured against;
+3. the new prompt resumed from the donor at each depth, forced (`verification` "forced N%"): the report gives the
+   signals the engine judged (the step-0 screen and the probe at the resume state), the clip its quality.
+
+Every finished resume is appended to `DIR/resumes.jsonl` and every plain clip kept under `DIR/pairs/`, so a
+calibration stopped by anything (the server going down, Ctrl-C) resumes where it stopped when run again with the
+same arguments. A pair whose prompt fails to sample is skipped and listed in `DIR/skipped.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import load_file, save_file
+
+from carnator_core.bench.quality import mse, psnr_from_mse, ssim
+from carnator_core.calibration.fit import Resume
+from carnator_core.calibration.pairs import Pair
+from carnator_core.calibration.workflow import FRAMES_NODE, LATENT_NODE, STORE_INFO_NODE, CalibrationWorkflow
+from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, RequestRefused, ServerLost
+
+STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
+STORE_WAIT_S = 120.0  # how long the donor's background recording may take
+
+
+class CalibrationInterrupted(RuntimeError):
+    """The server went away mid-calibration; what finished is kept and the same command resumes."""
+
+
+@dataclass
+class Clip:
+    """A run's output as calibration compares it: decoded frames [F, C, H, W] in [0, 1] where the graph decodes,
+    else None; and the latent."""
+
+    latent: torch.Tensor
+    frames: torch.Tensor | None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"latent": self.latent, **({"frames": self.frames} if self.frames is not None else {})}
+
+
+@dataclass
+class Measured:
+    """One forced resume as `resumes.jsonl` keeps it: the fit's `Resume` and what else the report said."""
+
+    resume: Resume
+    requested_depth: float  # the forced depth asked for (`resume.depth` is the checkpoint's, nearest below it)
+    earlier: str
+    new: str
+    skipped_steps: int
+    total_steps: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return {**asdict(self.resume), "requested_depth": self.requested_depth, "earlier": self.earlier, "new": self.new, "skipped_steps": self.skipped_steps,
+                "total_steps": self.total_steps, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Measured:
+        names = Resume.__dataclass_fields__
+        return cls(resume=Resume(**{name: data[name] for name in names if name in data}),
+                   requested_depth=float(data["requested_depth"]), earlier=data["earlier"],
+                   new=data["new"], skipped_steps=int(data["skipped_steps"]), total_steps=int(data["total_steps"]),
+                   seconds=float(data["seconds"]))
+
+
+def quality(clip: Clip, plain: Clip) -> tuple[float, float]:
+    """PSNR (dB) and SSIM of a clip against the plain clip: on decoded frames where there are any, else on the
+    latents scaled by the plain latent's range."""
+    if clip.frames is not None and plain.frames is not None and clip.frames.shape == plain.frames.shape:
+        a, b = clip.frames, plain.frames
+    else:
+        low, high = plain.latent.min(), plain.latent.max()
+        scale = (high - low).clamp_min(1e-6)
+        a, b = (clip.latent - low) / scale, (plain.latent - low) / scale
+    return psnr_from_mse(mse(a, b)), ssim(a, b)
+
+
+@dataclass
+class Session:
+    """A calibration's state on disk (`out`) and on the server (`client`); `run()` does what is left."""
+
+    client: ComfyClient
+    workflow: CalibrationWorkflow
+    pairs: list[Pair]
+    depths: list[float]
+    out: Path
+    echo: Callable[[str], None] = print
+    measured: list[Measured] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)  # the model and schedule the runs were made with
+    _durations: list[float] = field(default_factory=list)
+    _total_runs: int = field(default=0, init=False)
+    _runs_done: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        rows = self.out / "resumes.jsonl"
+        if rows.exists():
+            self.measured = [Measured.from_dict(json.loads(line)) for line in rows.read_text().splitlines() if line]
+        state = self._read_json("state.json")
+        self.fingerprints = state.get("fingerprints", {})
+        self.skipped = state.get("skipped", {})
+
+    @property
+    def key(self) -> str:
+        """Names this calibration's stores on the server: the same output directory and pairs find them again."""
+        text = json.dumps([str(self.out.resolve()), [asdict(p) for p in self.pairs]])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def _read_json(self, name: str) -> dict:
+        path = self.out / name
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save_state(self) -> None:
+        state = {"fingerprints": self.fingerprints, "skipped": self.skipped}
+        (self.out / "state.json").write_text(json.dumps(state, indent=2))
+        (self.out / "skipped.json").write_text(json.dumps(self.skipped, indent=2))
+
+    def _done(self, index: int, depth: float) -> bool:
+        return any(m.resume.pair == index and abs(m.requested_depth - depth) < 1e-9 for m in self.measured)
+
+    def run(self) -> list[Measured]:
+        """Every pair not yet done; CalibrationInterrupted when the server goes away."""
+        left = sum(1 for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d)
+                   and str(i) not in self.skipped)
+        self._total_runs = left + 2 * len({i for i in range(len(self.pairs)) for d in self.depths
+                                           if not self._done(i, d) and str(i) not in self.skipped})
+        self._runs_done = 0
+        try:
+            for index, pair in enumerate(self.pairs):
+                if str(index) in self.skipped or all(self._done(index, d) for d in self.depths):
+                    continue
+                self._pair(index, pair)
+        except (ServerLost, ComfyError) as error:
+            if isinstance(error, (ExecutionFailed, RequestRefused)):
+                raise
+            self._save_state()
+            raise CalibrationInterrupted(str(error)) from None
+        self._save_state()
+        return self.measured
+
+    def _pair(self, index: int, pair: Pair) -> None:
+        store = f"{STORE_ROOT}/{self.key}/pair-{index:03d}"
+        plain_path = self.out / "pairs" / f"{index:03d}-plain.safetensors"
+        try:
+            location = self._donor(index, pair, store)
+            if plain_path.exists():
+                plain = Clip(**_loaded(plain_path))
+            else:
+                plain, _ = self._sample(index, pair.new, store, "model", record=False, label="plain")
+                plain_path.parent.mkdir(parents=True, exist_ok=True)
+                save_file(plain.tensors(), str(plain_path))
+        except ExecutionFailed as error:
+            self.skipped[str(index)] = f"{pair.earlier!r} -> {pair.new!r}: {error}"
+            self.echo(f"pair {index + 1}: skipped, a prompt failed to sample: {error}")
+            self._save_state()
+            return
+        self._learn_fingerprints(location)
+        oracle_plain = self._oracle(pair.new, plain)
+        for depth in self.depths:
+            if self._done(index, depth):
+                continue
+            verification = f"forced {round(depth * 100)}%"
+            try:
+                clip, run = self._sample(index, pair.new, store, verification, record=False, label=verification)
+            except ExecutionFailed as error:
+                self.echo(f"pair {index + 1}, {verification}: failed to sample ({error}); left out")
+                continue
+            measured = self._measure(index, depth, pair, clip, plain, run, oracle_plain)
+            if measured is None:
+                continue
+            self.measured.append(measured)
+            with (self.out / "resumes.jsonl").open("a") as rows:
+                rows.write(json.dumps(measured.as_dict()) + "\n")
+
+    def _donor(self, index: int, pair: Pair, store: str) -> str:
+        """The earlier prompt recorded in the pair's store (unless it already is); the store's location."""
+        location = self._served(store)
+        if location is None or self._entries(location) < 1:
+            _, run = self._sample(index, pair.earlier, store, "model", record=True, label="donor")
+            location = _store_location(run.history)
+            deadline = time.monotonic() + STORE_WAIT_S
+            while self._entries(location) < 1:
+                if time.monotonic() > deadline:
+                    raise ExecutionFailed(run.prompt_id, "the donor run was not recorded in the pair's store", {})
+                time.sleep(0.2)
+        return location
+
+    def _served(self, store: str) -> str | None:
+        stores = self.client.api("/carnator/store/stores").get("stores", [])
+        suffix = "/" + store
+        return next((s["name"] for s in stores if str(s.get("name", "")).endswith(suffix)), None)
+
+    def _entries(self, location: str) -> int:
+        query = urllib.parse.urlencode({"store": location})
+        return int(self.client.api(f"/carnator/store/stats?{query}").get("entries") or 0)
+
+    def _learn_fingerprints(self, location: str) -> None:
+        if self.fingerprints:
+            return
+        query = urllib.parse.urlencode({"store": location, "limit": 1})
+        entries = self.client.api(f"/carnator/store/entries?{query}").get("entries", [])
+        if entries:
+            self.fingerprints = {"model": entries[0]["model"], "schedule": entries[0]["schedule"]}
+            self._save_state()
+
+    def _sample(self, index: int, prompt: str, store: str, verification: str, record: bool,
+                label: str) -> tuple[Clip, object]:
+        prefix = f"carnator_calibration/{self.key}/{index:03d}-{label.replace(' ', '').replace('%', '')}"
+        graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix)
+        started = time.perf_counter()
+        run = self.client.run(graph)
+        self._durations.append(time.perf_counter() - started)
+        self._runs_done += 1
+        left = max(0, self._total_runs - self._runs_done)
+        eta = np.median(self._durations) * left
+        self.echo(f"[pair {index + 1}/{len(self.pairs)}] {label:<11} {self._durations[-1]:5.1f} s   "
+                  f"{self._runs_done}/{self._total_runs} runs, about {_minutes(eta)} left")
+        return self._clip(run.history), run
+
+    def _clip(self, history: dict) -> Clip:
+        outputs = history.get("outputs") or {}
+        saved = outputs[LATENT_NODE]["latents"][0]
+        latent = load_safetensors(self.client.view(saved["filename"], saved.get("subfolder", ""),
+                                                   saved.get("type", "output")))["latent_tensor"].float()
+        frames = None
+        images = (outputs.get(FRAMES_NODE) or {}).get("images") or []
+        if images:
+            frames = torch.stack([_png(self.client.view(image["filename"], image.get("subfolder", ""),
+                                                        image.get("type", "temp"))) for image in images])
+        return Clip(latent=latent, frames=frames)
+
+    def _oracle(self, prompt: str, clip: Clip):
+        """The demo world's verdict on a clip of the demo model, None for any other model."""
+        if not self.workflow.runs_demo:
+            return None
+        from carnator_core.demo import world
+        from carnator_core.demo.oracle import score
+
+        return score(prompt, world.decode(world.from_raw(clip.latent[0])))
+
+    def _measure(self, index: int, depth: float, pair: Pair, clip: Clip, plain: Clip, run, oracle_plain):
+        reports = [r for r in run.statuses if r.get("probes") is not None]
+        report = reports[0] if reports else {}
+        probes = report.get("probes") or []
+        screen = next((p for p in probes if p.get("step") == 0 and p.get("confirms_deeper")), None)
+        probe = next((p for p in probes if not p.get("confirms_deeper")), None)
+        if probe is None or not report.get("skipped_steps"):
+            self.echo(f"pair {index + 1}, depth {depth:.0%}: no resume ({report.get('reason') or 'no report'}); "
+                      "left out")
+            return None
+        psnr, similarity = quality(clip, plain)
+        oracle_kept = None
+        if oracle_plain is not None:
+            oracle_kept = bool(self._oracle(pair.new, clip).adherence >= oracle_plain.adherence - 1e-9)
+        resume = Resume(pair=index, depth=float(probe["depth"]),
+                        screen_structure=None if screen is None else float(screen["structure_agreement"]),
+                        screen_guidance=None if screen is None else screen.get("guidance_cosine"),
+                        structure=float(probe["structure_agreement"]), guidance=probe.get("guidance_cosine"),
+                        psnr_db=psnr, ssim=similarity, oracle_kept=oracle_kept)
+        return Measured(resume=resume, requested_depth=depth, earlier=pair.earlier, new=pair.new,
+                        skipped_steps=int(report["skipped_steps"]), total_steps=int(report.get("total_steps") or 0),
+                        seconds=float(run.seconds))
+
+    @staticmethod
+    def store_location(client: ComfyClient, workflow: CalibrationWorkflow) -> str:
+        """The location of the store the workflow's reuse node reads, opened on the server (so its routes serve it)."""
+        return _store_location(client.run(workflow.store_graph()).history)
+
+    def install(self, profile_json: dict) -> str:
+        """File the profile in the store the workflow's reuse node reads; returns that store's location."""
+        location = self.store_location(self.client, self.workflow)
+        query = urllib.parse.urlencode({"store": location})
+        self.client.api(f"/carnator/store/profiles?{query}", profile_json)
+        return location
+
+
+def _store_location(history: dict) -> str:
+    info = (history.get("outputs") or {}).get(STORE_INFO_NODE) or {}
+    return json.loads(info["carnator_store"][0])["store"]
+
+
+def _loaded(path: Path) -> dict[str, torch.Tensor | None]:
+    tensors = load_file(str(path))
+    return {"latent": tensors["latent"], "frames": tensors.get("frames")}
+
+
+def _png(data: bytes) -> torch.Tensor:
+    with Image.open(io.BytesIO(data)) as image:
+        array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -1,0 +1,130 @@
+"""The user's own workflow made into the runs calibration needs: plain, recorded donor, and forced resumes.
+
+Calibration samples with whatever model the graph loads and the graph's own sampler settings; it changes only what
+it must, on a copy of the graph per run:
+
+- the prompt text, where the queue runner writes it (`carnator_core.queue.Workflow`);
+- the one Carnator reuse node (inserted in front of the sampler when the graph has none): its mode, verification,
+  recording and sparse attention off, so plain runs are bit-identical to the stock sampler;
+- a `CarnatorStore` of the pair's own, so each forced resume can only take the pair's earlier prompt as donor;
+- `SaveLatent` on the sampler's output, and `PreviewImage` on the node that decodes it where one does, so clips
+  are compared on decoded frames where the graph decodes, on latents otherwise;
+- the graph's other output nodes are left out (their files are not needed, and they cost time).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+
+from carnator_core.demo.graphs import complete
+from carnator_core.queue import Workflow, WorkflowError
+
+SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
+REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
+DEMO_DECODER = "CarnatorDemoDecode"  # decodes the demo model's latents: the demo world's oracle can score them
+KEPT_OUTPUTS = ("CarnatorReport",)
+STORE_NODE = "carnator_calibration_store"
+STORE_INFO_NODE = "carnator_calibration_store_info"
+LATENT_NODE = "carnator_calibration_latent"
+FRAMES_NODE = "carnator_calibration_frames"
+INSERTED_REUSE_NODE = "carnator_calibration_reuse"
+
+
+def _links_to(value: object, node_id: str) -> bool:
+    return isinstance(value, list) and len(value) == 2 and str(value[0]) == node_id
+
+
+@dataclass
+class CalibrationWorkflow:
+    """Where calibration changes the user's graph; `runs_demo` when the demo world's oracle can judge its clips."""
+
+    workflow: Workflow
+    object_info: dict
+    sampler: str
+    reuse_node: str
+    decoder: str | None
+    runs_demo: bool
+    user_store: str | None  # the node id of the CarnatorStore the reuse node reads (None: the default store)
+
+    @classmethod
+    def prepare(cls, workflow: Workflow, object_info: dict) -> CalibrationWorkflow:
+        """Find the one sampler, the reuse node (inserting one) and the decoder; WorkflowError names what is wrong."""
+        graph = copy.deepcopy(workflow.graph)
+        samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
+        if not samplers:
+            raise WorkflowError(f"the workflow has no sampler node ({', '.join(SAMPLERS)}): nothing to calibrate")
+        if len(samplers) > 1:
+            named = ", ".join(f"{node_id} ({graph[node_id]['class_type']})" for node_id in samplers)
+            raise WorkflowError(f"the workflow has several samplers ({named}): calibration measures one model over one "
+                                "schedule; export a workflow with one sampler (e.g. one expert of a two-expert graph)")
+        sampler = samplers[0]
+        missing = [name for name in (*REUSE_NODES, "SaveLatent", "PreviewImage", "CarnatorStore", "CarnatorStoreInfo")
+                   if name not in object_info]
+        if missing:
+            raise WorkflowError(f"the server lacks nodes calibration needs: {', '.join(missing)} (is Carnator installed "
+                                "there?)")
+        reuse_nodes = [node_id for node_id, node in graph.items() if node["class_type"] in REUSE_NODES]
+        if len(reuse_nodes) > 1:
+            raise WorkflowError(f"the workflow has several Carnator reuse nodes ({', '.join(reuse_nodes)}); keep one")
+        reuse_node = reuse_nodes[0] if reuse_nodes else cls._insert_reuse(graph, sampler)
+        graph = complete(graph, object_info)
+        user_store = graph[reuse_node]["inputs"].get("store")
+        user_store = str(user_store[0]) if isinstance(user_store, list) else None
+        decoders = [node_id for node_id, node in graph.items()
+                    if any(_links_to(value, sampler) for value in node["inputs"].values())
+                    and "IMAGE" in (object_info.get(node["class_type"], {}).get("output") or [])]
+        for node_id in [n for n, node in graph.items()
+                        if object_info.get(node["class_type"], {}).get("output_node")
+                        and node["class_type"] not in KEPT_OUTPUTS]:
+            del graph[node_id]
+        decoder = decoders[0] if decoders else None
+        runs_demo = decoder is not None and graph[decoder]["class_type"] == DEMO_DECODER
+        return cls(workflow=Workflow(graph, workflow.text_target[0] if workflow.text_target else None),
+                   object_info=object_info, sampler=sampler, reuse_node=reuse_node, decoder=decoder,
+                   runs_demo=runs_demo, user_store=user_store)
+
+    @staticmethod
+    def _insert_reuse(graph: dict, sampler: str) -> str:
+        """A CarnatorReuse between the sampler (or its guider) and the model it samples with."""
+        holder = sampler
+        if "model" not in graph[sampler]["inputs"] and _is_link(graph[sampler]["inputs"].get("guider")):
+            holder = str(graph[sampler]["inputs"]["guider"][0])
+        model = graph[holder]["inputs"].get("model")
+        if not _is_link(model):
+            raise WorkflowError(f"cannot find the model node {sampler} ({graph[sampler]['class_type']}) samples "
+                                "with: put a Carnator Reuse node in front of it")
+        graph[INSERTED_REUSE_NODE] = {"class_type": "CarnatorReuse", "inputs": {"model": model}}
+        graph[holder]["inputs"]["model"] = [INSERTED_REUSE_NODE, 0]
+        return INSERTED_REUSE_NODE
+
+    def graph_for(self, prompt: str, store_path: str, *, verification: str = "model", record: bool = False,
+                  prefix: str = "carnator_calibration/run") -> dict:
+        """The graph of one calibration run: `prompt` sampled with the pair's store at `store_path`, its latent (and
+        decoded frames) saved under `prefix`. `record` keeps it as the pair's donor; a forced `verification`
+        resumes from that donor; otherwise the run is plain (mode safe, sparse attention off)."""
+        graph = self.workflow.for_prompt(prompt, "fixed", random.Random(0))
+        reuse = graph[self.reuse_node]["inputs"]
+        reuse.update(mode="fast" if verification != "model" else "safe", verification=verification, record=record,
+                     sparse_attention="off", store=[STORE_NODE, 0])
+        graph[STORE_NODE] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
+        graph[STORE_INFO_NODE] = {"class_type": "CarnatorStoreInfo", "inputs": {"store": [STORE_NODE, 0]}}
+        graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [self.sampler, 0],
+                                                                     "filename_prefix": prefix}}
+        if self.decoder is not None:
+            graph[FRAMES_NODE] = {"class_type": "PreviewImage", "inputs": {"images": [self.decoder, 0]}}
+        return graph
+
+    def store_graph(self) -> dict:
+        """A graph that opens the store the user's reuse node reads (the default store when none is connected) and
+        describes it: its location is where the fitted profile goes."""
+        graph: dict = {STORE_INFO_NODE: {"class_type": "CarnatorStoreInfo", "inputs": {}}}
+        if self.user_store is not None:
+            graph[self.user_store] = copy.deepcopy(self.workflow.graph[self.user_store])
+            graph[STORE_INFO_NODE]["inputs"]["store"] = [self.user_store, 0]
+        return graph
+
+
+def _is_link(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)

@@ -1,0 +1,167 @@
+"""`python -m carnator_core.calibrate` through a real headless ComfyUI on the shipped demo model, and what it leaves:
+a profile filed in the store that the next `CarnatorReuse` run, thresholds left at auto, is judged by.
+
+The workflow is the shipped CPU demo's API twin at 10 steps; the pairs are the first three of the shipped demo
+pairs file (two fitted, one held back). The interruption test stops the server after the first measured resume
+and starts another on the same base directory: the same command finishes the rest without redoing what was done.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.comfy_host import REPO_ROOT, ServerFactory, make_base_dir
+from support.tiny_workflows import api_workflow
+
+from carnator_core.calibration.profile import Profile
+from carnator_core.demo.server import demo_weights
+from carnator_core.queue import Workflow
+
+pytestmark = pytest.mark.server
+
+STEPS = 10
+PAIRS_FILE = REPO_ROOT / "workflows" / "calibration_pairs_demo.txt"
+EARLIER, REWORDED = "a blue circle moving left on a black background", "a blue disc moving left on a black background"
+
+
+@pytest.fixture(scope="module")
+def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    base = make_base_dir(tmp_path_factory.mktemp("calibration"), {"demo": demo_weights()})
+    factory = ServerFactory(comfyui_path, lambda: base)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def server(servers: ServerFactory):
+    return servers()
+
+
+def _graph(steps: int = STEPS) -> dict:
+    graph = api_workflow("carnator_demo_cpu")
+    for node in graph.values():
+        if node["class_type"] == "KSampler":
+            node["inputs"]["steps"] = steps
+    return graph
+
+
+def _files(tmp_path: Path, graph: dict, pairs: int = 3) -> tuple[Path, Path]:
+    workflow = tmp_path / "workflow.json"
+    workflow.write_text(json.dumps(graph))
+    lines = [line for line in PAIRS_FILE.read_text().splitlines() if line and not line.startswith("#")][:pairs]
+    pairs_file = tmp_path / "pairs.txt"
+    pairs_file.write_text("\n".join(lines) + "\n")
+    return workflow, pairs_file
+
+
+def _calibrate(url: str, workflow: Path, pairs: Path, out: Path, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "carnator_core.calibrate", "--server", url, "--workflow", str(workflow),
+               "--pairs", str(pairs), "--out", str(out), "--depths", "0.2,0.5", *extra]
+    return subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _report(server, prompt: str, record: bool, top_k: int = 4) -> dict:
+    """The report of the shipped demo workflow (10 steps) run on `prompt`, recording or not; another `top_k` makes
+    ComfyUI sample an otherwise identical graph again rather than serve it from its cache."""
+    graph = Workflow(_graph()).for_prompt(prompt, "fixed", None)
+    for node in graph.values():
+        if node["class_type"] == "CarnatorReuse":
+            node["inputs"].update(record=record, sparse_attention="off", top_k=top_k)
+    [report] = server.client.run(graph).statuses
+    return report
+
+
+def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server, tmp_path):
+    workflow, pairs = _files(tmp_path, _graph())
+    out = tmp_path / "out"
+    started = time.monotonic()
+    run = _calibrate(server.url, workflow, pairs, out)
+    output, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, output
+    assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
+    assert "12/12 runs" in output and "left" in output  # progress with an estimate of the time left
+    rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and {row["pair"] for row in rows} == {0, 1, 2}
+    assert all(row["skipped_steps"] in (2, 5) and row["screen_structure"] is not None for row in rows)
+    reworded = [row for row in rows if row["pair"] == 0]  # a rewording resumed is close to its plain clip
+    assert all(row["psnr_db"] > 30 and row["ssim"] > 0.95 and row["oracle_kept"] for row in reworded)
+    profile = Profile.from_json((out / "profile.json").read_text())
+    assert (profile.fit_pairs, profile.held_back_pairs) == (2, 1) and profile.oracle is not None
+    assert (out / "plot-structure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    filed = server.get("/carnator/store/profiles").json()["profiles"]
+    assert [p["key"] for p in filed] == [profile.key] and f"filed as {profile.describe()}" in output
+    print(f"calibration of 3 pairs x 2 depths at {STEPS} steps took {time.monotonic() - started:.0f} s")
+
+    # the next run of the workflow, thresholds left at auto, is judged by the profile; a stricter profile misses
+    _report(server, EARLIER, record=True)
+    judged = _report(server, REWORDED, record=False)
+    assert judged["judged_by"] == profile.describe()
+    lenient = {**profile.as_dict(), "thresholds": {"structure": 0.5, "structure_slope": 0.0, "guidance": 0.5,
+                                                   "guidance_slope": 0.0}, "name": "lenient"}
+    assert server.post("/carnator/store/profiles", json=lenient).status_code == 200
+    hit = _report(server, REWORDED, record=False, top_k=5)
+    assert hit["judged_by"].startswith("profile 'lenient'") and hit["verdict"] == "resumed"
+    strict = {**lenient, "thresholds": {**lenient["thresholds"], "structure": 1.0}, "name": "strict"}
+    assert server.post("/carnator/store/profiles", json=strict).status_code == 200
+    miss = _report(server, REWORDED, record=False, top_k=6)
+    assert miss["judged_by"].startswith("profile 'strict'") and miss["verdict"] == "miss"
+
+
+def test_a_hand_edited_profile_is_refused_at_import_naming_the_field(server):
+    profile = Profile(model="abc", schedule="def", name="edited", thresholds={
+        "structure": 0.9, "structure_slope": 0.0, "guidance": 0.5, "guidance_slope": 0.0}).as_dict()
+    profile["thresholds"]["structure"] = 7
+    answer = server.post("/carnator/store/profiles", json=profile)
+    assert answer.status_code == 400 and "'structure' must be a number between -1.0 and 1.0" in answer.json()["error"]
+    answer = server.post("/carnator/store/profiles", data=b"{" + b" " * 70_000 + b"}")
+    assert answer.status_code == 413
+    assert server.post("/carnator/store/profiles", data=b"NaN").status_code == 400
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("two samplers", "several samplers (9 (KSampler), 99 (KSampler))"),
+    ("no sampler", "no sampler node"),
+])
+def test_a_workflow_without_exactly_one_sampler_is_a_clear_error_naming_the_nodes(server, tmp_path, change, message):
+    graph = _graph()
+    if change == "two samplers":
+        graph["99"] = copy.deepcopy(graph["9"])
+    else:
+        del graph["9"]
+    workflow, pairs = _files(tmp_path, graph, pairs=1)
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out")
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 2 and message in output, output
+
+
+def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tmp_path):
+    workflow, pairs = _files(tmp_path, _graph(), pairs=2)
+    out = tmp_path / "out"
+    run = _calibrate(server.url, workflow, pairs, out)
+    rows = out / "resumes.jsonl"
+
+    def stop_after_first_resume() -> None:
+        while not (rows.exists() and rows.read_text().strip()):
+            time.sleep(0.05)
+        server.stop()
+
+    threading.Thread(target=stop_after_first_resume, daemon=True).start()
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 1 and "run the same command to resume" in output, output
+    done = len(rows.read_text().splitlines())
+    assert 1 <= done < 4
+    again = servers()
+    run = _calibrate(again.url, workflow, pairs, out)
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, output
+    assert len(rows.read_text().splitlines()) == 4
+    assert output.count("forced") == 4 - done  # only what was left was sampled again
