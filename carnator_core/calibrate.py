@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-install", action="store_true", help="write profile.json only; do not file it")
     args = parser.parse_args(argv)
     target = QualityTarget(psnr_db=args.psnr, ssim=args.ssim, precision=args.precision)
+    started = time.monotonic()
     try:
         workflow = Workflow.load(args.workflow, args.text_node)
         pairs = read_pairs(args.pairs)[:args.max_pairs] if args.pairs else []
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "resumes": len(measured),
                    "skipped_pairs": session.skipped, "plots": [str(p) for p in plots(measured, profile, args.out)]}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"{len(measured)} resumes measured in {(time.monotonic() - started) / 60:.1f} min")
         print(f"fitted: structure {result.thresholds.structure:.3f}, guidance {result.thresholds.guidance:.2f}, "
               f"slope {result.thresholds.structure_slope:.2f}")
         print(f"held back ({result.held_back_pairs} pairs): precision {_share(result.held_back.precision)}, recall "

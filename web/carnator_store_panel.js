@@ -1,5 +1,6 @@
 // Carnator store panel: a sidebar tab (and a dialog from the Carnator menu, the only way on frontends without
-// sidebar tabs) listing the reuse store's entries with prompt, date, size, hits, time saved and thumbnail; search, pin, delete, clear all; totals.
+// sidebar tabs) listing the reuse store's entries with prompt, date, size, hits, time saved and thumbnail; search, pin, delete, clear all; totals;
+// and the store's calibration profiles (python -m carnator_core.calibrate) with export, import and delete.
 // It talks to the /carnator/store routes (nodes/routes.py). It refreshes when opened, on user actions and
 // after Carnator runs; a failed request shows an empty state with a retry button and is never retried by itself.
 // Where the server serves more than one store (its default and those Carnator Store nodes opened), a picker
@@ -67,6 +68,9 @@ class StorePanel {
       onchange: () => { this.storeId = this.picker.value; this.refresh(); },
     });
     this.totals = element("div", { class: "carnator-totals" });
+    this.profiles = element("details", { class: "carnator-profiles" });
+    this.importer = element("input", { type: "file", accept: ".json,application/json", hidden: true,
+                                       onchange: () => this.importProfile() });
     this.list = element("div", { class: "carnator-list", role: "list" });
     this.more = element("button", { class: "carnator-button", onclick: () => this.load(true) }, "Load more");
     this.root = element("div", { class: "carnator-panel" },
@@ -74,7 +78,7 @@ class StorePanel {
         element("span", { class: "carnator-title" }, "Carnator store"),
         element("button", { class: "carnator-icon-button", title: "Refresh", "aria-label": "Refresh",
                             onclick: () => this.refresh() }, element("i", { class: "pi pi-refresh" }))),
-      this.picker, this.totals, this.search, this.list,
+      this.picker, this.totals, this.profiles, this.importer, this.search, this.list,
       element("div", { class: "carnator-footer" }, this.more,
         element("button", { class: "carnator-button carnator-danger", onclick: () => this.clearAll() }, "Clear all…")));
     container.replaceChildren(this.root);
@@ -127,10 +131,12 @@ class StorePanel {
         if (generation !== this.generation || !this.root) return;
         this.renderStores(listing.stores);
       }
-      const [page, totals] = await Promise.all([
+      const [page, totals, profiles] = await Promise.all([
         request(this.url("/carnator/store/entries", params)),
         append ? Promise.resolve(null) : request(this.url("/carnator/store/stats")),
+        append ? Promise.resolve(null) : request(this.url("/carnator/store/profiles")),
       ]);
+      if (profiles && generation === this.generation && this.root) this.renderProfiles(profiles);
       if (generation !== this.generation || !this.root) return;
       this.entries = append ? this.entries.concat(page.entries) : page.entries;
       this.total = page.total;
@@ -146,6 +152,49 @@ class StorePanel {
       this.totals.textContent = "";
       this.renderEmpty(`Store unavailable: ${error.message}`, true);
     }
+  }
+
+  /** The calibration profiles: what each judges with and how it scored on held-back pairs; export, delete, import. */
+  renderProfiles(listing) {
+    const open = this.profiles.open;
+    const rows = listing.profiles.map((profile) => {
+      const t = profile.thresholds;
+      const score = profile.held_back?.precision === null || profile.held_back?.precision === undefined ? "–"
+        : `${Math.round(profile.held_back.precision * 100)}% precision, ${Math.round((profile.held_back.recall ?? 0) * 100)}% recall held back`;
+      return element("div", { class: "carnator-profile", "data-profile": profile.key },
+        element("div", { class: "carnator-info" },
+          element("div", { class: "carnator-prompt" }, profile.description),
+          element("div", { class: "carnator-facts" },
+            `structure ${t.structure.toFixed(3)} + ${t.structure_slope.toFixed(2)}×depth · guidance ${t.guidance.toFixed(2)} · ${score}`)),
+        element("div", { class: "carnator-actions" },
+          element("button", { class: "carnator-icon-button", title: "Export as JSON", "aria-label": "Export",
+                               onclick: () => this.exportProfile(profile) }, element("i", { class: "pi pi-download" })),
+          element("button", { class: "carnator-icon-button carnator-delete", title: "Delete this profile", "aria-label": "Delete profile",
+                               onclick: () => this.act(this.url(`/carnator/store/profiles/${profile.key}`), { method: "DELETE" }) },
+                  element("i", { class: "pi pi-trash" }))));
+    });
+    const refused = Object.entries(listing.refused || {}).map(([key, reason]) =>
+      element("div", { class: "carnator-facts carnator-refused", title: key }, `refused ${shorten(key, 24)}: ${reason}`));
+    this.profiles.replaceChildren(
+      element("summary", {}, `Calibration profiles (${listing.profiles.length})`),
+      ...rows, ...refused,
+      element("button", { class: "carnator-button", onclick: () => this.importer.click() }, "Import profile…"));
+    this.profiles.open = open;
+  }
+
+  exportProfile(profile) {
+    const { key, description, ...data } = profile;
+    const link = element("a", { download: `carnator-profile-${profile.name}.json`,
+                                href: URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)], { type: "application/json" })) });
+    link.click();
+    URL.revokeObjectURL(link.href);
+  }
+
+  async importProfile() {
+    const file = this.importer.files?.[0];
+    this.importer.value = "";
+    if (!file) return;
+    await this.act(this.url("/carnator/store/profiles"), { method: "POST", body: await file.text() });
   }
 
   render() {

@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench.quality import mse, psnr_from_mse
+from carnator_core.calibration.profile import Profile, ProfileError
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.sampling import shifted_sigma
@@ -212,9 +213,9 @@ def default_rule_passes(row: Row) -> bool:
                                                  guidance_cosine=row.guidance_cosine))
 
 
-def start_screen_passes(row: Row) -> bool:
+def start_screen_passes(row: Row, thresholds: ProbeThresholds | None = None) -> bool:
     """Whether the pair passes the step-0 screen a same-seed request runs before any deep probe."""
-    return ProbeThresholds().passes(ProbeSignals(depth=0.0, raw_agreement=float("nan"),
+    return (thresholds or ProbeThresholds()).passes(ProbeSignals(depth=0.0, raw_agreement=float("nan"),
                                                  structure_agreement=row.start_structure_agreement,
                                                  guidance_cosine=row.start_guidance_cosine))
 
@@ -302,7 +303,7 @@ def corrected_rule(rows: list[Row], thresholds: ProbeThresholds | None = None) -
     beside it the same for the raw donor state the rule judged before. Empty unless the rows were made with
     `--shortcuts`."""
     thresholds = thresholds or ProbeThresholds()
-    screened = [r for r in rows if r.corrected is not None and start_screen_passes(r)]
+    screened = [r for r in rows if r.corrected is not None and start_screen_passes(r, thresholds)]
     if not screened:
         return {}
     accepted = [thresholds.passes(corrected_signals(r)) for r in screened]
@@ -315,7 +316,7 @@ def corrected_rule(rows: list[Row], thresholds: ProbeThresholds | None = None) -
             "donor_state": precision_recall(raw, [r.outcome for r in screened])}
 
 
-def summarise(rows: list[Row]) -> dict:
+def summarise(rows: list[Row], profile: Profile | None = None) -> dict:
     depths = sorted({row.depth for row in rows})
     summary = {"rows": len(rows), "outcome_rate": float(np.mean([row.outcome for row in rows])),
                "auc": {signal: auc([getattr(r, signal) for r in rows], [r.outcome for r in rows])
@@ -328,6 +329,9 @@ def summarise(rows: list[Row]) -> dict:
                "default_rule_after_start_screen": precision_recall(
                    [default_rule_passes(r) and start_screen_passes(r) for r in rows], [r.outcome for r in rows]),
                "shortcuts_by_relation": shortcuts_by_relation(rows), "corrected_rule": corrected_rule(rows)}
+    if profile is not None:  # a calibrated rule, scored by the oracle on these pairs, which its fit never saw
+        summary["profile_rule"] = {"profile": profile.describe(), "thresholds": profile.thresholds,
+                                   **corrected_rule(rows, profile.probe_thresholds())}
     for depth in depths:
         at = [r for r in rows if r.depth == depth]
         summary["auc_by_depth"][f"{depth:.2f}"] = {
@@ -366,13 +370,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shortcuts", action="store_true",
                         help="also resume from the corrected donor state and from the request's own step-0 "
                              "prediction alone, to see what the donor adds (twice the resumes)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="a calibration profile.json: score its rule beside the shipped one (needs --shortcuts)")
     parser.add_argument("--out", type=Path, default=None, help="write rows.jsonl and summary.json here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     depths = sorted({round(float(d) * args.steps) for d in args.depths.split(",")})
+    try:
+        profile = Profile.from_json(args.profile.read_bytes()) if args.profile is not None else None
+    except (OSError, ProfileError) as error:
+        raise SystemExit(f"error: --profile {args.profile}: {error}") from None
     rows = calibrate(load_model(args.weights), args.pairs, args.steps, depths, args.cfg, args.seed, args.shortcuts)
-    summary = summarise(rows)
+    summary = summarise(rows, profile)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
@@ -417,6 +427,11 @@ def main(argv: list[str]) -> int:
               f"{rule['accepted_by_relation']}, precision {_fmt(rule['precision'])} and recall {_fmt(rule['recall'])} "
               f"by adherence, {rule['borrowed']} closer to plain than the own shortcut; at the donor state: accepted "
               f"{raw['accepted']}, precision {_fmt(raw['precision'])}, recall {_fmt(raw['recall'])}")
+    rule = summary.get("profile_rule")
+    if rule:
+        print(f"{rule['profile']} {rule['thresholds']}: accepted {rule.get('accepted')} "
+              f"{rule.get('accepted_by_relation')}, precision {_fmt(rule.get('precision'))} and recall "
+              f"{_fmt(rule.get('recall'))} by adherence")
     return 0
 
 

@@ -27,6 +27,8 @@ from playwright.sync_api import expect, sync_playwright
 from support.comfy_host import REPO_ROOT, ComfyServer, ServerFactory
 from support.tiny_workflows import WORKFLOWS
 
+from carnator_core.calibration.profile import Profile, Score
+
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -238,6 +240,27 @@ def test_demo_workflow_badges_and_store_panel(page, server, tiny_models):
     page.locator(".carnator-empty", has_text="No entries yet").wait_for()
     assert server.get("/carnator/store/stats").json()["entries"] == 0
     assert not _carnator_errors(page)
+
+
+def test_a_calibration_profile_is_imported_listed_exported_and_deleted_in_the_store_panel(page, server, tmp_path):
+    profile = Profile(model="c0ffee", schedule="beef", name="browser", fit_pairs=8, held_back_pairs=4,
+                      held_back=Score(accepted=5, good=5, precision=1.0, recall=0.8),
+                      thresholds={"structure": 0.82, "structure_slope": 0.03, "guidance": 0.8, "guidance_slope": 0.03})
+    path = tmp_path / "profile.json"
+    path.write_text(profile.to_json())
+    page.locator(".carnator-panel input[type='file']").set_input_files(str(path))
+    page.locator(".carnator-profile").first.wait_for(state="attached")
+    page.locator(".carnator-profiles summary").click()
+    row = page.locator(".carnator-profile")
+    assert "profile 'browser'" in row.inner_text() and "100% precision, 80% recall held back" in row.inner_text()
+    assert [p["name"] for p in server.get("/carnator/store/profiles").json()["profiles"]] == ["browser"]
+    _shot(page, "09_calibration_profile")
+    with page.expect_download() as download:
+        row.locator("button[aria-label='Export']").click()
+    assert Profile.from_json(Path(download.value.path()).read_text()) == profile
+    row.locator(".carnator-delete").click()
+    page.wait_for_function("() => document.querySelectorAll('.carnator-profile').length === 0")
+    assert server.get("/carnator/store/profiles").json()["profiles"] == []
 
 
 def test_unreachable_store_shows_an_empty_state_without_retrying(page):

@@ -91,9 +91,12 @@ def test_shortcuts_resume_from_the_corrected_donor_state_and_from_the_requests_o
     assert summarise(rows)["shortcuts_by_relation"] == table
     # the probe at the corrected state, as the engine asks a screened donor, scored beside the donor state's
     assert all(math.isfinite(r.corrected_structure_agreement) for r in rows)
-    rule = corrected_rule(rows, ProbeThresholds(structure=0.0, structure_slope=0.0, guidance=-1.0))
-    screened = sum(start_screen_passes(r) for r in rows)
+    lenient = ProbeThresholds(structure=0.0, structure_slope=0.0, guidance=-1.0)
+    rule = corrected_rule(rows, lenient)
+    screened = sum(start_screen_passes(r, lenient) for r in rows)
+    assert screened >= sum(start_screen_passes(r) for r in rows)  # the rule's own bar screens too
     assert rule["accepted"] == rule["donor_state"]["accepted"] == screened  # a bar of 0 takes every screened row
-    assert rule["good"] == sum(r.corrected[0] >= r.adherence_plain - 1e-9 for r in rows if start_screen_passes(r))
+    assert rule["good"] == sum(r.corrected[0] >= r.adherence_plain - 1e-9 for r in rows
+                               if start_screen_passes(r, lenient))
     assert 0 <= rule["borrowed"] <= rule["good"] and sum(rule["accepted_by_relation"].values()) == screened
     assert shortcuts_by_relation(calibrate(model, 1, 4, [2], 1.0, 0)) == {}  # without shortcuts: no table
