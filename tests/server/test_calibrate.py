@@ -143,6 +143,20 @@ def test_a_workflow_without_exactly_one_sampler_is_a_clear_error_naming_the_node
     assert run.returncode == 2 and message in output, output
 
 
+def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):
+    edited = "a blue circle moving right on a black background"
+    for prompt, top_k in ((EARLIER, 7), (REWORDED, 7), (edited, 7)):  # one user's loop, same model, seed, schedule
+        _report(server, prompt, record=True, top_k=top_k)
+    workflow, _ = _files(tmp_path, _graph())
+    command = [sys.executable, "-m", "carnator_core.calibrate", "--server", server.url, "--workflow", str(workflow),
+               "--from-store", "--out", str(tmp_path / "out"), "--depths", "0.5", "--no-install"]
+    run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "pairs from the store's history of model" in run.stdout
+    rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
+    assert {(row["earlier"], row["new"]) for row in rows} >= {(EARLIER, REWORDED), (REWORDED, edited)}
+
+
 def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tmp_path):
     workflow, pairs = _files(tmp_path, _graph(), pairs=2)
     out = tmp_path / "out"
