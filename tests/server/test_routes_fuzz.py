@@ -19,6 +19,8 @@ import requests
 from support.comfy_host import ComfyServer
 from support.route_helpers import add_entry, json_answer, state
 
+from carnator_core.calibration.profile import Profile
+
 pytestmark = pytest.mark.server
 
 TEXTS = ["", "\x00", "a\x00b", "../../etc/passwd", "..\\..\\boot.ini", "/etc", "%2e%2e%2f", "x" * 5000, "é" * 40,
@@ -70,6 +72,10 @@ class Attempt:
                                 data=self.body, timeout=30)
 
 
+VALID_PROFILE = Profile(model="abc", schedule="def", name="fuzz", thresholds={
+    "structure": 0.9, "structure_slope": 0.0, "guidance": 0.5, "guidance_slope": 0.0}).to_json().encode()
+
+
 def attempts(server: ComfyServer, entry: str) -> Iterator[Attempt]:
     """Every route, each hostile value in each place it can go (bounded: a few hundred requests)."""
     pin, remove = f"/carnator/store/entries/{entry}/pin", f"/carnator/store/entries/{entry}"
@@ -77,7 +83,8 @@ def attempts(server: ComfyServer, entry: str) -> Iterator[Attempt]:
     yield Attempt("GET", "/carnator/store/stores", {"store": TEXTS[1], "extra": "x" * 5000})
     for text in TEXTS:
         yield Attempt("GET", "/carnator/store/entries", {"q": text[:200]})
-        for path in ("/carnator/store/entries", "/carnator/store/stats", f"/carnator/store/entries/{entry}/thumbnail"):
+        for path in ("/carnator/store/entries", "/carnator/store/stats", f"/carnator/store/entries/{entry}/thumbnail",
+                     "/carnator/store/profiles"):
             yield Attempt("GET", path, {"store": text})
         if text:  # empty: the default store, where these would be granted
             yield Attempt("POST", pin, {"store": text}, json_type, b'{"pinned": true}')
@@ -92,7 +99,9 @@ def attempts(server: ComfyServer, entry: str) -> Iterator[Attempt]:
         yield Attempt("GET", f"/carnator/store/entries/{quoted}/thumbnail")
         yield Attempt("POST", f"/carnator/store/entries/{quoted}/pin", headers=json_type, body=b'{"pinned": true}')
         yield Attempt("DELETE", f"/carnator/store/entries/{quoted}")
+        yield Attempt("DELETE", f"/carnator/store/profiles/{quoted}/{quoted}")
     for body in BODIES:
+        yield Attempt("POST", "/carnator/store/profiles", headers=json_type, body=body)
         yield Attempt("POST", pin, headers=json_type, body=body)
         yield Attempt("POST", pin, headers={"Content-Type": "text/plain"}, body=body)
         yield Attempt("POST", "/carnator/store/clear", headers=json_type, body=body)
@@ -103,6 +112,7 @@ def attempts(server: ComfyServer, entry: str) -> Iterator[Attempt]:
         yield Attempt("POST", pin, headers={**headers, **json_type}, body=b'{"pinned": true}')
         yield Attempt("DELETE", remove, headers=headers)
         yield Attempt("POST", "/carnator/store/clear", {"confirm": "true"}, headers)
+        yield Attempt("POST", "/carnator/store/profiles", headers={**headers, **json_type}, body=VALID_PROFILE)
     for site in SITES:
         yield Attempt("DELETE", remove, headers={"Sec-Fetch-Site": site})
     yield Attempt("PUT", remove)
@@ -146,6 +156,7 @@ def test_hostile_values_on_every_route_are_refused_cleanly(server, store):
             assert not response.ok, (described, response.text[:300])
             assert state(store) == before, described
     assert sent > 300
+    assert server.get("/carnator/store/profiles").json()["profiles"] == []  # no hostile request filed one
     for head in (b"POST /carnator/store/clear?confirm=true HTTP/1.0\r\n\r\n",  # no Host at all
                  b"POST /carnator/store/clear?confirm=true HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n"
                  b"Connection: close\r\n\r\n",
