@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                               "guidance": result.thresholds.guidance,
                               "guidance_slope": result.thresholds.guidance_slope},
                           target=target, fit_pairs=result.fit_pairs, held_back_pairs=result.held_back_pairs,
-                          held_back=result.held_back, oracle=result.oracle)
+                          held_back=result.held_back, oracle=result.oracle,
+                          cfg=float(session.fingerprints.get("cfg", 1.0)))
         (args.out / "profile.json").write_text(profile.to_json())
         summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "resumes": len(measured),
                    "skipped_pairs": session.skipped, "plots": [str(p) for p in plots(measured, profile, args.out)]}

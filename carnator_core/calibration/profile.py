@@ -3,8 +3,9 @@
 A profile is plain JSON (never pickle) so it can be read, exported, hand-edited and imported; `Profile.from_json`
 therefore trusts nothing: every field is type- and range-checked, NaN and infinities are refused, and so is a
 document larger than `MAX_PROFILE_BYTES`. A profile applies to the model fingerprint (weights, LoRAs and their
-strengths) and the sigma schedule fingerprint (step count, scheduler, shift) it was measured on, and to no other:
-thresholds are a property of the model's trajectories over that schedule.
+strengths) and the sigma schedule fingerprint (step count, scheduler, shift) it was measured on, at the guidance
+scale it was measured at, and to no other: thresholds are a property of the model's trajectories over that
+schedule.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Profile:
     held_back_pairs: int = 0
     held_back: Score = field(default_factory=lambda: Score(0, 0, None, None))
     oracle: Score | None = None  # held-back resumes judged by the demo world's oracle, where the demo model ran
+    cfg: float = 1.0  # the guidance scale it was measured at: trajectories under another scale are not its
     created_at: float = field(default_factory=time.time)
 
     @property
@@ -128,7 +130,7 @@ class Profile:
             fit_pairs=int(_number(data, "fit_pairs", 0, 10_000)),
             held_back_pairs=int(_number(data, "held_back_pairs", 0, 10_000)),
             held_back=_score(_mapping(data, "held_back"), "held_back"),
-            oracle=None if oracle is None else _score(oracle, "oracle"),
+            oracle=None if oracle is None else _score(oracle, "oracle"), cfg=_number(data, "cfg", 0.0, 100.0),
             created_at=_number(data, "created_at", 0.0, 1e11))
 
 

@@ -104,7 +104,8 @@ class Session:
     echo: Callable[[str], None] = print
     measured: list[Measured] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
-    fingerprints: dict[str, str] = field(default_factory=dict)  # the model and schedule the runs were made with
+    # the model and schedule fingerprints and the guidance scale the runs were made with
+    fingerprints: dict[str, str | float] = field(default_factory=dict)
     _durations: list[float] = field(default_factory=list)
     _total_runs: int = field(default=0, init=False)
     _runs_done: int = field(default=0, init=False)
@@ -222,7 +223,8 @@ class Session:
         query = urllib.parse.urlencode({"store": location, "limit": 1})
         entries = self.client.api(f"/carnator/store/entries?{query}").get("entries", [])
         if entries:
-            self.fingerprints = {"model": entries[0]["model"], "schedule": entries[0]["schedule"]}
+            self.fingerprints = {"model": entries[0]["model"], "schedule": entries[0]["schedule"],
+                                 "cfg": float(entries[0].get("cfg") or 1.0)}
             self._save_state()
 
     def _sample(self, index: int, prompt: str, store: str, verification: str, record: bool,

@@ -190,7 +190,7 @@ class ReuseRun:
         at their defaults (`ReuseSettings.with_profile`)."""
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
             return
-        profile, note = profile_for(self.store, self.hard_key.model, self.hard_key.schedule)
+        profile, note = profile_for(self.store, self.hard_key.model, self.hard_key.schedule, self.cfg)
         self.settings = self.settings.with_profile(profile, note)
 
     def _plan_continuation(self, batch_limit: int) -> list[ProbeTarget | ScreenOnly]:

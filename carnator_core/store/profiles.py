@@ -13,6 +13,7 @@ from carnator_core.store.reuse_store import ReuseStore
 
 DOCUMENT = "profiles"
 MAX_PROFILES = 256
+CFG_TOLERANCE = 1e-3
 
 
 def _document(store: ReuseStore) -> tuple[dict, str]:
@@ -50,12 +51,17 @@ def stored_profiles(store: ReuseStore) -> tuple[dict[str, Profile], dict[str, st
     return usable, refused
 
 
-def profile_for(store: ReuseStore, model: str, schedule: str) -> tuple[Profile | None, str]:
-    """The profile for this model and schedule, or None and why none applies ("" when the store holds none)."""
+def profile_for(store: ReuseStore, model: str, schedule: str, cfg: float) -> tuple[Profile | None, str]:
+    """The profile for this model, schedule and guidance scale, or None and why none applies ("" when the store
+    holds none)."""
     usable, refused = stored_profiles(store)
     key = profile_key(model, schedule)
     if key in usable:
-        return usable[key], ""
+        profile = usable[key]
+        if abs(profile.cfg - cfg) > CFG_TOLERANCE:
+            return None, f"{profile.describe()} was measured at cfg {profile.cfg:g}, this run samples at cfg " \
+                         f"{cfg:g}: shipped thresholds"
+        return profile, ""
     if key in refused or "*" in refused:
         return None, f"calibration profile refused ({refused.get(key) or refused['*']}): shipped thresholds"
     if any(other.model == model for other in usable.values()):

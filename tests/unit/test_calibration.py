@@ -134,7 +134,14 @@ def test_a_damaged_profile_in_the_store_is_refused_and_the_run_uses_the_shipped_
     assert run.settings.thresholds == ProbeThresholds()
     assert any("calibration profile refused" in note and "got nan" in note for note in run.report(1.0).notes)
     store.set_document(DOCUMENT, b"\x80\x04not json")
-    assert "not JSON" in profile_for(store, KEY.model, KEY.schedule)[1]
+    assert "not JSON" in profile_for(store, KEY.model, KEY.schedule, 1.0)[1]
+
+
+def test_a_profile_measured_at_another_guidance_scale_is_not_used(store):
+    save_profile(store, _profile(cfg=6.0))
+    profile, note = profile_for(store, KEY.model, KEY.schedule, 1.0)
+    assert profile is None and "was measured at cfg 6, this run samples at cfg 1" in note
+    assert profile_for(store, KEY.model, KEY.schedule, 6.0)[0] is not None
 
 
 def test_profiles_outlive_clearing_the_entries(store):
