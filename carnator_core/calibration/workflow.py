@@ -9,6 +9,7 @@ it must, on a copy of the graph per run:
 - a `CarnatorStore` of the pair's own, so each forced resume can only take the pair's earlier prompt as donor;
 - `SaveLatent` on the sampler's output, and `PreviewImage` on the node that decodes it where one does, so clips
   are compared on decoded frames where the graph decodes, on latents otherwise;
+- a `CarnatorCompatibilityLookup` reads the pair's store too, and a `CarnatorSparseAttention` node is bypassed;
 - the graph's other output nodes are left out (their files are not needed, and they cost time).
 """
 
@@ -23,6 +24,8 @@ from carnator_core.queue import Workflow, WorkflowError
 
 SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
 REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
+STORE_READERS = (*REUSE_NODES, "CarnatorCompatibilityLookup")  # every node that reads donors from a store
+SPARSE_ATTENTION_NODE = "CarnatorSparseAttention"  # bypassed: calibration compares against plain attention
 DEMO_DECODER = "CarnatorDemoDecode"  # decodes the demo model's latents: the demo world's oracle can score them
 KEPT_OUTPUTS = ("CarnatorReport",)
 STORE_NODE = "carnator_calibration_store"
@@ -68,6 +71,8 @@ class CalibrationWorkflow:
         reuse_nodes = [node_id for node_id, node in graph.items() if node["class_type"] in REUSE_NODES]
         if len(reuse_nodes) > 1:
             raise WorkflowError(f"the workflow has several Carnator reuse nodes ({', '.join(reuse_nodes)}); keep one")
+        for node_id in [n for n, node in graph.items() if node["class_type"] == SPARSE_ATTENTION_NODE]:
+            _bypass(graph, node_id, "model")
         reuse_node = reuse_nodes[0] if reuse_nodes else cls._insert_reuse(graph, sampler)
         graph = complete(graph, object_info)
         user_store = graph[reuse_node]["inputs"].get("store")
@@ -108,6 +113,9 @@ class CalibrationWorkflow:
         reuse = graph[self.reuse_node]["inputs"]
         reuse.update(mode="fast" if verification != "model" else "safe", verification=verification, record=record,
                      sparse_attention="off", store=[STORE_NODE, 0])
+        for node in graph.values():
+            if node["class_type"] in STORE_READERS:
+                node["inputs"]["store"] = [STORE_NODE, 0]
         graph[STORE_NODE] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
         graph[STORE_INFO_NODE] = {"class_type": "CarnatorStoreInfo", "inputs": {"store": [STORE_NODE, 0]}}
         graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [self.sampler, 0],
@@ -128,3 +136,12 @@ class CalibrationWorkflow:
 
 def _is_link(value: object) -> bool:
     return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)
+
+
+def _bypass(graph: dict, node_id: str, through: str) -> None:
+    """Take `node_id` out of the graph: whatever read its first output reads its `through` input instead."""
+    source = graph.pop(node_id)["inputs"].get(through)
+    for node in graph.values():
+        for name, value in node["inputs"].items():
+            if _links_to(value, node_id) and value[1] == 0:
+                node["inputs"][name] = source

@@ -143,6 +143,23 @@ def test_a_workflow_without_exactly_one_sampler_is_a_clear_error_naming_the_node
     assert run.returncode == 2 and message in output, output
 
 
+def test_the_explicit_control_workflow_calibrates_through_its_lookup_node_without_sparse_attention(server, tmp_path):
+    """Lookup -> sparse attention -> reuse sampler: the lookup reads the pair's store, sparse attention is bypassed."""
+    graph = api_workflow("carnator_explicit_control")
+    for node in graph.values():
+        if node["class_type"] == "BasicScheduler":
+            node["inputs"]["steps"] = 8
+        if node["class_type"] == "EmptyHunyuanLatentVideo":
+            node["inputs"].update(width=128, height=128)
+    workflow, pairs = _files(tmp_path, graph, pairs=1)
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--no-install")
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
+    assert [row["skipped_steps"] for row in rows] == [2, 4]  # forced at 0.2 and 0.5 of 8 steps
+    assert all(row["psnr_db"] > 30 for row in rows)  # a rewording, resumed from its own earlier prompt
+
+
 def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):
     edited = "a blue circle moving right on a black background"
     for prompt, top_k in ((EARLIER, 7), (REWORDED, 7), (edited, 7)):  # one user's loop, same model, seed, schedule
