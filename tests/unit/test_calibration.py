@@ -27,15 +27,6 @@ SHAPE = (1, 4, 2, 4, 4)
 STEPS = 10
 
 
-@pytest.fixture
-def store(tmp_path):
-    store = ReuseStore(str(tmp_path / "store"))
-    try:
-        yield store
-    finally:
-        store.close()
-
-
 def _profile(**changes) -> Profile:
     values = {"model": KEY.model, "schedule": KEY.schedule, "name": "my wan",
               "thresholds": {"structure": 0.7, "structure_slope": 0.03, "guidance": 0.5, "guidance_slope": 0.03}}

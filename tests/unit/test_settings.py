@@ -26,15 +26,6 @@ KEY = HardKey("model", (2, 2, 2), "schedule")
 STEPS = 10  # the donor's and the request's schedule
 
 
-@pytest.fixture
-def store(tmp_path):
-    store = ReuseStore(str(tmp_path / "store"))
-    try:
-        yield store
-    finally:
-        store.close()
-
-
 def _donor(store: ReuseStore, noise: str = "noise") -> Candidate:
     """A stored 10-step donor with a checkpoint at every step (as a short schedule records), made from `noise`."""
     steps = range(1, STEPS)
