@@ -9,7 +9,8 @@ For each pair (earlier prompt, new prompt, the workflow's seed), in a store of t
 
 Every finished resume is appended to `DIR/resumes.jsonl` and every plain clip kept under `DIR/pairs/`, so a
 calibration stopped by anything (the server going down, Ctrl-C) resumes where it stopped when run again with the
-same arguments. A pair whose prompt fails to sample is skipped and listed in `DIR/skipped.json`.
+same arguments. A pair whose prompt fails to sample (a node error, an interruption) is skipped and listed in
+`DIR/skipped.json`; the next run of the command tries it again.
 """
 
 from __future__ import annotations
@@ -115,9 +116,8 @@ class Session:
         rows = self.out / "resumes.jsonl"
         if rows.exists():
             self.measured = [Measured.from_dict(json.loads(line)) for line in rows.read_text().splitlines() if line]
-        state = self._read_json("state.json")
-        self.fingerprints = state.get("fingerprints", {})
-        self.skipped = state.get("skipped", {})
+        # a pair skipped before is tried again: what failed it (a node error, an interruption) may be gone
+        self.fingerprints = self._read_json("state.json").get("fingerprints", {})
 
     @property
     def key(self) -> str:
@@ -143,14 +143,13 @@ class Session:
 
     def run(self) -> list[Measured]:
         """Every pair not yet done; CalibrationInterrupted when the server goes away."""
-        left = sum(1 for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d)
-                   and str(i) not in self.skipped)
+        left = sum(1 for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d))
         self._total_runs = left + 2 * len({i for i in range(len(self.pairs)) for d in self.depths
-                                           if not self._done(i, d) and str(i) not in self.skipped})
+                                           if not self._done(i, d)})
         self._runs_done = 0
         try:
             for index, pair in enumerate(self.pairs):
-                if str(index) in self.skipped or all(self._done(index, d) for d in self.depths):
+                if all(self._done(index, d) for d in self.depths):
                     continue
                 self._pair(index, pair)
         except (ServerLost, ComfyError) as error:
@@ -172,7 +171,7 @@ class Session:
                 plain, _ = self._sample(index, pair.new, store, "model", record=False, label="plain")
                 plain_path.parent.mkdir(parents=True, exist_ok=True)
                 save_file(plain.tensors(), str(plain_path))
-        except ExecutionFailed as error:
+        except (ExecutionFailed, RequestRefused) as error:
             self.skipped[str(index)] = f"{pair.earlier!r} -> {pair.new!r}: {error}"
             self.echo(f"pair {index + 1}: skipped, a prompt failed to sample: {error}")
             self._save_state()
@@ -185,7 +184,7 @@ class Session:
             verification = f"forced {round(depth * 100)}%"
             try:
                 clip, run = self._sample(index, pair.new, store, verification, record=False, label=verification)
-            except ExecutionFailed as error:
+            except (ExecutionFailed, RequestRefused) as error:
                 self.echo(f"pair {index + 1}, {verification}: failed to sample ({error}); left out")
                 continue
             measured = self._measure(index, depth, pair, clip, plain, run, oracle_plain)

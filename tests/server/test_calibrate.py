@@ -160,6 +160,29 @@ def test_the_explicit_control_workflow_calibrates_through_its_lookup_node_withou
     assert all(row["psnr_db"] > 30 for row in rows)  # a rewording, resumed from its own earlier prompt
 
 
+def test_a_pair_that_fails_to_sample_is_skipped_and_reported_and_the_rest_calibrates(server, tmp_path):
+    """The second pair's donor run is interrupted through ComfyUI's /interrupt while it samples (40 steps)."""
+    workflow, pairs = _files(tmp_path, _graph(steps=40), pairs=2)
+    second = pairs.read_text().splitlines()[1].split("\t")[0]
+    out = tmp_path / "out"
+    run = _calibrate(server.url, workflow, pairs, out, "--no-install")
+    interrupted = False
+    deadline = time.monotonic() + 300
+    while run.poll() is None and not interrupted and time.monotonic() < deadline:
+        for item in server.get("/queue").json()["queue_running"]:
+            if any(node["inputs"].get("value") == second for node in item[2].values()):
+                server.post("/interrupt", json={"prompt_id": item[1]})
+                interrupted = True
+        time.sleep(0.02)
+    output, _ = run.communicate(timeout=600)
+    assert interrupted and run.returncode == 0, output
+    assert "pair 2: skipped, a prompt failed to sample" in output
+    skipped = json.loads((out / "skipped.json").read_text())
+    assert list(skipped) == ["1"] and "interrupted" in skipped["1"].lower() and second in skipped["1"]
+    rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert {row["pair"] for row in rows} == {0}
+
+
 def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):
     edited = "a blue circle moving right on a black background"
     for prompt, top_k in ((EARLIER, 7), (REWORDED, 7), (edited, 7)):  # one user's loop, same model, seed, schedule
