@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.comfy_host import REPO_ROOT, ServerFactory, make_base_dir
-from support.tiny_workflows import api_workflow
+from support.tiny_workflows import api_workflow, on_tiny_models
 
 from carnator_core.calibration.profile import Profile
 from carnator_core.demo.server import demo_weights
@@ -32,8 +32,9 @@ EARLIER, REWORDED = "a blue circle moving left on a black background", "a blue d
 
 
 @pytest.fixture(scope="module")
-def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    base = make_base_dir(tmp_path_factory.mktemp("calibration"), {"demo": demo_weights()})
+def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory, tiny_models):
+    models = {"demo": demo_weights(), **{family: model.path for family, model in tiny_models.items()}}
+    base = make_base_dir(tmp_path_factory.mktemp("calibration"), models)
     factory = ServerFactory(comfyui_path, lambda: base)
     try:
         yield factory
@@ -181,6 +182,24 @@ def test_a_pair_that_fails_to_sample_is_skipped_and_reported_and_the_rest_calibr
     assert list(skipped) == ["1"] and "interrupted" in skipped["1"].lower() and second in skipped["1"]
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert {row["pair"] for row in rows} == {0}
+
+
+def test_the_wan21_template_calibrates_with_its_guidance_on_latents(server, tiny_models, tmp_path):
+    """The official Wan 2.1 template's settings (uni_pc, cfg 6, shift 8) on the tiny Wan model, which has no VAE
+    decode at test size: clips are compared on latents, and the guidance signal is measured and fitted."""
+    graph = on_tiny_models(api_workflow("carnator_wan21_t2v"), "wan", tiny_models["wan"].name, steps=8)
+    workflow, pairs = _files(tmp_path, graph, pairs=3)
+    # the positive prompt's node ("6" in the template) encodes with the test harness's text node: named, as a user
+    # names a text node the tool cannot find by itself
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--no-install", "--text-node", "6")
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, output
+    assert "(latents)" in output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(row["guidance"] is not None and row["screen_guidance"] is not None for row in rows)
+    assert all(row["oracle_kept"] is None for row in rows)  # no demo world to judge a tiny model's clips
+    profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
+    assert profile.cfg == 6.0 and profile.oracle is None
 
 
 def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):
