@@ -30,9 +30,9 @@ import urllib.parse
 from pathlib import Path
 
 from carnator_core.bench.plot import scatter
-from carnator_core.calibration.fit import fit
+from carnator_core.calibration.fit import accepts, fit
 from carnator_core.calibration.pairs import Pair, pairs_from_history, read_pairs
-from carnator_core.calibration.profile import Profile, QualityTarget
+from carnator_core.calibration.profile import THRESHOLD_RANGES, Profile, QualityTarget
 from carnator_core.calibration.session import CalibrationInterrupted, Measured, Session
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
@@ -65,17 +65,21 @@ def history_pairs(client: ComfyClient, session_workflow: CalibrationWorkflow, li
 
 
 def plots(measured: list[Measured], profile: Profile, out: Path) -> list[Path]:
-    """One scatter per signal: each resume's signal against its PSNR to plain, labelled by depth."""
+    """One scatter per signal: each resume's signal against its PSNR to plain, one colour per depth, with the target
+    PSNR (horizontal) and the fitted threshold at each depth (vertical) as guides."""
     written = []
     for signal in ("structure", "guidance"):
-        points = [(f"{m.resume.depth:.0%}", getattr(m.resume, signal), m.resume.psnr_db) for m in measured
-                  if getattr(m.resume, signal) is not None]
+        ordered = sorted((m for m in measured if getattr(m.resume, signal) is not None), key=lambda m: m.resume.depth)
+        points = [(f"{m.resume.depth:.0%}", getattr(m.resume, signal), m.resume.psnr_db) for m in ordered]
         if points:
-            title = (f"{signal} signal vs PSNR to plain, by resume depth; fitted {signal} threshold "
-                     f"{profile.thresholds[signal]:.3f} + {profile.thresholds[signal + '_slope']:.2f} x depth, "
-                     f"target {profile.target.psnr_db:.0f} dB")
+            threshold, slope = profile.thresholds[signal], profile.thresholds[signal + "_slope"]
+            bars = tuple(sorted({round(min(1.0, threshold + slope * m.resume.depth), 4) for m in ordered}))
+            title = (f"{signal} agreement vs PSNR to plain, coloured by resume depth; fitted threshold "
+                     f"{threshold:.3f} + {slope:.2f} x depth (vertical), target {profile.target.psnr_db:.0f} dB "
+                     f"(horizontal)")
             written.append(scatter(points, out / f"plot-{signal}.png", title, f"{signal} agreement at the resume",
-                                   "PSNR to plain (dB)"))
+                                   "PSNR to plain (dB)", x_lines=bars, y_lines=(profile.target.psnr_db,),
+                                   colour_by_label=True))
     return written
 
 
@@ -140,11 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         result = fit([m.resume for m in measured], target)
         profile = Profile(model=session.fingerprints["model"], schedule=session.fingerprints["schedule"],
-                          name=args.name or args.workflow.stem, thresholds={
-                              "structure": result.thresholds.structure,
-                              "structure_slope": result.thresholds.structure_slope,
-                              "guidance": result.thresholds.guidance,
-                              "guidance_slope": result.thresholds.guidance_slope},
+                          name=args.name or args.workflow.stem,
+                          thresholds={name: getattr(result.thresholds, name) for name in THRESHOLD_RANGES},
                           target=target, fit_pairs=result.fit_pairs, held_back_pairs=result.held_back_pairs,
                           held_back=result.held_back, oracle=result.oracle,
                           cfg=float(session.fingerprints.get("cfg", 1.0)))
@@ -153,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                    "skipped_pairs": session.skipped, "plots": [str(p) for p in plots(measured, profile, args.out)]}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"{len(measured)} resumes measured in {(time.monotonic() - started) / 60:.1f} min")
+        print("depth  resumes  good  accepted by the fitted rule (of them good)")
+        for depth in sorted({m.resume.depth for m in measured}):
+            at = [m.resume for m in measured if m.resume.depth == depth]
+            good = [target.good(r.psnr_db, r.ssim) for r in at]
+            taken = [accepts(result.thresholds, r) for r in at]
+            print(f"{depth:5.0%}  {len(at):7}  {sum(good):4}  {sum(taken):8} ({sum(t and g for t, g in zip(taken, good, strict=True))})")
         print(f"fitted: structure {result.thresholds.structure:.3f}, guidance {result.thresholds.guidance:.2f}, "
               f"slope {result.thresholds.structure_slope:.2f}")
         print(f"held back ({result.held_back_pairs} pairs): precision {_share(result.held_back.precision)}, recall "

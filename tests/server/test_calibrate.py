@@ -90,6 +90,7 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     assert run.returncode == 0, output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
     assert "12/12 runs" in output and "left" in output  # progress with an estimate of the time left
+    assert "depth  resumes  good  accepted by the fitted rule" in output
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and {row["pair"] for row in rows} == {0, 1, 2}
     assert all(row["skipped_steps"] in (2, 5) and row["screen_structure"] is not None for row in rows)
