@@ -34,7 +34,7 @@ from carnator_core.bench.quality import mse, psnr_from_mse, ssim
 from carnator_core.calibration.fit import Resume
 from carnator_core.calibration.pairs import Pair
 from carnator_core.calibration.workflow import FRAMES_NODE, LATENT_NODE, STORE_INFO_NODE, CalibrationWorkflow
-from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, RequestRefused, ServerLost
+from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
 
 STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
 STORE_WAIT_S = 120.0  # how long the donor's background recording may take
@@ -152,7 +152,7 @@ class Session:
                 if all(self._done(index, d) for d in self.depths):
                     continue
                 self._pair(index, pair)
-        except (ServerLost, ComfyError) as error:
+        except ComfyError as error:  # the server went away (ServerLost, unreachable); a prompt's failure is per pair
             if isinstance(error, (ExecutionFailed, RequestRefused)):
                 raise
             self._save_state()
@@ -227,7 +227,7 @@ class Session:
             self._save_state()
 
     def _sample(self, index: int, prompt: str, store: str, verification: str, record: bool,
-                label: str) -> tuple[Clip, object]:
+                label: str) -> tuple[Clip, PromptRun]:
         prefix = f"carnator_calibration/{self.key}/{index:03d}-{label.replace(' ', '').replace('%', '')}"
         graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix)
         started = time.perf_counter()

@@ -25,10 +25,8 @@ SEED_POLICIES = ("same-noise", "serving")
 FORCED_DEPTHS = (0.2, 0.35, 0.5, 0.65, 0.8)
 VERIFICATIONS = ("model", "text-only", *(f"forced {round(depth * 100)}%" for depth in FORCED_DEPTHS))
 
-# Node inputs that set a `ProbeThresholds` field, by input name (the field their default comes from); depth_slope
-# sets both slopes (THRESHOLD_FIELDS).
-THRESHOLD_INPUTS = {"structure_threshold": "structure", "guidance_threshold": "guidance",
-                    "depth_slope": "structure_slope"}
+# Node inputs that set `ProbeThresholds` fields, by input name: depth_slope sets both slopes. Each input's default is
+# its first field's.
 THRESHOLD_FIELDS = {"structure_threshold": ("structure",), "guidance_threshold": ("guidance",),
                     "depth_slope": ("structure_slope", "guidance_slope")}
 # The range of every numeric node input, by input name: the schemas offer it and `from_inputs` enforces it.
@@ -186,8 +184,8 @@ class ReuseSettings:
 
 def input_default(name: str):
     """The default of the reuse node input `name`: the field's default here, or in `ProbeThresholds`."""
-    if name in THRESHOLD_INPUTS:
-        return getattr(ProbeThresholds, THRESHOLD_INPUTS[name])
+    if name in THRESHOLD_FIELDS:
+        return getattr(ProbeThresholds, THRESHOLD_FIELDS[name][0])
     return next(f.default for f in dataclasses.fields(ReuseSettings) if f.name == name)
 
 
