@@ -25,7 +25,12 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
         raise PromptFileError(f"cannot read prompts file {path}: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
         raise PromptFileError(f"prompts file {path} is not UTF-8 text: {error}") from None
-    prompts = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    prompts = prompt_lines("\n".join(lines))
     if not prompts:
         raise PromptFileError(f"prompts file {path} holds no prompts ({RULE})")
     return prompts
+
+
+def prompt_lines(text: str) -> list[str]:
+    """The prompts of `text` by the module's rule (a text box's value, a file's content)."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]

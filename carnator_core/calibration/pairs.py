@@ -1,7 +1,7 @@
 """Calibration pairs: an earlier prompt and the new prompt that follows it, sampled with the same seed.
 
-From a file (`--pairs FILE`: one pair per line, the two prompts separated by a tab; blank lines and lines starting
-with # are skipped) or from the user's own history (`--from-store`): successive prompts a store recorded for the
+From a file (`--pairs FILE`) or the Calibrate node's text, one pair per line, the two prompts separated by a tab or
+by `=>` (a text box in the graph editor cannot take a tab); blank lines and lines starting with # are skipped. Or from the user's own history (`--from-store`): successive prompts a store recorded for the
 same model, schedule and seed, which is how that user iterates.
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
 
-PAIR_RULE = "one pair per line, the earlier and the new prompt separated by a tab"
+PAIR_RULE = "one pair per line, the earlier and the new prompt separated by a tab or by =>"
+SEPARATORS = ("\t", "=>")
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,17 @@ class Pair:
 
 def read_pairs(path: Path) -> list[Pair]:
     """The pairs of the file at `path`; PromptFileError names the line that is not a pair."""
+    return parse_pairs(read_prompt_file(path), f"pairs file {path}")
+
+
+def parse_pairs(lines: list[str], source: str) -> list[Pair]:
+    """The pairs of `lines` (blank and # lines already dropped); PromptFileError names the one that is not a pair."""
     pairs = []
-    for number, line in enumerate(read_prompt_file(path), 1):
-        parts = [part.strip() for part in line.split("\t")]
+    for number, line in enumerate(lines, 1):
+        separator = next((s for s in SEPARATORS if s in line), SEPARATORS[0])
+        parts = [part.strip() for part in line.split(separator)]
         if len(parts) != 2 or not all(parts):
-            raise PromptFileError(f"pairs file {path}, pair {number} ({line[:60]!r}): {PAIR_RULE}")
+            raise PromptFileError(f"{source}, pair {number} ({line[:60]!r}): {PAIR_RULE}")
         pairs.append(Pair(*parts))
     return pairs
 

@@ -35,6 +35,7 @@ from carnator_core.calibration.fit import Resume
 from carnator_core.calibration.pairs import Pair
 from carnator_core.calibration.workflow import FRAMES_NODE, LATENT_NODE, STORE_INFO_NODE, CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
+from carnator_core.queue import WorkflowError
 
 STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
 STORE_WAIT_S = 120.0  # how long the donor's background recording may take
@@ -42,6 +43,16 @@ STORE_WAIT_S = 120.0  # how long the donor's background recording may take
 
 class CalibrationInterrupted(RuntimeError):
     """The server went away mid-calibration; what finished is kept and the same command resumes."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a calibration stands after a run: runs done of those this session has to do, and the time left."""
+
+    runs_done: int
+    runs_total: int
+    seconds_left: float
+    line: str
 
 
 @dataclass
@@ -103,6 +114,8 @@ class Session:
     depths: list[float]
     out: Path
     echo: Callable[[str], None] = print
+    on_progress: Callable[[Progress], None] | None = None  # called after every run
+    should_stop: Callable[[], bool] = lambda: False  # asked before every run: True stops the calibration there
     measured: list[Measured] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     # the model and schedule fingerprints and the guidance scale the runs were made with
@@ -116,8 +129,12 @@ class Session:
         rows = self.out / "resumes.jsonl"
         if rows.exists():
             self.measured = [Measured.from_dict(json.loads(line)) for line in rows.read_text().splitlines() if line]
+        state = self._read_json("state.json")
+        if self.measured and state.get("workflow") not in (None, self.workflow.digest()):
+            raise WorkflowError(f"{self.out} holds a calibration of another workflow (another graph, model, setting "
+                                "or seed): choose another output directory, or empty this one")
         # a pair skipped before is tried again: what failed it (a node error, an interruption) may be gone
-        self.fingerprints = self._read_json("state.json").get("fingerprints", {})
+        self.fingerprints = state.get("fingerprints", {})
 
     @property
     def key(self) -> str:
@@ -134,7 +151,7 @@ class Session:
         return data if isinstance(data, dict) else {}
 
     def _save_state(self) -> None:
-        state = {"fingerprints": self.fingerprints, "skipped": self.skipped}
+        state = {"workflow": self.workflow.digest(), "fingerprints": self.fingerprints, "skipped": self.skipped}
         (self.out / "state.json").write_text(json.dumps(state, indent=2))
         (self.out / "skipped.json").write_text(json.dumps(self.skipped, indent=2))
 
@@ -143,9 +160,9 @@ class Session:
 
     def run(self) -> list[Measured]:
         """Every pair not yet done; CalibrationInterrupted when the server goes away."""
-        left = sum(1 for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d))
-        self._total_runs = left + 2 * len({i for i in range(len(self.pairs)) for d in self.depths
-                                           if not self._done(i, d)})
+        left = [(i, d) for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d)]
+        # a pair whose plain clip is kept has its donor recorded too: only its resumes are left
+        self._total_runs = len(left) + 2 * sum(not self._plain_path(i).exists() for i in {i for i, _ in left})
         self._runs_done = 0
         try:
             for index, pair in enumerate(self.pairs):
@@ -157,12 +174,15 @@ class Session:
                 raise
             self._save_state()
             raise CalibrationInterrupted(str(error)) from None
+        except CalibrationInterrupted:  # `should_stop`
+            self._save_state()
+            raise
         self._save_state()
         return self.measured
 
     def _pair(self, index: int, pair: Pair) -> None:
         store = f"{STORE_ROOT}/{self.key}/pair-{index:03d}"
-        plain_path = self.out / "pairs" / f"{index:03d}-plain.safetensors"
+        plain_path = self._plain_path(index)
         try:
             location = self._donor(index, pair, store)
             if plain_path.exists():
@@ -193,6 +213,9 @@ class Session:
             self.measured.append(measured)
             with (self.out / "resumes.jsonl").open("a") as rows:
                 rows.write(json.dumps(measured.as_dict()) + "\n")
+
+    def _plain_path(self, index: int) -> Path:
+        return self.out / "pairs" / f"{index:03d}-plain.safetensors"
 
     def _donor(self, index: int, pair: Pair, store: str) -> str:
         """The earlier prompt recorded in the pair's store (unless it already is); the store's location."""
@@ -229,15 +252,20 @@ class Session:
     def _sample(self, index: int, prompt: str, store: str, verification: str, record: bool,
                 label: str) -> tuple[Clip, PromptRun]:
         prefix = f"carnator_calibration/{self.key}/{index:03d}-{label.replace(' ', '').replace('%', '')}"
+        if self.should_stop():
+            raise CalibrationInterrupted("stopped")
         graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix)
         started = time.perf_counter()
         run = self.client.run(graph)
         self._durations.append(time.perf_counter() - started)
         self._runs_done += 1
         left = max(0, self._total_runs - self._runs_done)
-        eta = np.median(self._durations) * left
-        self.echo(f"[pair {index + 1}/{len(self.pairs)}] {label:<11} {self._durations[-1]:5.1f} s   "
-                  f"{self._runs_done}/{self._total_runs} runs, about {_minutes(eta)} left")
+        eta = float(np.median(self._durations) * left)
+        line = (f"[pair {index + 1}/{len(self.pairs)}] {label:<11} {self._durations[-1]:5.1f} s   "
+                f"{self._runs_done}/{self._total_runs} runs, about {_minutes(eta)} left")
+        self.echo(line)
+        if self.on_progress is not None:
+            self.on_progress(Progress(self._runs_done, self._total_runs, eta, line))
         return self._clip(run.history), run
 
     def _clip(self, history: dict) -> Clip:

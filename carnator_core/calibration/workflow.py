@@ -16,8 +16,11 @@ it must, on a copy of the graph per run:
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import random
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from carnator_core.demo.graphs import complete
 from carnator_core.queue import Workflow, WorkflowError
@@ -33,6 +36,7 @@ STORE_INFO_NODE = "carnator_calibration_store_info"
 LATENT_NODE = "carnator_calibration_latent"
 FRAMES_NODE = "carnator_calibration_frames"
 INSERTED_REUSE_NODE = "carnator_calibration_reuse"
+MODEL_FILE_INPUTS = ("unet_name", "ckpt_name", "model_name")  # loaders' file inputs
 
 
 def _links_to(value: object, node_id: str) -> bool:
@@ -123,6 +127,20 @@ class CalibrationWorkflow:
         if self.decoder is not None:
             graph[FRAMES_NODE] = {"class_type": "PreviewImage", "inputs": {"images": [self.decoder, 0]}}
         return graph
+
+    def digest(self) -> str:
+        """Names what a calibration measures: the graph with the prompt text left out (model, settings, seed)."""
+        text = json.dumps(self.graph_for("", ""), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def model_name(self) -> str | None:
+        """The stem of the first model file the graph loads, to name a profile by where none is given."""
+        for node in self.workflow.graph.values():
+            for name in MODEL_FILE_INPUTS:
+                value = node["inputs"].get(name)
+                if isinstance(value, str) and value:
+                    return PurePath(value.replace("\\", "/")).stem
+        return None
 
     def store_graph(self) -> dict:
         """A graph that opens the store the user's reuse node reads (the default store when none is connected) and

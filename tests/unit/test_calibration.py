@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from carnator_core.calibration.fit import Resume, accepts, fit
+from carnator_core.calibration.pairs import Pair, parse_pairs
 from carnator_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, QualityTarget
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
+from carnator_core.prompt_file import PromptFileError, prompt_lines
 from carnator_core.reuse.probe import ProbeThresholds
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
@@ -185,3 +187,13 @@ def test_a_fit_with_nothing_good_to_accept_accepts_nothing():
                   psnr_db=10.0, ssim=0.2) for p in range(6)]
     result = fit(bad, QualityTarget())
     assert result.fitted.accepted == 0 and result.held_back.accepted == 0
+
+
+def test_pairs_are_split_by_a_tab_or_by_an_arrow_and_a_line_that_is_no_pair_is_named():
+    lines = ["a red fox in snow\ta red fox in fresh snow", "a cat on a sofa => a cat asleep on a sofa"]
+    assert parse_pairs(lines, "pairs") == [Pair("a red fox in snow", "a red fox in fresh snow"),
+                                           Pair("a cat on a sofa", "a cat asleep on a sofa")]
+    assert parse_pairs(prompt_lines("# my edits\n\n a => b \n"), "pairs") == [Pair("a", "b")]
+    for line in ("just one prompt", "a => b => c", "a =>  "):
+        with pytest.raises(PromptFileError, match=r"pairs, pair 2 .*separated by a tab or by =>"):
+            parse_pairs(["x => y", line], "pairs")
