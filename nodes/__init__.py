@@ -5,6 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .attention_node import CarnatorSparseAttention
+from .calibrate_node import CarnatorCalibrate
 from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_weights_folder
 from .host import missing_hooks
 from .lookup_node import CarnatorCompatibilityLookup
@@ -22,6 +23,7 @@ NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorKSampler,
     CarnatorReuseSampler,
     CarnatorSparseAttention,
+    CarnatorCalibrate,
     CarnatorDemoTextEncode,
     CarnatorDemoDecode,
 ]

@@ -14,6 +14,8 @@ name) of one of the stores the server serves, as `/stores` lists them; empty: th
     GET    /carnator/store/profiles?store                 calibration profiles, whole (export), and refused ones
     POST   /carnator/store/profiles?store                 body: a profile.json (import)
     DELETE /carnator/store/profiles/{model}/{schedule}?store
+    GET    /carnator/calibration                          the Calibrate node's background calibration, where it stands
+    POST   /carnator/calibration/stop                     stop it after its current run
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from comfy.cli_args import args as comfy_args
 from carnator_core.store import http_api as store_api
 from carnator_core.store.http_api import ApiError
 
+from .calibrate_node import calibration
 from .host import store_location
 
 log = logging.getLogger("carnator")
@@ -158,6 +161,17 @@ async def delete_profile(request: web.Request) -> web.Response:
     return web.json_response(await _in_store(request, store_api.remove_profile, model, schedule))
 
 
+@_json_errors
+async def calibration_state(request: web.Request) -> web.Response:
+    return web.json_response(calibration.state())
+
+
+@_json_errors
+async def stop_calibration(request: web.Request) -> web.Response:
+    _same_origin(request)
+    return web.json_response(calibration.stop())
+
+
 def register_routes() -> None:
     """Add the routes to ComfyUI's server, once per server; a no-op when ComfyUI runs without one.
 
@@ -183,3 +197,5 @@ def register_routes() -> None:
     routes.get("/carnator/store/profiles")(profiles)
     routes.post("/carnator/store/profiles")(import_profile)
     routes.delete("/carnator/store/profiles/{model}/{schedule}")(delete_profile)
+    routes.get("/carnator/calibration")(calibration_state)
+    routes.post("/carnator/calibration/stop")(stop_calibration)

@@ -1,6 +1,7 @@
 // Carnator store panel: a sidebar tab (and a dialog from the Carnator menu, the only way on frontends without
 // sidebar tabs) listing the reuse store's entries with prompt, date, size, hits, time saved and thumbnail; search, pin, delete, clear all; totals;
-// and the store's calibration profiles (python -m carnator_core.calibrate) with export, import and delete.
+// and the store's calibration profiles (python -m carnator_core.calibrate) with export, import and delete; and where
+// the Calibrate node's background calibration stands, with a Stop button.
 // It talks to the /carnator/store routes (nodes/routes.py). It refreshes when opened, on user actions and
 // after Carnator runs; a failed request shows an empty state with a retry button and is never retried by itself.
 // Where the server serves more than one store (its default and those Carnator Store nodes opened), a picker
@@ -8,7 +9,7 @@
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { formatBytes, formatDate, formatSeconds, loadStylesheet, shorten, totalsText } from "./carnator_ui.js";
+import { calibrationText, formatBytes, formatDate, formatSeconds, loadStylesheet, shorten, totalsText } from "./carnator_ui.js";
 
 const PAGE = 50;
 const SEARCH_DELAY_MS = 250;
@@ -68,6 +69,7 @@ class StorePanel {
       onchange: () => { this.storeId = this.picker.value; this.refresh(); },
     });
     this.totals = element("div", { class: "carnator-totals" });
+    this.calibration = element("div", { class: "carnator-calibration", hidden: true });
     this.profiles = element("details", { class: "carnator-profiles" });
     this.importer = element("input", { type: "file", accept: ".json,application/json", hidden: true,
                                        onchange: () => this.importProfile() });
@@ -78,12 +80,24 @@ class StorePanel {
         element("span", { class: "carnator-title" }, "Carnator store"),
         element("button", { class: "carnator-icon-button", title: "Refresh", "aria-label": "Refresh",
                             onclick: () => this.refresh() }, element("i", { class: "pi pi-refresh" }))),
-      this.picker, this.totals, this.profiles, this.importer, this.search, this.list,
+      this.picker, this.totals, this.calibration, this.profiles, this.importer, this.search, this.list,
       element("div", { class: "carnator-footer" }, this.more,
         element("button", { class: "carnator-button carnator-danger", onclick: () => this.clearAll() }, "Clear all…")));
     container.replaceChildren(this.root);
     mounted.add(this);
     this.refresh();
+    request("/carnator/calibration").then((state) => this.showCalibration(state), () => {});
+  }
+
+  /** The background calibration's line; a Stop button while it runs. */
+  showCalibration(state) {
+    if (!this.root) return;
+    const text = calibrationText(state);
+    this.calibration.hidden = !text;
+    const stop = element("button", { class: "carnator-button",
+                                     onclick: () => this.act("/carnator/calibration/stop", { method: "POST" }) }, "Stop");
+    this.calibration.replaceChildren(element("span", { title: state?.line ?? "" }, text),
+                                     ...(state?.phase === "running" ? [stop] : []));
   }
 
   unmount() {
@@ -297,5 +311,11 @@ app.registerExtension({
     const afterRun = () => { for (const panel of mounted) panel.schedule(AFTER_RUN_DELAY_MS); };
     api.addEventListener("carnator.status", afterRun);
     api.addEventListener("execution_success", afterRun);
+    api.addEventListener("carnator.calibration", ({ detail }) => {
+      for (const panel of mounted) {
+        panel.showCalibration(detail);
+        if (detail.phase === "done") panel.refresh();  // the new profile
+      }
+    });
   },
 });

@@ -108,3 +108,14 @@ export function totalsText(totals) {
   return `${totals.entries} ${totals.entries === 1 ? "entry" : "entries"} · ${formatBytes(totals.bytes)} · hit rate ${rate} · ` +
          `${totals.hits} reuses · ${formatSeconds(totals.seconds_saved)} saved`;
 }
+
+/** One line for the Calibrate node's background calibration (GET /carnator/calibration, `carnator.calibration`). */
+export function calibrationText(state) {
+  if (!state || state.phase === "idle") return "";
+  const runs = state.runs_total ? ` ${state.runs_done}/${state.runs_total} runs` : "";
+  const left = state.phase === "running" && state.seconds_left ? `, about ${formatSeconds(state.seconds_left)} left` : "";
+  const heading = { running: "Calibrating", stopping: "Stopping", done: "Calibrated", stopped: "Stopped",
+                    interrupted: "Interrupted", failed: "Calibration failed" }[state.phase] ?? state.phase;
+  const detail = ["running", "stopping"].includes(state.phase) ? `${runs}${left}` : `: ${state.line ?? ""}`;
+  return `${heading} “${state.name}”${detail}`;
+}

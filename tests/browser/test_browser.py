@@ -5,7 +5,9 @@ One scenario, in order, on one page: the Carnator nodes are in the node search; 
 loads; queueing it shows a MISS badge on the sampler; the same seed with an edited prompt shows a HIT badge
 with a tooltip; the store panel (sidebar tab) lists both entries live, searches, pins, deletes one and clears
 all after a confirmation; with the store unreachable it shows an empty state and does not retry by itself;
-a workflow naming a node this Carnator lacks gets ComfyUI's missing-node report and no JavaScript error.
+a workflow naming a node this Carnator lacks gets ComfyUI's missing-node report and no JavaScript error; the
+calibration workflow, queued, shows its progress on its Calibrate node and in the store panel, whose Stop button
+stops it.
 
 The demo workflow is queued on the tiny Wan model, edited in the page like a user would (model file, 8
 steps, probe thresholds a random-weight model passes with near-duplicate prompts; see tests/support/tiny_workflows.py),
@@ -299,4 +301,32 @@ def test_workflow_with_a_missing_node_gets_comfyuis_report(page, tmp_path):
     _shot(page, "09_missing_node_report")
     page.keyboard.press("Escape")
     assert page.errors[errors_before:] == []
+    assert not _carnator_errors(page)
+
+
+def test_the_calibrate_workflow_shows_its_progress_on_the_node_and_in_the_panel_which_stops_it(page, server,
+                                                                                                tiny_models):
+    page.set_input_files("#comfy-file-input", str(WORKFLOWS / "carnator_calibrate_demo.json"))
+    page.wait_for_function("() => window.comfyAPI.app.app.graph.nodes.some((n) => n.type === 'CarnatorCalibrate')")
+    _set_widgets(page, "UNETLoader", {"unet_name": tiny_models["wan"].name})
+    _set_widgets(page, "KSampler", {"steps": 20})  # 3 pairs x 7 runs: long enough to stop it halfway
+    pairs = [f"{FIRST_PROMPT} => {EDITED_PROMPT}", f"{EDITED_PROMPT} => a red ball moving up on a black background",
+             "a blue square moving down on a gray background => on a grey background a blue box is falling"]
+    _set_widgets(page, "CarnatorCalibrate", {"pairs": "\n".join(pairs), "name": "browser"})
+    if not page.locator(".carnator-panel").is_visible():
+        page.locator(".carnator-sidebar-icon").click()
+    _run(page)
+    panel_line = page.locator(".carnator-calibration")
+    panel_line.locator("button", has_text="Stop").wait_for()
+    status = page.evaluate_handle("() => window.comfyAPI.app.app.graph.nodes"
+                                  ".find((n) => n.type === 'CarnatorCalibrate').widgets"
+                                  ".find((w) => w.name === 'calibration status').element")
+    page.wait_for_function("(box) => box.value.includes('“browser”')", arg=status)
+    _focus(page, "CarnatorCalibrate")
+    _shot(page, "10_calibration_running")
+    panel_line.locator("button", has_text="Stop").click()
+    panel_line.filter(has_text="Stopped “browser”").wait_for()
+    page.wait_for_function("(box) => box.value.startsWith('Stopped “browser”')", arg=status)
+    assert server.get("/carnator/calibration").json()["phase"] == "stopped"
+    _shot(page, "11_calibration_stopped")
     assert not _carnator_errors(page)

@@ -217,6 +217,67 @@ def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server
     assert {(row["earlier"], row["new"]) for row in rows} >= {(EARLIER, REWORDED), (REWORDED, edited)}
 
 
+def test_an_output_directory_of_another_workflow_is_refused_not_mixed_in(server, tmp_path):
+    workflow, pairs = _files(tmp_path, _graph(), pairs=1)
+    out = tmp_path / "out"
+    first = _calibrate(server.url, workflow, pairs, out, "--no-install")
+    output, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, output
+    (tmp_path / "other").mkdir()
+    other, _ = _files(tmp_path / "other", _graph(steps=12), pairs=1)
+    again = _calibrate(server.url, other, pairs, out, "--no-install")
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 2 and "holds a calibration of another workflow" in output, output
+    assert len((out / "resumes.jsonl").read_text().splitlines()) == 2
+
+
+def _calibration_state(server, until, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = server.get("/carnator/calibration").json()
+        if until(state):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"the calibration did not get there: {state}")
+
+
+def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queue(server):
+    """The shipped `carnator_calibrate_demo` workflow (10 steps, its first two pairs) queued as the graph editor
+    queues it: the Calibrate node starts the calibration and its runs queue behind; queued again meanwhile it says
+    so; stopped from the panel's route it keeps what it did, and queued again it resumes and files the profile."""
+    graph = api_workflow("carnator_calibrate_demo")
+    (node_id,) = [n for n, node in graph.items() if node["class_type"] == "CarnatorCalibrate"]
+    calibrate = graph[node_id]["inputs"]
+    lines = [line for line in calibrate["pairs"].splitlines() if not line.startswith("#")]
+    calibrate.update(pairs="\n".join(lines[:2]), name="graph editor")
+    graph["9"]["inputs"]["steps"] = STEPS
+
+    def status(history: dict) -> str:
+        return history["outputs"][node_id]["text"][0]
+
+    assert "Calibrating 'graph editor' on 2 pairs" in status(server.client.run(graph).history)
+    busy = status(server.client.run(graph).history)
+    assert busy.startswith("Not started: calibration 'graph editor' is running"), busy
+    _calibration_state(server, lambda state: state.get("runs_done", 0) >= 3)
+    assert server.post("/carnator/calibration/stop").json()["phase"] in ("stopping", "stopped")
+    stopped = _calibration_state(server, lambda state: state["phase"] == "stopped")
+    out = Path(stopped["out"])
+    done = len((out / "resumes.jsonl").read_text().splitlines())
+    plains_left = sum(not (out / "pairs" / f"{pair:03d}-plain.safetensors").exists() for pair in (0, 1))
+    assert 1 <= done < 10 and "queue the Calibrate node again to resume" in stopped["line"]
+
+    server.client.run(graph)
+    finished = _calibration_state(server, lambda state: state["phase"] in ("done", "failed"))
+    assert finished["phase"] == "done", finished
+    rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert sorted((row["pair"], row["requested_depth"]) for row in rows) == sorted(
+        (pair, depth) for pair in (0, 1) for depth in (0.2, 0.35, 0.5, 0.65, 0.8))
+    assert finished["runs_total"] == 10 - done + 2 * plains_left  # only what was left ran again
+    filed = [p for p in server.get("/carnator/store/profiles").json()["profiles"] if p["name"] == "graph editor"]
+    assert len(filed) == 1 and finished["profile"] == filed[0]["description"]
+    assert any(line.startswith("filed as profile 'graph editor'") for line in finished["summary"])
+
+
 def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tmp_path):
     workflow, pairs = _files(tmp_path, _graph(), pairs=2)
     out = tmp_path / "out"

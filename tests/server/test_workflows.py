@@ -313,7 +313,11 @@ def _shapes(history: dict) -> dict[str, list]:
             if node.startswith("stats_")}
 
 
-@pytest.mark.parametrize("name", NAMES)
+# queued, these start a background calibration (its own runs queue behind): tests/server/test_calibrate.py runs it
+CALIBRATES = {"carnator_calibrate_demo"}
+
+
+@pytest.mark.parametrize("name", sorted(set(NAMES) - CALIBRATES))
 def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
     run_with_statuses(server, tiny_graph(name, tiny_models))
 

@@ -54,6 +54,7 @@ FAMILY = {  # shipped workflow -> tiny model family it runs on
     "carnator_ltxv_t2v": "ltxv",
     "carnator_demo_cpu": "wan",
     "carnator_explicit_control": "wan",
+    "carnator_calibrate_demo": "wan",
     "carnator_wan22_14b_t2v": "wan",
     "carnator_wan22_5b_ti2v": "wan22",
     "carnator_hunyuan_video15_720p_t2v": "hunyuan_video15",
