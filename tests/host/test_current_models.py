@@ -27,6 +27,7 @@ from support.t2v_graphs import (
     LTX2_AUDIO_LATENT,
     MODEL,
     SAMPLER,
+    STATS,
     hunyuan_video15_t2v,
     ltx2_audio_latent_shape,
     ltx2_av_t2v,
@@ -178,6 +179,23 @@ def test_ltx2_packed_shapes_that_do_not_add_up_sample_plain_with_the_reason(comf
     assert host.unsupported_latent({"noise": torch.zeros(1, 1, _packed_length(*shapes)), "latent_shapes": shapes},
                                    packed_ok=True) == ""
     assert "attention stays dense" in host.unsupported_latent({"noise": noise, "latent_shapes": shapes})
+
+
+def test_ltx2_audio_sampled_without_its_video_is_sampled_as_the_host_makes_it(comfy, current_model, store_path,
+                                                                              audio_latent):
+    """LTX-2's empty audio latent sampled alone reaches the sampler as the host makes it (an empty latent of the
+    model's video channels; a non-empty one the host cannot sample at all): a miss is the plain output bit for bit,
+    in plain's shape, and the same request again resumes it like any video latent."""
+    graph = _graph(current_model, "ltxav", seed=3, steps=4)
+    graph[SAMPLER]["inputs"]["latent_image"] = ["audio_latent", 0]
+    for node_id in ("av_latent", "separate"):
+        graph.pop(node_id)
+    graph[STATS]["inputs"]["latent"] = [SAMPLER, 0]
+    plain, _ = _sample(comfy, graph)
+    first, (report,) = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    assert not report["hit"] and torch.equal(first, plain), json.dumps(report)
+    second, (report,) = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    assert report["hit"] and second.shape == plain.shape, json.dumps(report)
 
 
 def test_ltx2_through_the_reuse_sampler_records_and_resumes_the_same(comfy, current_model, store_path, audio_latent):

@@ -8,6 +8,8 @@ import torch
 
 from carnator_core.reuse.packed_latent import packed_shapes, packing_error, unpack
 from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
+from carnator_core.reuse.recording import RunRecorder
+from carnator_core.store.tensor_codec import decode_tensors
 
 SHAPES = ((2, 128, 2, 2, 2), (2, 8, 9, 16))
 
@@ -54,3 +56,17 @@ def test_the_probe_judges_each_part_and_a_changed_sound_fails_it():
     assert thresholds.passes(same) and not thresholds.passes(signals) and thresholds.donor_hopeless(signals)
     assert "other_parts_agreement" not in ProbeSignals(0.5, 0.9, 0.9, None).as_dict()  # one latent: as before
     assert signals.as_dict()["other_parts_agreement"] == list(signals.other_parts_agreement)
+
+
+def test_a_recorded_packed_checkpoint_comes_back_part_for_part_exactly():
+    """Recorded (fp16, as every checkpoint) and read back from its blob, the packed state unpacks into each part's
+    recorded values bit for bit: a resume restores video and audio together, never one part shifted into another."""
+    parts = _parts(1)
+    packed = _pack(parts)
+    recorder = RunRecorder(checkpoint_steps={3})
+    recorder.capture(3, 0.5, packed, packed * 0.5, guidance=None)
+    _, blobs = recorder.blobs()
+    restored = decode_tensors(blobs["checkpoints"])["x_3"]
+    assert restored.shape == packed.shape and restored.dtype == torch.float16
+    for part, recorded in zip(unpack(restored, SHAPES), parts, strict=True):
+        assert torch.equal(part, recorded.to(torch.float16))
