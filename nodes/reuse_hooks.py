@@ -51,6 +51,7 @@ from .host import (
     unsupported_latent,
 )
 from .keys import ATTENTION_RUN_KEY, REUSE_KEY, REUSE_WRAPPER_KEY
+from .noise_continuation import plain_noise_sampler, with_plain_noise
 from .reports import publish
 
 log = logging.getLogger("carnator")
@@ -322,6 +323,9 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
         if decision is not None:
             start = decision.target.step
             noise, latent_image = _resume_from(state, guider, extra_args, decision, noise, sigma_values)
+            noise_sampler = plain_noise_sampler(sampler, extra_args.get("seed"), sigmas, start, noise)
+            if noise_sampler is not None:
+                sample = with_plain_noise(sample, sampler, noise_sampler)
             sigmas = sigmas[start:]
         elif run.start_evaluation is not None:
             _adopt_step_cache(state, guider, extra_args, run.start_state)

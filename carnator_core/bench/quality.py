@@ -43,3 +43,12 @@ def ssim(clip: torch.Tensor, reference: torch.Tensor) -> float:
     cov = F.conv2d(a * b, window) - mu_a * mu_b
     score = ((2 * mu_a * mu_b + _C1) * (2 * cov + _C2)) / ((mu_a**2 + mu_b**2 + _C1) * (var_a + var_b + _C2))
     return float(score.mean())
+
+
+def latent_quality(latent: torch.Tensor, plain: torch.Tensor) -> tuple[float, float]:
+    """PSNR (dB) and SSIM of a latent against the plain latent, both scaled by the plain latent's range: latents have
+    no fixed range, so the plain one's stands for [0, 1]."""
+    low, high = plain.min(), plain.max()
+    scale = (high - low).clamp_min(1e-6)
+    a, b = (latent.float() - low) / scale, (plain.float() - low) / scale
+    return psnr_from_mse(mse(a, b)), ssim(a, b)

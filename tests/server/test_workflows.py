@@ -38,10 +38,12 @@ from support.tiny_workflows import (
     on_tiny_models,
 )
 
+from carnator_core.bench.quality import latent_quality
 from carnator_core.client import RequestRefused
 from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
 from carnator_core.demo.oracle import score
+from carnator_core.lookup.prompt_text import is_link
 from carnator_core.reuse.input_start import INPUT_NOTE
 from carnator_core.reuse.recording import writer
 
@@ -373,6 +375,80 @@ def test_ltx2_workflow_resumes_its_packed_audio_and_video_first_stage(server, ti
     assert any(probe["step"] == 0 and probe["passed"] and probe["donor_id"] == verified[0]["donor_id"]
                for probe in refinement["probes"]), json.dumps(refinement)
     assert refinement["model_calls"] <= 3  # the screen is step 0's evaluation: a hit never costs more than plain
+
+
+def _ltx2_outputs(server: ComfyServer, graph: dict, label: str) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """The LTX-2 twin's final video and audio latents (what it decodes) and its reports by sampler node."""
+    graph = copy.deepcopy(graph)
+    (separate,) = [node_id for node_id, node in graph.items() if node["class_type"] == "LTXVSeparateAVLatent"
+                   and graph[node["inputs"]["av_latent"][0]]["inputs"]["sigmas"][0] in graph
+                   and graph[graph[node["inputs"]["av_latent"][0]]["inputs"]["sigmas"][0]]["class_type"] ==
+                   "ManualSigmas"]
+    for index, part in enumerate(("video", "audio")):
+        graph[f"save_{part}"] = {"class_type": "SaveLatent",
+                                 "inputs": {"samples": [separate, index], "filename_prefix": f"ltx2/{label}-{part}"}}
+    run = server.client.run(graph, timeout=300)
+    latents = {}
+    for part in ("video", "audio"):
+        saved = run.history["outputs"][f"save_{part}"]["latents"][0]
+        path = server.base_dir / "output" / saved["subfolder"] / saved["filename"]
+        latents[part] = load_file(str(path))["latent_tensor"]
+    return latents, {report["node"]: report for report in run.statuses}
+
+
+def _without_reuse(graph: dict) -> dict:
+    """The graph with its Carnator Reuse nodes taken out (their model input linked through): plain sampling."""
+    graph = copy.deepcopy(graph)
+    for node_id in [n for n, node in graph.items() if node["class_type"] == "CarnatorReuse"]:
+        model = graph.pop(node_id)["inputs"]["model"]
+        for node in graph.values():
+            for name, value in node["inputs"].items():
+                if is_link(value) and value[0] == node_id:
+                    node["inputs"][name] = model
+    return graph
+
+
+def _with_text(graph: dict, word: str, replacement: str) -> dict:
+    graph = copy.deepcopy(graph)
+    (text_node,) = [node for node in graph.values() if word in node["inputs"].get("text", "")]
+    text_node["inputs"]["text"] = text_node["inputs"]["text"].replace(word, replacement)
+    return graph
+
+
+def test_ltx2_workflow_resumed_audio_and_video_stay_close_to_plain_and_a_rejected_prompt_is_plain(server,
+                                                                                                  tiny_models):
+    """The LTX-2 twin (euler_ancestral, cfg 4, then the 3-step refinement) on the tiny model: a rewording resumes its
+    first stage at balanced's depth (half of its steps), and its audio and video, continuing the plain run's noise,
+    stay closer to the same prompt's plain run than another prompt's plain run is (figures printed); a prompt the
+    model rejects (here: a structure bar no agreement reaches) samples both stages plain, bit for bit, at plain's
+    model calls."""
+    graph = tiny_graph("carnator_ltx2_t2v", tiny_models)
+    _ltx2_outputs(server, _with_text(graph, "cheerful", "merry"), "donor")
+    request = _with_text(graph, "cheerful", "happy")
+    plain, _ = _ltx2_outputs(server, _without_reuse(request), "plain")
+    resumed, reports = _ltx2_outputs(server, request, "resumed")
+    first_stage = max(reports.values(), key=lambda report: report["total_steps"])
+    assert first_stage["hit"] and first_stage["skipped_steps"] == first_stage["total_steps"] // 2, \
+        json.dumps(first_stage)
+    other_text = _with_text(graph, "cheerful", "gloomy")
+    other_plain, _ = _ltx2_outputs(server, _without_reuse(other_text), "plain-other")
+    for part in ("video", "audio"):  # closer to its own plain run than another prompt's plain run is
+        psnr, similarity = latent_quality(resumed[part], plain[part])
+        other_psnr, _ = latent_quality(other_plain[part], plain[part])
+        print(f"LTX-2 tiny, resumed rewording against plain, {part}: PSNR {psnr:.1f} dB, SSIM {similarity:.3f} "
+              f"(another prompt's plain run: {other_psnr:.1f} dB)")
+        assert resumed[part].shape == plain[part].shape and psnr > other_psnr, (part, psnr, other_psnr)
+    assert all(report["model_calls"] <= report["total_steps"] for report in reports.values())
+
+    strict = copy.deepcopy(other_text)
+    for node in strict.values():
+        if node["class_type"] == "CarnatorReuse":
+            node["inputs"]["structure_threshold"] = 1.0
+    rejected, reports = _ltx2_outputs(server, strict, "rejected")
+    for part in ("video", "audio"):
+        assert torch.equal(rejected[part], other_plain[part]), part
+    for report in reports.values():  # the step-0 screen that rejected the donors is the sampler's own first call
+        assert not report["hit"] and report["model_calls"] == report["total_steps"], json.dumps(report)
 
 
 # ------------------------------------------------------------------ on the demo model
