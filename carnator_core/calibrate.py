@@ -3,9 +3,9 @@
     python -m carnator_core.calibrate --server http://127.0.0.1:8188 --workflow API.json \\
         (--pairs FILE | --from-store) --out DIR [--psnr 30] [--ssim 0.95] [--precision 0.95]
 
-The workflow (API format, one sampler) runs as it is, with the model it loads and its own sampler settings. For
-each pair (earlier prompt, new prompt; the workflow's seed) calibration samples both plain, then resumes the new
-prompt from the earlier run at each depth (`--depths`), forced whatever the rule says, and records the signals the
+The workflow (API format, one sampler, or stages one after another: then the first stage is calibrated) runs as it
+is, with the model it loads and its own sampler settings. For each pair (earlier prompt, new prompt; the workflow's
+seed) calibration samples both plain, then resumes the new prompt from the earlier run at each depth (`--depths`), forced whatever the rule says, and records the signals the
 engine judged each resume on and how close its clip came to the new prompt's plain clip (PSNR and SSIM on decoded
 frames where the workflow decodes, on latents otherwise; with the demo model, the demo world's oracle too).
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", required=True, help="ComfyUI's URL, e.g. http://127.0.0.1:8188")
-    parser.add_argument("--workflow", required=True, type=Path, help="API-format workflow with one sampler")
+    parser.add_argument("--workflow", required=True, type=Path, help="API-format workflow with one sampler (or stages)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--pairs", type=Path, help="pairs file: earlier and new prompt per line, tab-separated")
     source.add_argument("--from-store", action="store_true", help="pairs from the store's own history")

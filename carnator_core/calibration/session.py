@@ -30,7 +30,7 @@ from PIL import Image
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file, save_file
 
-from carnator_core.bench.quality import mse, psnr_from_mse, ssim
+from carnator_core.bench.quality import latent_quality, mse, psnr_from_mse, ssim
 from carnator_core.calibration.fit import Resume
 from carnator_core.calibration.pairs import Pair
 from carnator_core.calibration.workflow import FRAMES_NODE, LATENT_NODE, STORE_INFO_NODE, CalibrationWorkflow
@@ -96,12 +96,8 @@ def quality(clip: Clip, plain: Clip) -> tuple[float, float]:
     """PSNR (dB) and SSIM of a clip against the plain clip: on decoded frames where there are any, else on the
     latents scaled by the plain latent's range."""
     if clip.frames is not None and plain.frames is not None and clip.frames.shape == plain.frames.shape:
-        a, b = clip.frames, plain.frames
-    else:
-        low, high = plain.latent.min(), plain.latent.max()
-        scale = (high - low).clamp_min(1e-6)
-        a, b = (clip.latent - low) / scale, (plain.latent - low) / scale
-    return psnr_from_mse(mse(a, b)), ssim(a, b)
+        return psnr_from_mse(mse(clip.frames, plain.frames)), ssim(clip.frames, plain.frames)
+    return latent_quality(clip.latent, plain.latent)
 
 
 @dataclass
@@ -290,7 +286,7 @@ class Session:
         return score(prompt, world.decode(world.from_raw(clip.latent[0])))
 
     def _measure(self, index: int, depth: float, pair: Pair, clip: Clip, plain: Clip, run, oracle_plain):
-        reports = [r for r in run.statuses if r.get("probes") is not None]
+        reports = [r for r in run.statuses if r.get("probes") is not None and r.get("node") == self.workflow.sampler]
         report = reports[0] if reports else {}
         probes = report.get("probes") or []
         screen = next((p for p in probes if p.get("step") == 0 and p.get("confirms_deeper")), None)

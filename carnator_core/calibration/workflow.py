@@ -4,8 +4,10 @@ Calibration samples with whatever model the graph loads and the graph's own samp
 it must, on a copy of the graph per run:
 
 - the prompt text, where the queue runner writes it (`carnator_core.queue.Workflow`);
-- the one Carnator reuse node (inserted in front of the sampler when the graph has none): its mode, verification,
-  recording and sparse attention off, so plain runs are bit-identical to the stock sampler;
+- the Carnator reuse node of the first sampler (inserted in front of it when the graph has none): its mode,
+  verification, recording and sparse attention off, so plain runs are bit-identical to the stock sampler. A graph
+  whose samplers run one after another (Wan 2.2 14B's two experts, LTX-2's refinement) calibrates its first stage:
+  the later stages' reuse nodes sample plain and record nothing, and the clip compared is the last stage's;
 - a `CarnatorStore` of the pair's own, so each forced resume can only take the pair's earlier prompt as donor;
 - `SaveLatent` on the sampler's output, and `PreviewImage` on the node that decodes it where one does, so clips
   are compared on decoded frames where the graph decodes, on latents otherwise;
@@ -49,11 +51,13 @@ class CalibrationWorkflow:
 
     workflow: Workflow
     object_info: dict
-    sampler: str
+    sampler: str  # the sampler calibrated: the first of the graph's samplers
     reuse_node: str
     decoder: str | None
     runs_demo: bool
     user_store: str | None  # the node id of the CarnatorStore the reuse node reads (None: the default store)
+    output: str = ""  # the sampler whose latent is the request's: the last one (the calibrated one when alone)
+    later_reuse_nodes: tuple[str, ...] = ()  # the reuse nodes of the later stages: plain in every run
 
     @classmethod
     def prepare(cls, workflow: Workflow, object_info: dict) -> CalibrationWorkflow:
@@ -62,27 +66,35 @@ class CalibrationWorkflow:
         samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
         if not samplers:
             raise WorkflowError(f"the workflow has no sampler node ({', '.join(SAMPLERS)}): nothing to calibrate")
-        if len(samplers) > 1:
+        chain = _stages(graph, samplers)
+        if chain is None:
             named = ", ".join(f"{node_id} ({graph[node_id]['class_type']})" for node_id in samplers)
-            raise WorkflowError(f"the workflow has several samplers ({named}): calibration measures one model over one "
-                                "schedule; export a workflow with one sampler (e.g. one expert of a two-expert graph)")
-        sampler = samplers[0]
+            raise WorkflowError(f"the workflow has several samplers that do not run one after another ({named}): "
+                                "calibration measures one model over one schedule; export a workflow with one "
+                                "sampler, or with stages that each continue the one before")
+        sampler, output = chain[0], chain[-1]
         missing = [name for name in (*REUSE_NODES, "SaveLatent", "PreviewImage", "CarnatorStore", "CarnatorStoreInfo")
                    if name not in object_info]
         if missing:
             raise WorkflowError(f"the server lacks nodes calibration needs: {', '.join(missing)} (is Carnator installed "
                                 "there?)")
-        reuse_nodes = [node_id for node_id, node in graph.items() if node["class_type"] in REUSE_NODES]
-        if len(reuse_nodes) > 1:
-            raise WorkflowError(f"the workflow has several Carnator reuse nodes ({', '.join(reuse_nodes)}); keep one")
         for node_id in [n for n, node in graph.items() if node["class_type"] == SPARSE_ATTENTION_NODE]:
             _bypass(graph, node_id, "model")
-        reuse_node = reuse_nodes[0] if reuse_nodes else cls._insert_reuse(graph, sampler)
+        reuse_nodes = [node_id for node_id, node in graph.items() if node["class_type"] in REUSE_NODES]
+        own = [node_id for node_id in reuse_nodes if node_id == sampler or _upstream(graph, sampler, node_id)]
+        others = [node_id for node_id in reuse_nodes if node_id not in own
+                  and not any(_upstream(graph, later, node_id) or node_id == later for later in chain[1:])]
+        if len(own) > 1:
+            raise WorkflowError(f"the workflow has several Carnator reuse nodes in front of its first sampler "
+                                f"({', '.join(own)}); keep one")
+        if others:
+            raise WorkflowError(f"Carnator reuse node {', '.join(others)} feeds none of the workflow's samplers")
+        reuse_node = own[0] if own else cls._insert_reuse(graph, sampler)
         graph = complete(graph, object_info)
         user_store = graph[reuse_node]["inputs"].get("store")
         user_store = str(user_store[0]) if isinstance(user_store, list) else None
         decoders = [node_id for node_id, node in graph.items()
-                    if any(_links_to(value, sampler) for value in node["inputs"].values())
+                    if any(_links_to(value, output) for value in node["inputs"].values())
                     and "IMAGE" in (object_info.get(node["class_type"], {}).get("output") or [])]
         for node_id in [n for n, node in graph.items()
                         if object_info.get(node["class_type"], {}).get("output_node")
@@ -92,7 +104,8 @@ class CalibrationWorkflow:
         runs_demo = decoder is not None and graph[decoder]["class_type"] == DEMO_DECODER
         return cls(workflow=Workflow(graph, workflow.text_target[0] if workflow.text_target else None),
                    object_info=object_info, sampler=sampler, reuse_node=reuse_node, decoder=decoder,
-                   runs_demo=runs_demo, user_store=user_store)
+                   runs_demo=runs_demo, user_store=user_store, output=output,
+                   later_reuse_nodes=tuple(n for n in reuse_nodes if n not in own))
 
     @staticmethod
     def _insert_reuse(graph: dict, sampler: str) -> str:
@@ -117,12 +130,14 @@ class CalibrationWorkflow:
         reuse = graph[self.reuse_node]["inputs"]
         reuse.update(mode="fast" if verification != "model" else "safe", verification=verification, record=record,
                      sparse_attention="off", store=[STORE_NODE, 0])
+        for node_id in self.later_reuse_nodes:
+            graph[node_id]["inputs"].update(mode="safe", verification="model", record=False, sparse_attention="off")
         for node in graph.values():
             if node["class_type"] in STORE_READERS:
                 node["inputs"]["store"] = [STORE_NODE, 0]
         graph[STORE_NODE] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
         graph[STORE_INFO_NODE] = {"class_type": "CarnatorStoreInfo", "inputs": {"store": [STORE_NODE, 0]}}
-        graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [self.sampler, 0],
+        graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [self.output or self.sampler, 0],
                                                                      "filename_prefix": prefix}}
         if self.decoder is not None:
             graph[FRAMES_NODE] = {"class_type": "PreviewImage", "inputs": {"images": [self.decoder, 0]}}
@@ -150,6 +165,28 @@ class CalibrationWorkflow:
             graph[self.user_store] = copy.deepcopy(self.workflow.graph[self.user_store])
             graph[STORE_INFO_NODE]["inputs"]["store"] = [self.user_store, 0]
         return graph
+
+
+def _upstream(graph: dict, node_id: str, target: str) -> bool:
+    """Whether `target` feeds `node_id`, through any chain of links."""
+    seen, frontier = set(), [node_id]
+    while frontier:
+        for value in graph[frontier.pop()]["inputs"].values():
+            if _is_link(value) and str(value[0]) in graph and str(value[0]) not in seen:
+                if str(value[0]) == target:
+                    return True
+                seen.add(str(value[0]))
+                frontier.append(str(value[0]))
+    return False
+
+
+def _stages(graph: dict, samplers: list[str]) -> list[str] | None:
+    """The samplers in the order they run when each one continues the one before (its input comes from it), else
+    None."""
+    ordered = sorted(samplers, key=lambda node_id: sum(_upstream(graph, node_id, other) for other in samplers))
+    if all(_upstream(graph, later, earlier) for earlier, later in zip(ordered, ordered[1:], strict=False)):
+        return ordered
+    return None
 
 
 def _is_link(value: object) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.comfy_host import REPO_ROOT, ServerFactory, make_base_dir
+from support.tiny_models import write_tiny_model
 from support.tiny_workflows import api_workflow, on_tiny_models
 
 from carnator_core.calibration.profile import Profile
@@ -31,9 +32,14 @@ PAIRS_FILE = REPO_ROOT / "workflows" / "calibration_pairs_demo.txt"
 EARLIER, REWORDED = "a blue circle moving left on a black background", "a blue disc moving left on a black background"
 
 
+LOW_NOISE_UNET = "tiny_wan_low_noise.safetensors"  # the Wan 2.2 14B twin's low-noise expert at test size
+
+
 @pytest.fixture(scope="module")
 def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory, tiny_models):
-    models = {"demo": demo_weights(), **{family: model.path for family, model in tiny_models.items()}}
+    low_noise = write_tiny_model("wan", tmp_path_factory.mktemp("low_noise"), seed=1, filename=LOW_NOISE_UNET)
+    models = {"demo": demo_weights(), "low_noise": low_noise,
+              **{family: model.path for family, model in tiny_models.items()}}
     base = make_base_dir(tmp_path_factory.mktemp("calibration"), models)
     factory = ServerFactory(comfyui_path, lambda: base)
     try:
@@ -130,7 +136,7 @@ def test_a_hand_edited_profile_is_refused_at_import_naming_the_field(server):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ("two samplers", "several samplers (9 (KSampler), 99 (KSampler))"),
+    ("two samplers", "several samplers that do not run one after another (9 (KSampler), 99 (KSampler))"),
     ("no sampler", "no sampler node"),
 ])
 def test_a_workflow_without_exactly_one_sampler_is_a_clear_error_naming_the_nodes(server, tmp_path, change, message):
@@ -201,6 +207,31 @@ def test_the_wan21_template_calibrates_with_its_guidance_on_latents(server, tiny
     assert all(row["oracle_kept"] is None for row in rows)  # no demo world to judge a tiny model's clips
     profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
     assert profile.cfg == 6.0 and profile.oracle is None
+
+
+def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_judged_by_the_profile(
+        server, tiny_models, tmp_path):
+    """The two-expert template (high-noise expert steps 0-4, low-noise expert 4-8 here) calibrates its first stage:
+    the low-noise expert samples plain in every run, the clip compared is the second expert's, and the profile (the
+    high-noise expert's model and schedule) judges that stage of the next run, thresholds left at auto."""
+    graph = on_tiny_models(api_workflow("carnator_wan22_14b_t2v"), "wan", tiny_models["wan"].name,
+                           low_noise_unet=LOW_NOISE_UNET)
+    for node in graph.values():
+        if node["class_type"] == "KSamplerAdvanced":
+            first = node["inputs"]["add_noise"] == "enable"
+            node["inputs"].update(steps=8, start_at_step=0 if first else 4, end_at_step=4 if first else 10000)
+    workflow, pairs = _files(tmp_path, graph, pairs=2)
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--text-node", "89", "--depths", "0.5,0.8")
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
+    assert sorted((row["pair"], row["skipped_steps"], row["total_steps"]) for row in rows) == [
+        (0, 2, 4), (0, 3, 4), (1, 2, 4), (1, 3, 4)], rows  # the first expert's 4 steps, resumed at 2 and 3
+    profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
+
+    statuses = server.client.run(Workflow(graph, "89").for_prompt(EARLIER, "fixed", None)).statuses
+    judged = {report["node"]: report["judged_by"] for report in statuses}
+    assert judged["81"] == profile.describe() and judged["78"] != profile.describe(), judged
 
 
 def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):
