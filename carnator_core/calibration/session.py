@@ -47,7 +47,7 @@ class CalibrationInterrupted(RuntimeError):
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a calibration stands after a run: runs done of those this session has to do, and the time left."""
+    """Where a calibration stands after a run: runs done of those it has left to do, and the time left."""
 
     runs_done: int
     runs_total: int
