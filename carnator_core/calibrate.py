@@ -5,9 +5,10 @@
 
 The workflow (API format, one sampler, or stages one after another: then the first stage is calibrated) runs as it
 is, with the model it loads and its own sampler settings. For each pair (earlier prompt, new prompt; the workflow's
-seed) calibration samples both plain, then resumes the new prompt from the earlier run at each depth (`--depths`), forced whatever the rule says, and records the signals the
-engine judged each resume on and how close its clip came to the new prompt's plain clip (PSNR and SSIM on decoded
-frames where the workflow decodes, on latents otherwise; with the demo model, the demo world's oracle too).
+seed) calibration samples both plain, then resumes the new prompt from the earlier run at each depth (`--depths`),
+forced whatever the rule says, and records the signals the engine judged each resume on and how close its clip
+came to the new prompt's plain clip (PSNR and SSIM on decoded frames where the workflow decodes, on latents
+otherwise; with the demo model, the demo world's oracle too).
 
 It then fits the thresholds that accept the most resumes whose clip meets the target (`--psnr`, `--ssim`) while
 keeping at least `--precision` of accepted resumes on target, scores them on held-back pairs, writes

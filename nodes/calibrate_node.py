@@ -62,9 +62,10 @@ class CarnatorCalibrate(io.ComfyNode):
             display_name="Carnator Calibrate",
             category="Carnator/calibration",
             description="Calibrates Carnator's reuse thresholds on this graph's own model and sampler settings. Add "
-                        "it to a graph with one sampler (or stages one after another: the first is calibrated) and queue once: the graph runs as usual, and the "
-                        "calibration's runs (per pair: both prompts plain, then the new one resumed at five depths) "
-                        "queue behind it. Progress shows in the Carnator panel, which can stop it; queueing again "
+                        "it to a graph with one sampler (or stages one after another: the first is calibrated) and "
+                        "queue once: the graph runs as usual, and the calibration's runs (per pair: both prompts "
+                        "plain, then the new one resumed at five depths) queue behind it. Progress shows on the node "
+                        "and in the Carnator panel, which can stop it; queueing again "
                         "resumes. When done, the fitted profile is filed in the store the reuse node reads, and "
                         "that node's thresholds left at their defaults (auto) judge by it.",
             is_output_node=True,

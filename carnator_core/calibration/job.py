@@ -79,7 +79,8 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
               should_stop: Callable[[], bool] = lambda: False) -> Calibrated:
     """Run what is left of the calibration in `plan.out`, fit, write `profile.json`, `summary.json` and the plots
     there, and file the profile (unless `plan.install` is off). Raises CalibrationInterrupted when the server goes
-    away or `should_stop()` says so before a run, NothingToCalibrate (NoPairs), WorkflowError, or ComfyError (the profile could not be filed: it is still written)."""
+    away or `should_stop()` says so before a run, NothingToCalibrate (NoPairs), WorkflowError, or ComfyError (the
+    profile could not be filed: it is still written)."""
     started = time.monotonic()
     pairs = plan.pairs[:plan.max_pairs] if plan.pairs is not None else None
     if pairs is None:
@@ -94,7 +95,7 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
          f"{', demo oracle' if plan.workflow.runs_demo else ''}); results in {plan.out}")
     measured = session.run()
     if not measured or not session.fingerprints:
-        raise NothingToCalibrate("no resume could be measured (see above)")
+        raise NothingToCalibrate("no resume could be measured (each run's line says why)")
     result = fit([m.resume for m in measured], plan.target)
     profile = Profile(model=str(session.fingerprints["model"]), schedule=str(session.fingerprints["schedule"]),
                       name=plan.name, thresholds={name: getattr(result.thresholds, name) for name in THRESHOLD_RANGES},

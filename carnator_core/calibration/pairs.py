@@ -1,8 +1,9 @@
 """Calibration pairs: an earlier prompt and the new prompt that follows it, sampled with the same seed.
 
 From a file (`--pairs FILE`) or the Calibrate node's text, one pair per line, the two prompts separated by a tab or
-by `=>` (a text box in the graph editor cannot take a tab); blank lines and lines starting with # are skipped. Or from the user's own history (`--from-store`): successive prompts a store recorded for the
-same model, schedule and seed, which is how that user iterates.
+by `=>` (a text box in the graph editor cannot take a tab); blank lines and lines starting with # are skipped. Or
+from the user's own history (`--from-store`): successive prompts a store recorded for the same model, schedule and
+seed, which is how that user iterates.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ class Measured:
     seconds: float
 
     def as_dict(self) -> dict:
-        return {**asdict(self.resume), "requested_depth": self.requested_depth, "earlier": self.earlier, "new": self.new, "skipped_steps": self.skipped_steps,
+        return {**asdict(self.resume), "requested_depth": self.requested_depth, "earlier": self.earlier,
+                "new": self.new, "skipped_steps": self.skipped_steps,
                 "total_steps": self.total_steps, "seconds": self.seconds}
 
     @classmethod
