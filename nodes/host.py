@@ -167,13 +167,24 @@ def joint_attention_text_first(diffusion_model) -> bool:
 
 
 def hard_key(model_patcher, latent: torch.Tensor, sigmas: torch.Tensor | None = None,
-             packed: PackedShapes | None = None) -> HardKey:
-    """Model fingerprint, token grid and (when known) schedule of a request. A packed latent's grid is every part's
-    grid in turn, so a donor with another audio length, or other video, never matches."""
+             packed: PackedShapes | None = None, frame_rate: float = 0.0) -> HardKey:
+    """Model fingerprint, token grid, frame rate and (when known) schedule of a request. A packed latent's grid is
+    every part's grid in turn, so a donor with another audio length, or other video, never matches."""
     patch = patch_size(model_patcher)
     grid = sum((token_grid(shape, patch) for shape in packed), ()) if packed else token_grid(latent.shape, patch)
-    return HardKey(model=fingerprint(model_patcher), grid=grid,
+    return HardKey(model=fingerprint(model_patcher), grid=grid, frame_rate=frame_rate,
                    schedule=schedule_fingerprint(sigmas) if sigmas is not None else "")
+
+
+def conditioning_frame_rate(entries) -> float:
+    """The frame rate an entry of the positive conditioning gives the model (LTXVConditioning sets it), 0 where none
+    does. `entries` is a CONDITIONING list ([tensor, options] pairs) or a guider's conds (the options alone)."""
+    for entry in entries:
+        options = entry[1] if isinstance(entry, list | tuple) and len(entry) > 1 else entry
+        value = options.get("frame_rate") if isinstance(options, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
 
 
 def conditioning_tensor(conditioning) -> torch.Tensor:

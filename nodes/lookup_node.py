@@ -10,7 +10,7 @@ from carnator_core.lookup.fingerprint import FingerprintError
 from carnator_core.reuse.settings import input_default, input_range
 from carnator_core.store.backend import StoreError
 
-from .host import conditioning_tensor, hard_key, store_at
+from .host import conditioning_frame_rate, conditioning_tensor, hard_key, store_at
 from .types import MatchType, StoreType
 
 
@@ -55,7 +55,7 @@ class CarnatorCompatibilityLookup(io.ComfyNode):
         samples = latent["samples"]
         notes = []
         try:
-            key = hard_key(model, samples, sigmas)
+            key = hard_key(model, samples, sigmas, frame_rate=conditioning_frame_rate(positive))
             cond = condition_vector(conditioning_tensor(positive))
         except (FingerprintError, ValueError) as error:
             match = Match(store_location=store.location, request=None, candidates=[],

@@ -42,6 +42,7 @@ from carnator_core.store.thumbnail import preview_png
 
 from .attention_hooks import install_sparse_attention, settle
 from .host import (
+    conditioning_frame_rate,
     hard_key,
     missing_hooks,
     outer_sample_arguments,
@@ -122,7 +123,8 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
         raise ValueError("the positive conditioning carries no cross-attention tensor")
     sigma_list = [float(s) for s in sigmas.flatten().tolist()]
     packed = packed_shapes(latent_shapes)
-    key = hard_key(guider.model_patcher, noise, sigmas, packed)
+    key = hard_key(guider.model_patcher, noise, sigmas, packed,
+                   conditioning_frame_rate(guider.conds.get("positive", []) if hasattr(guider, "conds") else []))
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
     refusal, continues, input_latent = latent_reuse_refusal(denoise_mask), None, None
     if not refusal and starts_from_input(latent_image, sigma_list[0], sigma_max):

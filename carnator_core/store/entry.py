@@ -21,23 +21,28 @@ class CorruptEntryError(ValueError):
 
 @dataclass(frozen=True)
 class HardKey:
-    """The three things a donor must share exactly with a request to be a candidate at all."""
+    """What a donor must share exactly with a request to be a candidate at all."""
 
     model: str
     grid: tuple[int, ...]
     schedule: str
+    # Frames per second the conditioning gives the model (LTX-Video, LTX-2), 0 where it gives none: the model spaces
+    # the token grid's positions in time by it, so another frame rate is another grid.
+    frame_rate: float = 0.0
 
     def mismatch(self, other: HardKey) -> str | None:
         """Why `other` is not compatible with this key, or None when it is.
 
         An empty field on this key matches anything there: a lookup made before the sampler has chosen its sigmas
         (the sampler checks the schedule again before any reuse), or a plan whose candidates the lookup already
-        matched on model and grid.
+        matched on model and grid (with its frame rate).
         """
         if self.model and other.model != self.model:
             return "other model"
         if self.grid and other.grid != self.grid:
             return "other token grid"
+        if self.grid and other.frame_rate != self.frame_rate:
+            return "other frame rate"
         if self.schedule and other.schedule != self.schedule:
             return "other sigma schedule"
         return None
@@ -86,7 +91,7 @@ class EntryMeta:
                 raise ValueError("metadata written by another schema version")
             key = record.pop("hard_key")
             hard_key = HardKey(model=str(key["model"]), grid=tuple(int(v) for v in key["grid"]),
-                               schedule=str(key["schedule"]))
+                               schedule=str(key["schedule"]), frame_rate=float(key.get("frame_rate", 0.0)))
             record["latent_shape"] = tuple(int(v) for v in record.get("latent_shape", ()))
             meta = cls(hard_key=hard_key, **record)
         except (TypeError, ValueError, KeyError, json.JSONDecodeError) as error:

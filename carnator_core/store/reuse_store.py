@@ -232,7 +232,8 @@ class ReuseStore:
             index_tensors["text"] = vectors.text.float().half()
         key = meta.hard_key  # the index record also names the entry, so an index is built from it alone
         emb_blob = encode_tensors(index_tensors, {"entry_id": meta.entry_id, "model": key.model, "schedule": key.schedule,
-                                                  "grid": ",".join(str(v) for v in key.grid), "prompt": meta.prompt,
+                                                  "grid": ",".join(str(v) for v in key.grid),
+                                                  "frame_rate": repr(key.frame_rate), "prompt": meta.prompt,
                                                   "noise": meta.noise_fingerprint})
         meta.blob_bytes = {name: len(blob) for name, blob in blobs.items()}
         meta.blob_bytes["_index"] = len(emb_blob)
@@ -432,7 +433,7 @@ class ReuseStore:
             try:
                 record = decode_metadata(raw)
                 hard_key = HardKey(model=record["model"], grid=tuple(int(v) for v in record["grid"].split(",")),
-                                   schedule=record["schedule"])
+                                   schedule=record["schedule"], frame_rate=float(record.get("frame_rate", 0.0)))
                 if record["entry_id"] != entry_id:
                     raise ValueError("index record names another entry")
             except (CorruptBlobError, KeyError, ValueError) as error:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import EntryMeta
 
 
 def checkpoint_blob(stage: int) -> str:
@@ -103,7 +103,7 @@ def stage_entry(meta: EntryMeta, stage: int) -> EntryMeta | None:
     extra: dict[str, Any] = {"stage": stage, "trajectory_steps": trajectory_steps(meta)}
     if record.end_sigma is not None:
         extra["stage_end"] = {"sigma": record.end_sigma}
-    return replace(meta, hard_key=HardKey(model=record.model, grid=meta.hard_key.grid, schedule=record.schedule),
+    return replace(meta, hard_key=replace(meta.hard_key, model=record.model, schedule=record.schedule),
                    total_steps=record.steps, checkpoints=list(record.checkpoints), masks=dict(record.masks),
                    lineage={}, extra=extra)
 

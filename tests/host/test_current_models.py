@@ -154,19 +154,24 @@ def test_ltx2_rejected_donor_samples_plain_bit_for_bit(comfy, current_model, sto
     assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
 
 
-def test_ltx2_donor_with_another_audio_length_is_filtered(comfy, current_model, store_path, audio_latent):
-    """Another audio length is another packed layout: the donor is never offered, and the run is plain bit for bit."""
+@pytest.mark.parametrize(("change", "reason"), [("audio_latent", "other token grid"), ("frame_rate", "other frame rate")])
+def test_ltx2_donor_with_another_audio_length_or_frame_rate_is_filtered(comfy, current_model, store_path,
+                                                                        audio_latent, change, reason):
+    """Another audio length is another packed layout, another frame rate another spacing of the same grid in time:
+    the donor is never offered, and the run is plain bit for bit."""
     graph = _graph(current_model, "ltxav", seed=3, steps=4)
     _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
-    longer = "tiny_ltx2_audio_longer.latent"
-    save_file({"latent_tensor": torch.zeros(ltx2_audio_latent_shape(length=17)),
-               "latent_format_version_0": torch.tensor([])}, str(comfy.base_dir / "input" / longer))
-    other = CURRENT_GRAPHS["ltxav"](current_model("ltxav").name, steps=4, sampler_name="euler", seed=3,
-                                    audio_latent=longer)
+    if change == "audio_latent":
+        longer = "tiny_ltx2_audio_longer.latent"
+        save_file({"latent_tensor": torch.zeros(ltx2_audio_latent_shape(length=17)),
+                   "latent_format_version_0": torch.tensor([])}, str(comfy.base_dir / "input" / longer))
+        other = _graph(current_model, "ltxav", seed=3, steps=4, audio_latent=longer)
+    else:
+        other = _graph(current_model, "ltxav", seed=3, steps=4, frame_rate=24.0)
     plain, _ = _sample(comfy, other)
     reused, (report,) = _sample(comfy, with_reuse(other, store_path, prompt=PROMPT))
     assert not report["hit"] and not report["probes"], json.dumps(report)
-    assert report["filtered"] == {"other token grid": 1}, json.dumps(report)
+    assert report["filtered"] == {reason: 1}, json.dumps(report)
     assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
 
 

@@ -80,6 +80,7 @@ def test_hard_compatibility_filters_and_explains(thousand_prompt_store):
     cond = condition_vector(token_conditioning(["a surfer circling a desert canyon"])[0])
     for key, reason in [(HardKey("model-b", KEY.grid, KEY.schedule), "other model"),
                         (HardKey(KEY.model, (9, 8, 8), KEY.schedule), "other token grid"),
+                        (HardKey(KEY.model, KEY.grid, KEY.schedule, frame_rate=24.0), "other frame rate"),
                         (HardKey(KEY.model, KEY.grid, "schedule-b"), "other sigma schedule")]:
         match = find_compatible(store, LookupRequest(hard_key=key, cond_vector=cond), top_k=3, min_similarity=0.0)
         assert match.candidates == []

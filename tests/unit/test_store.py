@@ -65,7 +65,8 @@ def test_round_trip_latents_and_masks(location):
     latent = torch.randn(1, 16, 5, 16, 16)
     mask = torch.rand(12, 40, 40) < 0.2
     packed = torch.from_numpy(np.packbits(mask.numpy(), axis=-1))
-    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("m", (5, 8, 8), "s"), prompt="a red ball",
+    meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("m", (5, 8, 8), "s", frame_rate=23.976),
+                     prompt="a red ball",
                      checkpoints=[{"step": 5, "sigma": 0.8}], masks={"block_size": 64, "grid": [40, 40]})
     store.put(meta, {"checkpoints": encode_tensors({"x_5": latent.half()}), "masks": encode_tensors({"w0": packed})},
               _vectors())
@@ -73,6 +74,7 @@ def test_round_trip_latents_and_masks(location):
     reopened = ReuseStore(location)
     loaded = reopened.get_meta(meta.entry_id)
     assert loaded.prompt == "a red ball" and loaded.checkpoints == [{"step": 5, "sigma": 0.8}]
+    assert loaded.hard_key == meta.hard_key == reopened.index_entries([meta.entry_id])[0].hard_key  # both records
     restored = reopened.get_tensors(meta.entry_id, "checkpoints")["x_5"]
     assert restored.dtype == torch.float16
     assert torch.equal(restored, latent.half())  # bit-exact once fp16 quantisation is accounted for
