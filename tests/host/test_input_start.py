@@ -19,8 +19,9 @@ import sys
 
 import pytest
 import torch
-from support.reuse_graphs import with_expert_reuse
-from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
+from safetensors.torch import save_file
+from support.reuse_graphs import with_expert_reuse, with_reuse
+from support.t2v_graphs import HIGH_NOISE, LATENT, LOW_NOISE, SAMPLER, wan22_14b_t2v, wan_t2v
 
 from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE
 from carnator_core.reuse.recording import writer
@@ -45,8 +46,9 @@ def _with_reuse(graph: dict, store_path: str, **options) -> dict:
     return with_expert_reuse(graph, store_path, prompt=PROMPT, experts=(LOW_NOISE,), sparse_attention="off", **options)
 
 
-def _run(comfy, graph: dict) -> tuple[torch.Tensor, int, dict | None]:
-    """The request's latent, the second expert's forwards and its Carnator report (None without Carnator)."""
+def _run(comfy, graph: dict, output: str = LOW_NOISE) -> tuple[torch.Tensor, int, dict | None]:
+    """The request's latent (the `output` node's), the second expert's forwards and its Carnator report (None without
+    Carnator)."""
     harness = next(m for k, m in sys.modules.items() if k.endswith("carnator_harness"))
     comfy.unload_models()
     before = harness.model_calls.get("low_noise", 0)
@@ -54,7 +56,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, int, dict | None]:
     writer.flush()
     calls = harness.model_calls.get("low_noise", 0) - before
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else [None]
-    return run.output(LOW_NOISE)["samples"], calls, reports[-1]
+    return run.output(output)["samples"], calls, reports[-1]
 
 
 def test_a_request_with_a_close_input_resumes_the_stage_that_starts_from_it(comfy, tiny_models, wan_low_noise,
@@ -92,3 +94,42 @@ def test_an_input_edited_far_or_a_rejected_donor_samples_the_stage_plain(comfy, 
     assert torch.equal(output, plain) and calls == plain_calls, json.dumps(report)
     assert [(p["step"], p["passed"]) for p in report["probes"]] == [(0, False)] and report["reason"] == \
         "probe rejected"
+
+
+def test_video_to_video_resumes_from_a_run_on_a_close_video_and_refuses_another_video(comfy, tiny_models,
+                                                                                      store_path):
+    """Video-to-video: a KSampler at denoise 0.6 on a loaded video latent, one Carnator node. A slightly retouched
+    video resumes from the run on the original, close to its own plain run; another video is filtered by its distance
+    and samples plain, bit for bit. Euler, whose resume is exact: a multistep sampler restarts its history at the
+    resume, which costs more the fewer steps are left (docs/measurements.md, "Stages that start from an input")."""
+    generator = torch.Generator().manual_seed(0)
+    original = torch.randn(1, 16, 2, 8, 8, generator=generator)  # 64 x 64 x 5 frames in Wan 2.1's latent
+    videos = {"original": original, "retouched": original + 0.05 * torch.randn(original.shape, generator=generator),
+              "other": torch.randn(original.shape, generator=generator)}
+    for name, latent in videos.items():
+        save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
+                  str(comfy.base_dir / "input" / f"vid2vid_{name}.latent"))
+
+    def graph(video: str) -> dict:
+        graph = wan_t2v(tiny_models["wan"].name, text=PROMPT, steps=8, seed=5, sampler_name="euler")
+        graph[LATENT] = {"class_type": "LoadLatent", "inputs": {"latent": f"vid2vid_{video}.latent"}}
+        graph[SAMPLER]["inputs"]["denoise"] = 0.6
+        return graph
+
+    def run(graph: dict) -> tuple[torch.Tensor, dict | None]:
+        output, _, report = _run(comfy, graph, output=SAMPLER)
+        return output, report
+
+    donor, report = run(with_reuse(graph("original"), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert not report["hit"] and INPUT_NOTE in report["notes"], json.dumps(report)
+    assert torch.equal(donor, run(graph("original"))[0])  # a miss is plain
+
+    plain, _ = run(graph("retouched"))
+    output, report = run(with_reuse(graph("retouched"), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert report["hit"] and report["skipped_steps"] == 4 and report["model_calls"] == 5, json.dumps(report)
+    assert output.shape == plain.shape and float((output - plain).norm() / plain.norm()) < 2e-3  # fp16 checkpoints
+
+    plain, _ = run(graph("other"))
+    output, report = run(with_reuse(graph("other"), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert torch.equal(output, plain) and report["model_calls"] == 8, json.dumps(report)
+    assert report["skipped_donors"] == {f"input farther than {MAX_INPUT_DISTANCE} from the donor's": 2}  # both runs
