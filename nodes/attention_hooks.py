@@ -29,7 +29,7 @@ from carnator_core.attention.sparse_attention import (
     SparseAttentionRun,
     SparseAttentionSettings,
 )
-from carnator_core.lookup.fingerprint import token_grid
+from carnator_core.reuse.packed_latent import packed_shapes
 from carnator_core.reuse.report import RunReport
 
 from .host import (
@@ -43,6 +43,7 @@ from .host import (
     steps_of,
     store_at,
     unsupported_latent,
+    video_token_grid,
 )
 from .keys import (
     ATTENTION_DONOR_KEY,
@@ -109,18 +110,19 @@ def attention_outer_sample(executor, *args, **kwargs):
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as options:
+        patcher = guider.model_patcher
         reason = unsupported_latent(call)
-        if reason:  # attention stays dense; the reuse wrapper, when there is one, reports the run
+        grid, reason = (None, reason) if reason else video_token_grid(call, patch_size(patcher))
+        if grid is None:  # attention stays dense; the reuse wrapper, when there is one, reports the run
             if REUSE_KEY not in options:
                 log.warning("Carnator: dense attention for this run: %s", reason)
                 publish(RunReport.plain(f"attention/{options[ATTENTION_SETTINGS_KEY].source}", reason,
                                         steps_of(call["sigmas"]), 0, 0.0))
             return executor(*args, **kwargs)
-        patcher = guider.model_patcher
         sigmas = call["sigmas"]
-        grid = token_grid(call["noise"].shape, patch_size(patcher))
         run = SparseAttentionRun(settings=options[ATTENTION_SETTINGS_KEY], video_tokens=math.prod(grid),
                                  first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
+                                 joint_tokens=packed_shapes(call.get("latent_shapes")) is None,
                                  num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
                                  total_steps=steps_of(sigmas), persistent=persistent_allocations())
         donor = options.get(ATTENTION_DONOR_KEY)

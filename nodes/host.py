@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -203,15 +204,13 @@ def outer_sample_arguments(args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(_OUTER_SAMPLE_PARAMETERS, args, strict=False)), **kwargs}
 
 
-def unsupported_latent(call: dict, packed_ok: bool = False) -> str:
+def unsupported_latent(call: dict) -> str:
     """Why Carnator cannot work on this run's latent ("" when it can). Several latents packed into one (LTX-2's
-    audio + video) reach the sampler as a (B, 1, N) tensor with their shapes beside it: reuse takes them whole
-    (`packed_ok`) when the shapes add up; sparse attention does not."""
+    audio + video) reach the sampler as a (B, 1, N) tensor with their shapes beside it: Carnator takes them when the
+    shapes add up."""
     packed = packed_shapes(call.get("latent_shapes"))
     noise = call.get("noise")
     if packed is not None:
-        if not packed_ok:
-            return f"packed multi-latent ({len(packed)} latents, e.g. audio + video): attention stays dense"
         problem = packing_error(packed, noise) if isinstance(noise, torch.Tensor) else "no noise tensor"
         return f"{problem}: sampled plain" if problem else ""
     if noise is not None and not isinstance(noise, torch.Tensor):  # e.g. a NestedTensor the host did not pack
@@ -219,6 +218,25 @@ def unsupported_latent(call: dict, packed_ok: bool = False) -> str:
     if isinstance(noise, torch.Tensor) and noise.ndim < 4:
         return f"latent of shape {tuple(noise.shape)} is not an image/video latent: sampled plain"
     return ""
+
+
+def video_token_grid(call: dict, patch: tuple[int, ...] | int) -> tuple[tuple[int, ...] | None, str]:
+    """The token grid of the run's video, which sparse attention takes, or None and why attention stays dense.
+
+    In a packed run (LTX-2) the video is the one 5-D part. Its self-attention is told from the other parts' (the
+    audio's) by its token count alone, so every other part must have fewer positions than the video has tokens.
+    """
+    noise, packed = call["noise"], packed_shapes(call.get("latent_shapes"))
+    if packed is None:
+        return token_grid(noise.shape, patch), ""
+    videos = [shape for shape in packed if len(shape) == 5]
+    if len(videos) != 1:
+        return None, f"packed latent with {len(videos)} video parts: attention stays dense"
+    grid = token_grid(videos[0], patch)
+    if any(math.prod(shape[2:]) >= math.prod(grid) for shape in packed if shape is not videos[0]):
+        return None, "packed latent whose other part has as many positions as its video has tokens: attention " \
+                     "stays dense"
+    return grid, ""
 
 
 def steps_of(sigmas: torch.Tensor) -> int:

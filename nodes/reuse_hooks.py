@@ -141,7 +141,7 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
     """The holder of one sampling run, for the model wrapper and the reuse sampler alike: with its ReuseRun, or
     without one and why (it then samples plain and reports that)."""
-    reason, notes = unsupported_latent(call, packed_ok=True), None
+    reason, notes = unsupported_latent(call), None
     if not reason:
         try:
             run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],

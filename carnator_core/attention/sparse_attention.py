@@ -31,6 +31,9 @@ log = logging.getLogger("carnator.attention")
 MASK_SOURCES = ("own", "borrowed", "borrowed+own")
 MASKS_TOO_FULL = "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"
 INACTIVE = "sparse attention inactive: attention is patched by {}"
+# The attention a run's masks belong to, as its recorded masks name it: the video's self-attention (with text in a
+# joint block), never audio, text or cross-attention.
+MASKED_ATTENTION = "video self-attention"
 
 
 @dataclass
@@ -82,6 +85,9 @@ class SparseAttentionRun:
     first_frame_tokens: int
     num_layers: int
     total_steps: int
+    # Whether a self-attention call over more tokens than the video's is the video attended with text (HunyuanVideo's
+    # joint blocks). Not in a packed run, where only the video's own token count is video self-attention.
+    joint_tokens: bool = True
     borrowed: dict[int, BlockSparseMask] = field(default_factory=dict)  # layer -> donor mask (video part)
     layers: dict[int, _LayerState] = field(default_factory=dict)
     hysteresis: HeadHysteresis | None = None
@@ -110,8 +116,8 @@ class SparseAttentionRun:
 
     def may_be_sparse(self, tokens: int, layer: int | None, step: int) -> bool:
         """Whether a self-attention call over `tokens` at this layer and step can be sparse at all."""
-        return (layer is not None and tokens >= self.video_tokens and step >= self.first_sparse_step()
-                and not self.layer_is_dense(layer))
+        video = tokens == self.video_tokens or (self.joint_tokens and tokens > self.video_tokens)
+        return video and layer is not None and step >= self.first_sparse_step() and not self.layer_is_dense(layer)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int | None, step: int,
                key_valid: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor | None:
@@ -246,8 +252,8 @@ class SparseAttentionRun:
 
 
 def masks_to_blob(masks: dict[int, BlockSparseMask]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Metadata and uint8 tensors (bit-packed) for the store's `masks` blob."""
-    meta: dict[str, Any] = {"layers": {}}
+    """Metadata and uint8 tensors (bit-packed) for the store's `masks` blob, named by the attention they mask."""
+    meta: dict[str, Any] = {"attention": MASKED_ATTENTION, "layers": {}}
     tensors = {}
     for layer, mask in sorted(masks.items()):
         data, layer_meta = mask.to_bytes()
@@ -257,7 +263,10 @@ def masks_to_blob(masks: dict[int, BlockSparseMask]) -> tuple[dict[str, Any], di
 
 
 def masks_from_blob(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[int, BlockSparseMask]:
-    """Inverse of `masks_to_blob`; a malformed layer is skipped (ValueError never escapes)."""
+    """Inverse of `masks_to_blob`; a malformed layer is skipped (ValueError never escapes), and masks of another
+    attention are none."""
+    if meta.get("attention", MASKED_ATTENTION) != MASKED_ATTENTION:  # masks that name none are video self-attention's
+        return {}
     masks = {}
     for layer, layer_meta in (meta.get("layers") or {}).items():
         tensor = tensors.get(f"layer_{layer}")

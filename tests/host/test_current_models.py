@@ -179,11 +179,9 @@ def test_ltx2_packed_shapes_that_do_not_add_up_sample_plain_with_the_reason(comf
     host = _pack_module(comfy, "host")
     shapes = [(1, 128, 2, 2, 2), ltx2_audio_latent_shape()]
     noise = torch.zeros(1, 1, _packed_length(*shapes) - 16)
-    reason = host.unsupported_latent({"noise": noise, "latent_shapes": shapes}, packed_ok=True)
+    reason = host.unsupported_latent({"noise": noise, "latent_shapes": shapes})
     assert reason.startswith("packed latent shapes") and f"not {noise.shape[-1]}" in reason, reason
-    assert host.unsupported_latent({"noise": torch.zeros(1, 1, _packed_length(*shapes)), "latent_shapes": shapes},
-                                   packed_ok=True) == ""
-    assert "attention stays dense" in host.unsupported_latent({"noise": noise, "latent_shapes": shapes})
+    assert host.unsupported_latent({"noise": torch.zeros(1, 1, _packed_length(*shapes)), "latent_shapes": shapes}) == ""
 
 
 def test_ltx2_audio_sampled_without_its_video_is_sampled_as_the_host_makes_it(comfy, current_model, store_path,
@@ -329,10 +327,14 @@ TRACES = {
     # LTX-2 on a video latent alone: its audio stream is empty and never attends
     "ltxav-video": ("ltxav", ltxv_t2v, {"width": 512, "height": 512}, 2 * 16 * 16, 0,
                     {"video self": (8, 0), "video-text": (0, 8)}),
-    # packed audio+video at 64 x 64: more audio tokens (9) than video tokens (8), and no call goes sparse
-    "ltxav-audio+video": ("ltxav", ltx2_av_t2v, {}, 2 * 2 * 2, 9,
-                          {"video self": (0, 8), "video-text": (0, 8), "audio self": (0, 8), "audio-text": (0, 8),
+    # packed audio+video: the video's self-attention goes sparse, the audio's and every cross-attention stay dense
+    "ltxav-audio+video": ("ltxav", ltx2_av_t2v, {"width": 512, "height": 512}, 2 * 16 * 16, 9,
+                          {"video self": (8, 0), "video-text": (0, 8), "audio self": (0, 8), "audio-text": (0, 8),
                            "audio-to-video": (0, 8), "video-to-audio": (0, 8)}),
+    # at 64 x 64 the audio has more positions (9 x 16) than the video has tokens (8): no call goes sparse
+    "ltxav-audio+video-small": ("ltxav", ltx2_av_t2v, {}, 2 * 2 * 2, 9,
+                                {"video self": (0, 8), "video-text": (0, 8), "audio self": (0, 8), "audio-text": (0, 8),
+                                 "audio-to-video": (0, 8), "video-to-audio": (0, 8)}),
 }
 
 

@@ -10,7 +10,7 @@ import torch
 from support.masks import full_mask
 
 from carnator_core.attention.masks import BlockSparseMask, estimate_block_mass, pool_blocks, recall, select_blocks
-from carnator_core.attention.sparse_attention import SparseAttentionSettings
+from carnator_core.attention.sparse_attention import SparseAttentionSettings, masks_from_blob, masks_to_blob
 from carnator_core.kernels import BlockLayout, block_sparse_attention, reference_attention
 
 BLOCK = 64
@@ -164,6 +164,16 @@ def test_serialization_round_trips_bit_exactly(grid: tuple[int, int, int, int]) 
         BlockSparseMask.from_bytes(data + b"\0", meta)
     with pytest.raises(ValueError):
         BlockSparseMask.from_bytes(data, {**meta, "format": "other"})
+
+
+def test_a_runs_masks_name_their_attention_and_masks_of_another_attention_are_none() -> None:
+    masks = {layer: full_mask(4 * BLOCK, BLOCK) for layer in (1, 2)}
+    meta, tensors = masks_to_blob(masks)
+    meta = json.loads(json.dumps(meta))
+    assert meta["attention"] == "video self-attention"
+    assert {layer: mask.blocks.tolist() for layer, mask in masks_from_blob(meta, tensors).items()} == \
+        {layer: mask.blocks.tolist() for layer, mask in masks.items()}
+    assert masks_from_blob({**meta, "attention": "audio self-attention"}, tensors) == {}
 
 
 def test_estimated_mask_drives_the_kernels() -> None:
