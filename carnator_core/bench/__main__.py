@@ -16,6 +16,7 @@ BENCHMARKS = {
     "store": "carnator_core.bench.store",
     "masks": "carnator_core.bench.masks",
     "screen": "carnator_core.bench.screen",
+    "stages": "carnator_core.bench.stages",
 }
 
 

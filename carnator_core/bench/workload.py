@@ -52,9 +52,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from carnator_core.bench import plot
+from carnator_core.bench import plot, stages
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
+from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound
@@ -71,9 +72,9 @@ CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "s
            "balanced+easycache")
 FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
 # Plain's median server CPU time / this configuration's (None where unknown); the mean model calls and the speedup
-# (plain's median time / the hits' median time) of the requests that resumed (None without one); the first expert's
-# mean model calls per request (two-expert graph only, else None).
-EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "first_expert_calls")
+# (plain's median time / the hits' median time) of the requests that resumed (None without one); the mean model calls
+# per request of each stage, in stage order (two-expert graph: first and second expert; else the one sampler).
+EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "stage_model_calls")
 # The two-expert graph (`--graph two-expert`, the Wan 2.2 14B template's shape): plain and the reuse modes, one
 # CarnatorReuse on each expert.
 TWO_EXPERT_CONFIGS = ("plain", "safe", "balanced", "fast")
@@ -276,12 +277,13 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
     for name, runs in samples.items():
         cpu = _median([s.cpu_seconds for s in runs if s.cpu_seconds is not None])
         hits = [s for s in runs if s.verdict.skips_steps]
-        first_expert = [s.first_expert_calls for s in runs if s.first_expert_calls is not None]
+        first_expert = _mean([s.first_expert_calls for s in runs])
+        calls = sum(s.model_calls for s in runs) / len(runs)
         rows.append({
             "name": name,
             "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
             "cpu_speedup": round(plain_cpu / cpu, 3) if plain_cpu > 0 and cpu > 0 else None,  # NaN: unknown
-            "model_calls": round(sum(s.model_calls for s in runs) / len(runs), 2),
+            "model_calls": round(calls, 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
             "psnr": _psnr(runs),
@@ -290,7 +292,8 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "bytes_per_entry": round(store_bytes.get(name, 0.0)),
             "hit_model_calls": _round(_mean([s.model_calls for s in hits]), 2),
             "hit_speedup": round(plain_time / _median([s.seconds for s in hits]), 3) if hits else None,
-            "first_expert_calls": _round(_mean(first_expert), 2),
+            "stage_model_calls": [round(calls, 2)] if first_expert is None else
+                                 [round(first_expert, 2), round(calls - first_expert, 2)],
         })
     return rows
 
@@ -462,7 +465,7 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["configs"]:
         lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {_shown(c.get('cpu_speedup'), '{:.2f}x')} | "
-                     f"{c['model_calls']:.1f} | {_shown(c.get('first_expert_calls'), '{:.1f}')} | {c['hit_rate']:.2f} | "
+                     f"{c['model_calls']:.1f} | {_first_expert(c)} | {c['hit_rate']:.2f} | "
                      f"{_shown(c.get('hit_model_calls'), '{:.1f}')} | {_shown(c.get('hit_speedup'), '{:.2f}x')} | "
                      f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
                      f"{_shown(c['adherence'], '{:.3f}')} | {c['bytes_per_entry']:,} |")
@@ -490,6 +493,11 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                   "the configuration records nothing. Dense attention: PyTorch SDPA (ComfyUI "
                   f"{' '.join(settings['comfyui_args'])}). Machine: {settings['machine']}"]
     return "\n".join(lines) + "\n"
+
+
+def _first_expert(config: dict[str, Any]) -> str:
+    stages = config["stage_model_calls"]
+    return f"{stages[0]:.1f}" if len(stages) > 1 else "n/a"
 
 
 def _shown(value: float | None, form: str) -> str:
@@ -537,13 +545,18 @@ def _machine() -> str:
 
 
 def main(argv: list[str]) -> int:
+    staged = argparse.ArgumentParser(add_help=False)
+    staged.add_argument("--graph")
+    if staged.parse_known_args(argv)[0].graph in STAGED_GRAPHS:  # a shipped staged workflow on the user's server
+        return stages.main(argv)
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench workload",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--stream", choices=STREAMS, default="near-dup")
-    parser.add_argument("--graph", choices=("single", "two-expert"), default="single",
+    parser.add_argument("--graph", choices=("single", "two-expert", *STAGED_GRAPHS), default="single",
                         help="single: one model and KSampler (every configuration); two-expert: the Wan 2.2 14B "
                              "template's shape, the demo model as both experts in two KSamplerAdvanced with the "
-                             "boundary half-way (plain and the reuse modes)")
+                             "boundary half-way (plain and the reuse modes); ltx2-two-stage: the shipped LTX-2 "
+                             "workflow on your server (--server), measured per stage (`bench stages`)")
     parser.add_argument("--prompts", help=f"your own stream, run in order: a UTF-8 text file, {PROMPT_FILE_RULE}")
     parser.add_argument("--n", type=int, default=6, help="prompts in a generated stream")
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",

@@ -66,7 +66,7 @@ class CalibrationWorkflow:
         samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
         if not samplers:
             raise WorkflowError(f"the workflow has no sampler node ({', '.join(SAMPLERS)}): nothing to calibrate")
-        chain = _stages(graph, samplers)
+        chain = stage_chain(graph, samplers)
         if chain is None:
             named = ", ".join(f"{node_id} ({graph[node_id]['class_type']})" for node_id in samplers)
             raise WorkflowError(f"the workflow has several samplers that do not run one after another ({named}): "
@@ -180,7 +180,7 @@ def _upstream(graph: dict, node_id: str, target: str) -> bool:
     return False
 
 
-def _stages(graph: dict, samplers: list[str]) -> list[str] | None:
+def stage_chain(graph: dict, samplers: list[str]) -> list[str] | None:
     """The samplers in the order they run when each one continues the one before (its input comes from it), else
     None."""
     ordered = sorted(samplers, key=lambda node_id: sum(_upstream(graph, node_id, other) for other in samplers))

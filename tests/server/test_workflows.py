@@ -38,6 +38,7 @@ from support.tiny_workflows import (
     on_tiny_models,
 )
 
+from carnator_core.bench.__main__ import main as bench_main
 from carnator_core.bench.quality import latent_quality
 from carnator_core.client import RequestRefused
 from carnator_core.demo import world
@@ -516,3 +517,31 @@ def test_workflow_with_a_node_this_version_lacks_gets_comfyuis_validation_error(
     with pytest.raises(RequestRefused, match=rf"CarnatorReuseV0|Node ID '#{reuse}'"):
         server.client.queue(graph)
     assert server.get("/system_stats").ok
+
+
+def test_stages_benchmark_reports_each_stage_of_the_ltx2_workflow(server, tiny_models, tmp_path, capsys):
+    """`python -m carnator_core.bench stages` on the LTX-2 twin (tiny model) with the cfg stream: per configuration
+    the model calls of each stage in stage order, and per stage the video's and the audio's PSNR and SSIM against
+    the same request's plain run (figures printed)."""
+    graph = tiny_graph("carnator_ltx2_t2v", tiny_models)
+    workflow = tmp_path / "ltx2.json"
+    workflow.write_text(json.dumps(graph), encoding="utf-8")
+    (text_node,) = [node_id for node_id, node in graph.items() if "cheerful" in node["inputs"].get("text", "")]
+    argv = ["stages", "--server", server.url, "--workflow", str(workflow), "--text-node", text_node, "--vary", "cfg",
+            "--n", "3", "--json", "--out", str(tmp_path / "out")]
+    assert bench_main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    print(json.dumps(result, indent=1))
+    assert result == json.loads((tmp_path / "out" / "stages.json").read_text(encoding="utf-8"))
+    assert result["requests"] == ["cfg 4", "cfg 4.25", "cfg 3.75"] and len(result["stages"]) == 2
+    configs = {row["name"]: row for row in result["configs"]}
+    first_steps = next(node for node in graph.values() if node["class_type"] == "LTXVScheduler")["inputs"]["steps"]
+    assert configs["plain"]["stage_model_calls"] == [first_steps, 3] and configs["plain"]["hit_rate"] == 0
+    parts = [(q["stage"], q["part"]) for q in configs["plain"]["quality"]]
+    assert parts == [(1, "video"), (1, "audio"), (2, "video"), (2, "audio")]
+    assert all(q["psnr"] == 100.0 and q["ssim"] == 1.0 for q in configs["plain"]["quality"])
+    for mode in ("balanced", "fast"):  # the first request records; the other two resume its first stage
+        row = configs[mode]
+        assert row["hit_rate"] == pytest.approx(2 / 3, abs=1e-3), json.dumps(row)
+        assert row["stage_model_calls"][0] < first_steps and row["stage_model_calls"][1] <= 3, json.dumps(row)
+        assert all(q["psnr"] > 20 for q in row["quality"]), json.dumps(row)

@@ -213,9 +213,9 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     by_name = {c["name"]: c for c in data["configs"]}
     assert list(by_name) == list(TWO_EXPERT_CONFIGS)
     assert all(set(config) == {"name", *FIELDS, *EXTRA_FIELDS} for config in data["configs"])
-    assert by_name["plain"]["model_calls"] == 4 and by_name["plain"]["first_expert_calls"] == 2
+    assert by_name["plain"]["model_calls"] == 4 and by_name["plain"]["stage_model_calls"] == [2, 2]
     for name in ("balanced", "fast"):  # the rewording of the scene resumes: the first stage is skipped whole
-        assert by_name[name]["hit_rate"] == 0.5 and by_name[name]["first_expert_calls"] == 1.5, by_name[name]
+        assert by_name[name]["hit_rate"] == 0.5 and by_name[name]["stage_model_calls"][0] == 1.5, by_name[name]
     assert by_name["balanced"]["hit_model_calls"] == 3 and by_name["fast"]["hit_model_calls"] == 2
     rewording = data["per_kind"]["fast"]["rewording"]
     assert rewording == {"requests": 1, "resumed": 1, "skipped_steps": [3], "adherence": rewording["adherence"],
@@ -237,3 +237,12 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
             run["skipped_steps"] for run in runs)
     plain = [p["configs"]["plain"] for p in per_prompt]
     assert [run["model_calls"] for run in plain] == [4, 4]  # steps x requests, both experts together
+
+
+def test_a_staged_graph_runs_the_stages_benchmark_on_the_users_server():
+    """`--graph ltx2-two-stage` is the shipped LTX-2 workflow on the user's server: without one it says so."""
+    result = _bench("--graph", "ltx2-two-stage", timeout=60)
+    assert result.returncode == 2 and "--server" in result.stderr, result.stderr
+    result = _bench("--graph", "ltx2-two-stage", "--server", "http://127.0.0.1:9", timeout=60)
+    assert result.returncode == 1 and result.stderr.startswith("carnator stages benchmark: cannot reach"), \
+        result.stderr
