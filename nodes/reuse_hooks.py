@@ -107,9 +107,10 @@ class ReuseHolder:
         return next((cache for x, cache in self.probe_step_caches if x is evaluated), None)
 
 
-def _positive_cross_attn(guider) -> torch.Tensor | None:
+def _positive_tensor(guider, name: str) -> torch.Tensor | None:
+    """The first tensor named `name` in the guider's positive conditioning (`cross_attn`, `concat_latent_image`)."""
     for cond in guider.conds.get("positive", []) if hasattr(guider, "conds") else []:
-        tensor = cond.get("cross_attn")
+        tensor = cond.get(name)
         if isinstance(tensor, torch.Tensor):
             return tensor
     return None
@@ -118,7 +119,7 @@ def _positive_cross_attn(guider) -> torch.Tensor | None:
 def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed,
               latent_shapes=None) -> ReuseRun:
     store = store_at(settings.store_location)
-    cross_attn = _positive_cross_attn(guider)
+    cross_attn = _positive_tensor(guider, "cross_attn")
     if cross_attn is None:
         raise ValueError("the positive conditioning carries no cross-attention tensor")
     sigma_list = [float(s) for s in sigmas.flatten().tolist()]
@@ -132,10 +133,13 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
             continues, refusal = continued_stage(latent_image, noise, sigma_list[0])
         if continues is None:  # not a stage handed over here: a run from an input, reusing from its own kind
             input_latent = latent_image if isinstance(latent_image, torch.Tensor) else torch.zeros_like(noise)
+    # an image the conditioning carries (image-to-video, super-resolution); a stage handed over was matched on it
+    guide = _positive_tensor(guider, "concat_latent_image") if continues is None else None
     return ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
                     noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
-                    latent_reuse_refusal=refusal, continues=continues, packed=packed, input_latent=input_latent)
+                    latent_reuse_refusal=refusal, continues=continues, packed=packed, input_latent=input_latent,
+                    guide_image=guide)
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:

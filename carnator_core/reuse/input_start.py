@@ -10,6 +10,10 @@ two first predictions differ by (`carnator_core.reuse.start_difference`), where 
 
 The distance is the relative L2 distance of the inputs, both rounded as the store rounds the donor's: a hard filter
 on what no model call can change, before the model is asked.
+
+An image the conditioning carries (`concat_latent_image`: image-to-video's start image, HunyuanVideo 1.5's upscaled
+video for its super-resolution stage) is an input of the same kind, whether the run starts from it or from pure
+noise: such a run takes as donors only runs guided by an image within the same distance of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import torch
 
 INPUT_START = "input_start"  # the entry extra that marks a run from an input
 INPUT_NOTE = "starts from an input latent: reuses the same stage of runs from a close input"  # in its report
+GUIDE_IMAGE = "guide_image"  # the entry extra that marks a run guided by an image in its conditioning
+GUIDE_NOTE = "guided by an image in its conditioning: reuses runs guided by a close image"  # in its report
 
 # Inputs further apart than this are other inputs, not an edit of the same one: the donor is skipped with the reason.
 # The screen and the probe decide within it (docs/measurements.md, "Stages that start from an input").
@@ -34,13 +40,14 @@ def input_distance(new: torch.Tensor, donor: torch.Tensor) -> float:
     return difference / scale
 
 
-def input_mismatch(new: torch.Tensor, donor: torch.Tensor | None) -> str | None:
-    """Why a donor's input rules it out for a run from `new` (None when it may continue it)."""
+def input_mismatch(new: torch.Tensor, donor: torch.Tensor | None, what: str = "input") -> str | None:
+    """Why a donor's input (`what`: the input latent, or the conditioning's image) rules it out for a run from `new`
+    (None when it may continue it)."""
     if donor is None:
-        return "no input recorded at its step 0"
+        return f"no {what} recorded at its step 0"
     if tuple(donor.shape) != tuple(new.shape):
-        return "input of another shape"
+        return f"{what} of another shape"
     distance = input_distance(new, donor)
     if not distance <= MAX_INPUT_DISTANCE:  # NaN fails
-        return f"input farther than {MAX_INPUT_DISTANCE} from the donor's"
+        return f"{what} farther than {MAX_INPUT_DISTANCE} from the donor's"
     return None

@@ -15,9 +15,9 @@ from typing import NamedTuple
 import torch
 
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.input_start import INPUT_START, input_mismatch
+from carnator_core.reuse.input_start import GUIDE_IMAGE, INPUT_START, input_mismatch
 from carnator_core.reuse.packed_latent import PackedShapes
-from carnator_core.reuse.recording import INPUT_TENSOR
+from carnator_core.reuse.recording import GUIDE_TENSOR, INPUT_TENSOR
 from carnator_core.reuse.trajectory import StageEnd, stage_end_of
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
@@ -43,6 +43,8 @@ class RequestFacts:
     packed: PackedShapes | None = None  # the latents packed into this run's one (LTX-2's video and audio)
     # the input a run that starts from one was given (`carnator_core.reuse.input_start`); None: from pure noise
     input_latent: torch.Tensor | None = None
+    # the image the conditioning carries (`concat_latent_image`); None for a run guided by text alone
+    guide_image: torch.Tensor | None = None
 
     @property
     def from_input(self) -> bool:
@@ -66,6 +68,7 @@ class StartPrediction:
     guidance: torch.Tensor | None
     x: torch.Tensor | None = None  # the first state itself, kept by a run from an input
     input: torch.Tensor | None = None  # and its input
+    guide: torch.Tensor | None = None  # the image a guided run's conditioning carried
 
 
 @dataclass
@@ -204,9 +207,13 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
             reads.skip("donor has no such stage")
             continue
         reason = _incompatibility(meta, reads.facts, same_noise_only)
-        if reason is None and reads.facts.from_input:
+        if reason is None and (reads.facts.from_input or reads.facts.guide_image is not None):
             start = _start_for(reads, meta)
-            reason = input_mismatch(reads.facts.input_latent, start.input if start is not None else None)
+            if reads.facts.from_input:
+                reason = input_mismatch(reads.facts.input_latent, start.input if start is not None else None)
+            if reason is None and reads.facts.guide_image is not None:
+                reason = input_mismatch(reads.facts.guide_image, start.guide if start is not None else None,
+                                        "conditioning image")
         if reason is None:
             checkpoints, reason = _resumable_checkpoints(meta, max_step)
         if reason is not None:
@@ -231,6 +238,8 @@ def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool
         return "other initial noise (seed)"
     if bool(meta.extra.get(INPUT_START)) != facts.from_input:
         return "started from an input latent" if facts.input_latent is None else "started from pure noise"
+    if bool(meta.extra.get(GUIDE_IMAGE)) != (facts.guide_image is not None):
+        return "guided by an image" if facts.guide_image is None else "not guided by an image"
     return None
 
 
@@ -347,11 +356,12 @@ def _start_for(reads: _Reads, meta: EntryMeta) -> StartPrediction | None:
         x0 = None if tensors is None else tensors.get("x0_0")
         if not _usable(x0, reads.facts.latent_shape):
             return None
-        guidance, state, latent = tensors.get("g_0"), tensors.get("x_0"), tensors.get(INPUT_TENSOR)
+        guidance, state, latent, guide = (tensors.get(name) for name in ("g_0", "x_0", INPUT_TENSOR, GUIDE_TENSOR))
         return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
                                guidance=guidance if _usable(guidance, None) else None,
                                x=state if _usable(state, reads.facts.latent_shape) else None,
-                               input=latent if _usable(latent, None) else None)
+                               input=latent if _usable(latent, None) else None,
+                               guide=guide if _usable(guide, None) else None)
     return None
 
 

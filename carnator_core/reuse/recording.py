@@ -27,6 +27,7 @@ log = logging.getLogger("carnator.recorder")
 
 END_TENSOR = "end"  # a stage's output in its checkpoint blob (`carnator_core.reuse.trajectory`)
 INPUT_TENSOR = "input"  # a run's input latent in its step-0 blob (`carnator_core.reuse.input_start`)
+GUIDE_TENSOR = "guide"  # the image its conditioning carried, in the same blob
 
 @dataclass
 class Checkpoint:
@@ -38,6 +39,7 @@ class Checkpoint:
     evaluated: bool = True  # False: x0 is a step cache's extrapolation (EasyCache skipped the step), not the model's
     start: str | None = None  # step 0: fingerprint of the state, matched against a later request's first state
     input: torch.Tensor | None = None  # step 0 of a run from an input: that input (`carnator_core.reuse.input_start`)
+    guide: torch.Tensor | None = None  # step 0 of a run guided by an image in its conditioning: that image
 
 
 @dataclass
@@ -60,14 +62,17 @@ class RunRecorder:
             evaluated=evaluated)
 
     def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None,
-                      from_input: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                      from_input: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      guide: torch.Tensor | None = None) -> None:
         """Step 0: never resumed from, only compared at (`Decider._screen`). A run from pure noise is compared by
         requests that start from the same state, so the prediction is kept and the state only as its fingerprint (a
         latent's worth of bytes saved). A run from an input (`from_input`: its first state and the input) is compared
-        by requests whose input is close to it, not equal: both are kept."""
+        by requests whose input is close to it, not equal: both are kept. So is the image a guided run's
+        conditioning carried (`guide`)."""
         state, latent = from_input if from_input is not None else (None, None)
         self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=_stored(state), start=start,
-                                         x0=_stored(x0), guidance=_stored_guidance(guidance), input=_stored(latent))
+                                         x0=_stored(x0), guidance=_stored_guidance(guidance), input=_stored(latent),
+                                         guide=_stored(guide))
 
     def capture_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep the stage's output (what its sampler returned, leftover noise included) as a CPU fp16 copy."""
@@ -87,6 +92,8 @@ class RunRecorder:
             kept[f"x0_{step}"] = checkpoint.x0
             if checkpoint.input is not None:
                 kept[INPUT_TENSOR] = checkpoint.input
+            if checkpoint.guide is not None:
+                kept[GUIDE_TENSOR] = checkpoint.guide
             if checkpoint.guidance is not None:
                 kept[f"g_{step}"] = checkpoint.guidance
             listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,

@@ -28,7 +28,7 @@ from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, 
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
-from carnator_core.reuse.input_start import INPUT_NOTE, INPUT_START
+from carnator_core.reuse.input_start import GUIDE_IMAGE, GUIDE_NOTE, INPUT_NOTE, INPUT_START
 from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import (
     ProbeTarget,
@@ -71,6 +71,8 @@ class ReuseRun:
     packed: PackedShapes | None = None  # the latents packed into `latent_shape`'s one (LTX-2's video and audio)
     # the input of a run that starts from one (`carnator_core.reuse.input_start`); None for a run from pure noise
     input_latent: torch.Tensor | None = None
+    # the image its conditioning carries (`concat_latent_image`), None for a run guided by text alone
+    guide_image: torch.Tensor | None = None
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
     skipped: dict[str, int] = field(default_factory=dict)
@@ -128,7 +130,7 @@ class ReuseRun:
                             model=self.hard_key.model if handover is not None else "",
                             first_step=handover.next_step if handover is not None else 0,
                             trajectory_steps=trajectory_steps(donor) if donor is not None else None,
-                            packed=self.packed, input_latent=self.input_latent)
+                            packed=self.packed, input_latent=self.input_latent, guide_image=self.guide_image)
 
     @property
     def decider(self) -> Decider:
@@ -247,7 +249,7 @@ class ReuseRun:
         elif self.start_fingerprint is not None:  # step 0 keeps the prediction, and the state as its fingerprint
             # the state as the host computed it (`start_state`), whatever scaled copy the sampler's first call saw
             from_input = (self.start_state, self.input_latent) if self.input_latent is not None else None
-            self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance, from_input)
+            self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance, from_input, self.guide_image)
 
     def observe_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
@@ -325,6 +327,8 @@ class ReuseRun:
             extra["stage_end"] = {"sigma": self.recorder.end[0]}
         if self.input_latent is not None:
             extra[INPUT_START] = True
+        if self.guide_image is not None:
+            extra[GUIDE_IMAGE] = True
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
                          latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
                          cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,
@@ -406,6 +410,8 @@ class ReuseRun:
                                                    or not note.startswith("no prompt text given")]
         if self.input_latent is not None:
             notes.append(INPUT_NOTE)
+        if self.guide_image is not None:
+            notes.append(GUIDE_NOTE)
         if self.settings.thresholds_note:
             notes.append(self.settings.thresholds_note)
         if self.settings.forced_resume_fraction is not None:

@@ -28,6 +28,7 @@ from support.t2v_graphs import (
     MODEL,
     SAMPLER,
     STATS,
+    hunyuan_video15_sr,
     hunyuan_video15_t2v,
     ltx2_audio_latent_shape,
     ltx2_av_t2v,
@@ -36,6 +37,7 @@ from support.t2v_graphs import (
 )
 
 from carnator_core.lookup.prompt_text import is_link
+from carnator_core.reuse.input_start import GUIDE_NOTE, MAX_INPUT_DISTANCE
 from carnator_core.reuse.recording import writer
 
 STEPS = 10
@@ -173,6 +175,49 @@ def test_ltx2_donor_with_another_audio_length_or_frame_rate_is_filtered(comfy, c
     assert not report["hit"] and not report["probes"], json.dumps(report)
     assert report["filtered"] == {reason: 1}, json.dumps(report)
     assert all(torch.equal(a, b) for a, b in zip(reused.unbind(), plain.unbind(), strict=True))
+
+
+def test_a_run_guided_by_an_image_reuses_a_run_guided_by_a_close_image_and_filters_another(comfy, current_model,
+                                                                                           store_path):
+    """Image-to-video's shape (an empty latent, the image in the conditioning as `concat_latent_image`) on the tiny
+    HunyuanVideo 1.5 super-resolution model, whose HunyuanVideo15SuperResolution node puts a low-resolution video into
+    the conditioning. A retouched video resumes from the run on the original; another video is filtered by the
+    distance of the conditioning images and samples plain, bit for bit; a run guided by text alone is no donor."""
+    generator = torch.Generator().manual_seed(0)
+    original = torch.randn(1, 32, 2, 4, 4, generator=generator)  # 64 x 64 x 5 frames in HunyuanVideo 1.5's latent
+    videos = {"original": original, "retouched": original + 0.05 * torch.randn(original.shape, generator=generator),
+              "other": torch.randn(original.shape, generator=generator)}
+    for name, latent in videos.items():
+        save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
+                  str(comfy.base_dir / "input" / f"sr_{name}.latent"))
+    model = current_model("hunyuan_video15_sr").name
+
+    def graph(video: str) -> dict:
+        graph = hunyuan_video15_sr(model, low_resolution=f"sr_{video}.latent", steps=STEPS, seed=4)
+        graph["empty"] = {"class_type": "EmptyHunyuanVideo15Latent",
+                          "inputs": {"width": 64, "height": 64, "length": 5, "batch_size": 1}}
+        graph[SAMPLER]["inputs"]["latent_image"] = ["empty", 0]
+        return graph
+
+    _, (report,) = _sample(comfy, with_reuse(graph("original"), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert not report["hit"] and GUIDE_NOTE in report["notes"], json.dumps(report)
+
+    plain, _ = _sample(comfy, graph("retouched"))
+    output, (report,) = _sample(comfy, with_reuse(graph("retouched"), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert report["hit"] and report["skipped_steps"] == STEPS // 2, json.dumps(report)
+    assert output.shape == plain.shape and float((output - plain).norm() / plain.norm()) < 0.05
+
+    plain, _ = _sample(comfy, graph("other"))
+    output, (report,) = _sample(comfy, with_reuse(graph("other"), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert torch.equal(output, plain) and not report["hit"], json.dumps(report)
+    assert report["skipped_donors"] == {f"conditioning image farther than {MAX_INPUT_DISTANCE} from the donor's": 2}
+
+    text_only = hunyuan_video15_t2v(model, steps=STEPS, seed=4, cfg=1.0, shift=2.0)  # the SR model without an image
+    _sample(comfy, with_reuse(text_only, store_path, prompt=PROMPT, sparse_attention="off"))
+    _, (report,) = _sample(comfy, with_reuse(graph("retouched"), store_path, prompt=PROMPT + " again",
+                                             sparse_attention="off"))
+    assert report["filtered"].get("not guided by an image", 0) + report["skipped_donors"].get(
+        "not guided by an image", 0) == 1, json.dumps(report)
 
 
 def test_ltx2_packed_shapes_that_do_not_add_up_sample_plain_with_the_reason(comfy):

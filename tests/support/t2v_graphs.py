@@ -130,6 +130,20 @@ def hunyuan_video15_t2v(unet_name: str, *, negative: str = "blurry", cfg: float 
     return graph
 
 
+def hunyuan_video15_sr(unet_name: str, *, low_resolution: str, **options) -> dict:
+    """HunyuanVideo 1.5's super-resolution stage as the 720p template's (bypassed) group builds it, on a loaded
+    low-resolution latent (`low_resolution`, in ComfyUI's input directory): HunyuanVideo15SuperResolution puts it into
+    the conditioning, and the SR model samples from noise at shift 2, cfg 1."""
+    graph = hunyuan_video15_t2v(unet_name, **{"cfg": 1.0, "shift": 2.0, **options})
+    graph["low_resolution"] = _node("LoadLatent", latent=low_resolution)
+    graph["super_resolution"] = _node("HunyuanVideo15SuperResolution", positive=[POSITIVE, 0], negative=[NEGATIVE, 0],
+                                      latent=["low_resolution", 0], noise_augmentation=0.7)
+    graph["guider"]["inputs"].update(positive=["super_resolution", 0], negative=["super_resolution", 1])
+    graph[SAMPLER]["inputs"]["latent_image"] = ["super_resolution", 2]
+    del graph[LATENT]
+    return graph
+
+
 LTX2_AUDIO_LATENT = "tiny_ltx2_audio.latent"  # in ComfyUI's input directory
 
 

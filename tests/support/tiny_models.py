@@ -50,7 +50,10 @@ HUNYUAN_VIDEO15 = TinyModelSpec(
 )
 # text_dim: LTX-2 takes its text already through the embeddings connectors, video and audio halves side by side.
 LTXAV = TinyModelSpec("ltxav", "tiny_ltx2_av.safetensors", "LTXAV", text_dim=4096, latent_channels=128)
-CURRENT_SPECS: dict[str, TinyModelSpec] = {s.family: s for s in (WAN22, HUNYUAN_VIDEO15, LTXAV)}
+# HunyuanVideo 1.5's super-resolution model: the 1.5 transformer taking the upscaled video in its conditioning
+HUNYUAN_VIDEO15_SR = TinyModelSpec("hunyuan_video15_sr", "tiny_hunyuan_video15_sr.safetensors",
+                                   "HunyuanVideo15_SR_Distilled", text_dim=4096, latent_channels=32)
+CURRENT_SPECS: dict[str, TinyModelSpec] = {s.family: s for s in (WAN22, HUNYUAN_VIDEO15, LTXAV, HUNYUAN_VIDEO15_SR)}
 
 
 def host_lacks(spec: TinyModelSpec) -> str:
@@ -89,6 +92,9 @@ _HUNYUAN_VIDEO15_T2V = {
     "depth_single_blocks": 0, "patch_size": [1, 1, 1], "guidance_embed": False, "use_cond_type_embedding": True,
     "vision_in_dim": 1152, "meanflow_sum": True,
 }
+# Its super-resolution model: the latent, then the low-resolution video, its mask and a second mask (98 in), which
+# is how detection tells it from the T2V model.
+_HUNYUAN_VIDEO15_SR = {**_HUNYUAN_VIDEO15_T2V, "in_channels": 98}
 
 
 def _hunyuan_video_module(params: dict) -> torch.nn.Module:
@@ -135,6 +141,7 @@ _MODULES = {
     "wan": _wan_module, "hunyuan_video": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO_T2V),
     "ltxv": _ltxv_module, "wan22": functools.partial(_wan_module, 48),
     "hunyuan_video15": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_T2V), "ltxav": _ltxav_module,
+    "hunyuan_video15_sr": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_SR),
 }
 _METADATA = {"ltxav": {"config": json.dumps({"transformer": _LTXAV_TRANSFORMER})}}
 
