@@ -19,8 +19,8 @@ from collections import Counter
 
 import pytest
 import torch
-from safetensors.torch import save_file
 from support.comfy_host import PACK_NAME
+from support.latent_files import save_latent, write_retouched_videos
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import (
     CURRENT_GRAPHS,
@@ -53,8 +53,7 @@ def store_path() -> str:
 @pytest.fixture(scope="module")
 def audio_latent(comfy) -> None:
     """The empty LTX-2 audio latent the graphs load (zeros, as LTXVEmptyLatentAudio makes them)."""
-    tensors = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
-    save_file(tensors, str(comfy.base_dir / "input" / LTX2_AUDIO_LATENT))
+    save_latent(comfy.base_dir / "input" / LTX2_AUDIO_LATENT, torch.zeros(ltx2_audio_latent_shape()))
 
 
 def _pack_module(comfy, name: str):
@@ -165,8 +164,7 @@ def test_ltx2_donor_with_another_audio_length_or_frame_rate_is_filtered(comfy, c
     _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
     if change == "audio_latent":
         longer = "tiny_ltx2_audio_longer.latent"
-        save_file({"latent_tensor": torch.zeros(ltx2_audio_latent_shape(length=17)),
-                   "latent_format_version_0": torch.tensor([])}, str(comfy.base_dir / "input" / longer))
+        save_latent(comfy.base_dir / "input" / longer, torch.zeros(ltx2_audio_latent_shape(length=17)))
         other = _graph(current_model, "ltxav", seed=3, steps=4, audio_latent=longer)
     else:
         other = _graph(current_model, "ltxav", seed=3, steps=4, frame_rate=24.0)
@@ -183,13 +181,7 @@ def test_a_run_guided_by_an_image_reuses_a_run_guided_by_a_close_image_and_filte
     HunyuanVideo 1.5 super-resolution model, whose HunyuanVideo15SuperResolution node puts a low-resolution video into
     the conditioning. A retouched video resumes from the run on the original; another video is filtered by the
     distance of the conditioning images and samples plain, bit for bit; a run guided by text alone is no donor."""
-    generator = torch.Generator().manual_seed(0)
-    original = torch.randn(1, 32, 2, 4, 4, generator=generator)  # 64 x 64 x 5 frames in HunyuanVideo 1.5's latent
-    videos = {"original": original, "retouched": original + 0.05 * torch.randn(original.shape, generator=generator),
-              "other": torch.randn(original.shape, generator=generator)}
-    for name, latent in videos.items():
-        save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
-                  str(comfy.base_dir / "input" / f"sr_{name}.latent"))
+    write_retouched_videos(comfy.base_dir / "input", "sr", (1, 32, 2, 4, 4))  # 64 x 64 x 5 frames, HunyuanVideo 1.5
     model = current_model("hunyuan_video15_sr").name
 
     def graph(video: str) -> dict:

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from support.latent_files import write_retouched_videos
 from support.reuse_graphs import with_expert_reuse, with_reuse
 from support.t2v_graphs import HIGH_NOISE, LATENT, LOW_NOISE, SAMPLER, wan22_14b_t2v, wan_t2v
 
@@ -102,13 +102,7 @@ def test_video_to_video_resumes_from_a_run_on_a_close_video_and_refuses_another_
     video resumes from the run on the original, close to its own plain run; another video is filtered by its distance
     and samples plain, bit for bit. Euler, whose resume is exact: a multistep sampler restarts its history at the
     resume, which costs more the fewer steps are left (docs/measurements.md, "Stages that start from an input")."""
-    generator = torch.Generator().manual_seed(0)
-    original = torch.randn(1, 16, 2, 8, 8, generator=generator)  # 64 x 64 x 5 frames in Wan 2.1's latent
-    videos = {"original": original, "retouched": original + 0.05 * torch.randn(original.shape, generator=generator),
-              "other": torch.randn(original.shape, generator=generator)}
-    for name, latent in videos.items():
-        save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
-                  str(comfy.base_dir / "input" / f"vid2vid_{name}.latent"))
+    write_retouched_videos(comfy.base_dir / "input", "vid2vid", (1, 16, 2, 8, 8))  # 64 x 64 x 5 frames, Wan 2.1
 
     def graph(video: str) -> dict:
         graph = wan_t2v(tiny_models["wan"].name, text=PROMPT, steps=8, seed=5, sampler_name="euler")
