@@ -2,7 +2,8 @@
 
 - a host that lacks a hook Carnator needs: the pack loads, says once what it lacks, and samples plain;
 - arguments a newer host adds to the sampling wrappers reach the sampler untouched;
-- a packed multi-latent run (LTX-2 audio + video: noise (B, 1, N) with the shapes beside it): a clean, reported miss;
+- a packed multi-latent run (LTX-2 audio + video: noise (B, 1, N) with the shapes beside it) whose shapes do not add
+  up: a clean, reported miss; sparse attention takes its video only where the token count tells it apart;
 - another patch that takes video self-attention past the attention override: reported, never as sparse.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import sys
 
 import pytest
@@ -73,15 +75,29 @@ def test_wrappers_pass_on_arguments_they_do_not_know(comfy, tiny_models):
 
 
 @pytest.mark.parametrize("shapes", [2, 3])
-def test_packed_multi_latent_run_is_a_reported_miss(shapes):
+def test_packed_multi_latent_run_whose_shapes_do_not_add_up_is_a_reported_miss(shapes):
     host = _pack_module("host")
     packed = torch.zeros(1, 1, 640)
     call = host.outer_sample_arguments((packed, packed, None, torch.linspace(1, 0, 5)), {"latent_shapes": [
         torch.Size([1, 16, 2, 8, 8])] * shapes})
     reason = host.unsupported_latent(call)
-    assert "packed multi-latent" in reason and f"{shapes} latents" in reason
+    assert reason == f"packed latent shapes {[[1, 16, 2, 8, 8]] * shapes} add up to {2048 * shapes} values, not 640: " \
+                     "sampled plain"
     assert host.unsupported_latent(host.outer_sample_arguments((torch.zeros(1, 16, 2, 8, 8),), {
         "latent_shapes": [torch.Size([1, 16, 2, 8, 8])]})) == ""
+
+
+def test_sparse_attention_takes_the_video_of_a_packed_run_only_where_its_token_count_tells_it_apart():
+    host = _pack_module("host")
+    video, audio = (1, 16, 4, 16, 16), (1, 8, 9, 16)  # 4 x 8 x 8 = 256 video tokens; 9 x 16 audio positions
+    for shapes, grid, reason in [([video, audio], (4, 8, 8), ""),
+                                 ([(1, 16, 1, 4, 4), audio], None, "packed latent whose other part has as many "
+                                                                   "positions as its video has tokens: attention "
+                                                                   "stays dense"),
+                                 ([audio, audio], None, "packed latent with 0 video parts: attention stays dense")]:
+        packed = torch.zeros(1, 1, sum(math.prod(shape[1:]) for shape in shapes))
+        call = host.outer_sample_arguments((packed,), {"latent_shapes": shapes})
+        assert host.video_token_grid(call, (1, 2, 2)) == (grid, reason), shapes
 
 
 def test_a_latent_that_is_not_one_tensor_is_a_reported_miss(comfy):
@@ -90,7 +106,7 @@ def test_a_latent_that_is_not_one_tensor_is_a_reported_miss(comfy):
     nested = pytest.importorskip("comfy.nested_tensor").NestedTensor([torch.zeros(1, 16, 2, 8, 8),
                                                                       torch.zeros(1, 8, 9, 16)])
     call = host.outer_sample_arguments((nested, nested, None, torch.linspace(1, 0, 5)), {})
-    assert host.unsupported_latent(call, packed_ok=True) == "latent of type NestedTensor, not one tensor: sampled plain"
+    assert host.unsupported_latent(call) == "latent of type NestedTensor, not one tensor: sampled plain"
 
 
 def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, tiny_models):
