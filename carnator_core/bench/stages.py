@@ -42,8 +42,9 @@ from safetensors.torch import load as load_safetensors
 
 from carnator_core.bench.quality import latent_quality
 from carnator_core.bench.streams import make_stream
-from carnator_core.calibration.workflow import REUSE_NODES, SAMPLERS, stage_chain
+from carnator_core.calibration.workflow import REUSE_NODES, SAMPLERS, feeds, links_to, stage_chain
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
+from carnator_core.lookup.prompt_text import is_link
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import read_prompt_file
 from carnator_core.queue import Workflow, WorkflowError
@@ -82,15 +83,18 @@ class StagedWorkflow:
             raise WorkflowError("the workflow has no samplers that run one after another: nothing to measure per "
                                 "stage (the workload benchmark measures one-sampler graphs)")
         reuse_nodes = [node_id for node_id, node in graph.items() if node["class_type"] in REUSE_NODES]
-        if not reuse_nodes:
-            raise WorkflowError("the workflow has no Carnator reuse node: put a Carnator Reuse node in front of each "
-                                "stage's sampler")
+        for earlier, sampler in zip([None, *stages], stages, strict=False):  # each stage's own, not an earlier one's
+            if not any(node_id == sampler or feeds(graph, sampler, node_id) and not (
+                    earlier is not None and (node_id == earlier or feeds(graph, earlier, node_id)))
+                    for node_id in reuse_nodes):
+                raise WorkflowError(f"stage {sampler} ({graph[sampler]['class_type']}) has no Carnator reuse node of "
+                                    "its own: put a Carnator Reuse node in front of each stage's sampler")
         for node_id in [n for n, node in graph.items() if object_info.get(node["class_type"], {}).get("output_node")]:
             del graph[node_id]  # the workflow's own outputs: the benchmark saves the latents it compares
         outputs = {}
         for sampler in stages:
             separators = [node_id for node_id, node in graph.items() if node["class_type"] == SEPARATOR
-                          and _links_to(node["inputs"].get("av_latent"), sampler)]
+                          and links_to(node["inputs"].get("av_latent"), sampler)]
             outputs[sampler] = ([("video", [separators[0], 0]), ("audio", [separators[0], 1])] if separators
                                 else [("latent", [sampler, 0])])
         return cls(Workflow(graph, workflow.text_target[0] if workflow.text_target else None), stages, reuse_nodes,
@@ -101,7 +105,7 @@ class StagedWorkflow:
         sampler's, or its guider's."""
         inputs = graph[self.stages[0]]["inputs"]
         guider = inputs.get("guider")
-        if "cfg" not in inputs and _is_link(guider):
+        if "cfg" not in inputs and is_link(guider):
             inputs = graph[str(guider[0])]["inputs"]
         if not isinstance(inputs.get("cfg"), int | float):
             raise WorkflowError(f"the first stage ({self.stages[0]}) has no cfg value to vary; use --vary prompt")
@@ -134,14 +138,6 @@ class StageRun:
     seconds: list[float]
     hit: bool
     latents: dict[tuple[int, str], torch.Tensor] = field(repr=False)
-
-
-def _links_to(value: object, node_id: str) -> bool:
-    return _is_link(value) and str(value[0]) == node_id
-
-
-def _is_link(value: object) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)
 
 
 def requests_for(vary: str, staged: StagedWorkflow, prompts: list[str] | None, n: int) -> list[Request]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from carnator_core.demo.graphs import complete
+from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import Workflow, WorkflowError
 
 SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
@@ -41,8 +42,9 @@ INSERTED_REUSE_NODE = "carnator_calibration_reuse"
 MODEL_FILE_INPUTS = ("unet_name", "ckpt_name", "model_name")  # loaders' file inputs
 
 
-def _links_to(value: object, node_id: str) -> bool:
-    return isinstance(value, list) and len(value) == 2 and str(value[0]) == node_id
+def links_to(value: object, node_id: str) -> bool:
+    """Whether an input value is a link to an output of `node_id`."""
+    return is_link(value) and str(value[0]) == node_id
 
 
 @dataclass
@@ -81,9 +83,9 @@ class CalibrationWorkflow:
         for node_id in [n for n, node in graph.items() if node["class_type"] == SPARSE_ATTENTION_NODE]:
             _bypass(graph, node_id, "model")
         reuse_nodes = [node_id for node_id, node in graph.items() if node["class_type"] in REUSE_NODES]
-        own = [node_id for node_id in reuse_nodes if node_id == sampler or _upstream(graph, sampler, node_id)]
+        own = [node_id for node_id in reuse_nodes if node_id == sampler or feeds(graph, sampler, node_id)]
         others = [node_id for node_id in reuse_nodes if node_id not in own
-                  and not any(_upstream(graph, later, node_id) or node_id == later for later in chain[1:])]
+                  and not any(feeds(graph, later, node_id) or node_id == later for later in chain[1:])]
         if len(own) > 1:
             raise WorkflowError(f"the workflow has several Carnator reuse nodes in front of its first sampler "
                                 f"({', '.join(own)}); keep one")
@@ -94,7 +96,7 @@ class CalibrationWorkflow:
         user_store = graph[reuse_node]["inputs"].get("store")
         user_store = str(user_store[0]) if isinstance(user_store, list) else None
         decoders = [node_id for node_id, node in graph.items()
-                    if any(_links_to(value, output) for value in node["inputs"].values())
+                    if any(links_to(value, output) for value in node["inputs"].values())
                     and "IMAGE" in (object_info.get(node["class_type"], {}).get("output") or [])]
         for node_id in [n for n, node in graph.items()
                         if object_info.get(node["class_type"], {}).get("output_node")
@@ -111,10 +113,10 @@ class CalibrationWorkflow:
     def _insert_reuse(graph: dict, sampler: str) -> str:
         """A CarnatorReuse between the sampler (or its guider) and the model it samples with."""
         holder = sampler
-        if "model" not in graph[sampler]["inputs"] and _is_link(graph[sampler]["inputs"].get("guider")):
+        if "model" not in graph[sampler]["inputs"] and is_link(graph[sampler]["inputs"].get("guider")):
             holder = str(graph[sampler]["inputs"]["guider"][0])
         model = graph[holder]["inputs"].get("model")
-        if not _is_link(model):
+        if not is_link(model):
             raise WorkflowError(f"cannot find the model node {sampler} ({graph[sampler]['class_type']}) samples "
                                 "with: put a Carnator Reuse node in front of it")
         graph[INSERTED_REUSE_NODE] = {"class_type": "CarnatorReuse", "inputs": {"model": model}}
@@ -167,12 +169,12 @@ class CalibrationWorkflow:
         return graph
 
 
-def _upstream(graph: dict, node_id: str, target: str) -> bool:
+def feeds(graph: dict, node_id: str, target: str) -> bool:
     """Whether `target` feeds `node_id`, through any chain of links."""
     seen, frontier = set(), [node_id]
     while frontier:
         for value in graph[frontier.pop()]["inputs"].values():
-            if _is_link(value) and str(value[0]) in graph and str(value[0]) not in seen:
+            if is_link(value) and str(value[0]) in graph and str(value[0]) not in seen:
                 if str(value[0]) == target:
                     return True
                 seen.add(str(value[0]))
@@ -183,14 +185,10 @@ def _upstream(graph: dict, node_id: str, target: str) -> bool:
 def stage_chain(graph: dict, samplers: list[str]) -> list[str] | None:
     """The samplers in the order they run when each one continues the one before (its input comes from it), else
     None."""
-    ordered = sorted(samplers, key=lambda node_id: sum(_upstream(graph, node_id, other) for other in samplers))
-    if all(_upstream(graph, later, earlier) for earlier, later in zip(ordered, ordered[1:], strict=False)):
+    ordered = sorted(samplers, key=lambda node_id: sum(feeds(graph, node_id, other) for other in samplers))
+    if all(feeds(graph, later, earlier) for earlier, later in zip(ordered, ordered[1:], strict=False)):
         return ordered
     return None
-
-
-def _is_link(value: object) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)
 
 
 def _bypass(graph: dict, node_id: str, through: str) -> None:
@@ -198,5 +196,5 @@ def _bypass(graph: dict, node_id: str, through: str) -> None:
     source = graph.pop(node_id)["inputs"].get(through)
     for node in graph.values():
         for name, value in node["inputs"].items():
-            if _links_to(value, node_id) and value[1] == 0:
+            if links_to(value, node_id) and value[1] == 0:
                 node["inputs"][name] = source
