@@ -2,12 +2,14 @@
 generation and refinement, Wan 2.2 14B's two experts, HunyuanVideo 1.5's super-resolution), on a running ComfyUI,
 measured per stage.
 
-    python -m carnator_core.bench stages --server URL (--graph ltx2-two-stage | --workflow API.json)
+    python -m carnator_core.bench stages --server URL (--graph ltx2-two-stage | hunyuan15-sr | --workflow API.json)
         [--vary prompt|cfg] [--prompts FILE] [--text-node ID] [--n 4] [--json] [--out DIR]
-    python -m carnator_core.bench workload --graph ltx2-two-stage --server URL ...      (the same)
+    python -m carnator_core.bench workload --graph ltx2-two-stage|hunyuan15-sr --server URL ...      (the same)
 
-`--graph ltx2-two-stage` is the shipped `workflows/api/carnator_ltx2_t2v.json`; the server must have the models it
-loads. Every request runs in three configurations, the order rotated per request:
+`--graph ltx2-two-stage` is the shipped `workflows/api/carnator_ltx2_t2v.json`; `--graph hunyuan15-sr` is
+`workflows/api/carnator_hunyuan_video15_720p_t2v_sr.json`, the HunyuanVideo 1.5 workflow with its 1080p
+super-resolution group enabled (720p stage, then the SR model's two samplers). The server must have the models the
+workflow loads. Every request runs in three configurations, the order rotated per request:
 
 - plain: the workflow's Carnator reuse nodes in mode safe with an empty store, recording nothing and with sparse
   attention off, which samples exactly as the stock samplers do;
@@ -50,7 +52,7 @@ from carnator_core.prompt_file import read_prompt_file
 from carnator_core.queue import Workflow, WorkflowError
 
 WORKFLOWS_DIR = Path(__file__).resolve().parents[2] / "workflows" / "api"
-STAGED_GRAPHS = {"ltx2-two-stage": "carnator_ltx2_t2v.json"}
+STAGED_GRAPHS = {"ltx2-two-stage": "carnator_ltx2_t2v.json", "hunyuan15-sr": "carnator_hunyuan_video15_720p_t2v_sr.json"}
 CONFIGS = ("plain", "balanced", "fast")
 CFG_STEPS = (0.0, 0.25, -0.25, 0.5, -0.5, 0.75, -0.75, 1.0)
 SEPARATOR = "LTXVSeparateAVLatent"  # splits a packed LTX-2 latent into its video (output 0) and audio (1)

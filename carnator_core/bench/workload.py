@@ -555,8 +555,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--graph", choices=("single", "two-expert", *STAGED_GRAPHS), default="single",
                         help="single: one model and KSampler (every configuration); two-expert: the Wan 2.2 14B "
                              "template's shape, the demo model as both experts in two KSamplerAdvanced with the "
-                             "boundary half-way (plain and the reuse modes); ltx2-two-stage: the shipped LTX-2 "
-                             "workflow on your server (--server), measured per stage (`bench stages`)")
+                             "boundary half-way (plain and the reuse modes); ltx2-two-stage, hunyuan15-sr: the "
+                             "shipped LTX-2 workflow, or HunyuanVideo 1.5's with its super-resolution group, on your "
+                             "server (--server), measured per stage (`bench stages`)")
     parser.add_argument("--prompts", help=f"your own stream, run in order: a UTF-8 text file, {PROMPT_FILE_RULE}")
     parser.add_argument("--n", type=int, default=6, help="prompts in a generated stream")
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",

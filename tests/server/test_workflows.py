@@ -4,13 +4,16 @@
   validate against the server's /object_info, with the official model file names present as placeholder
   files so that the loaders' combo lists hold them (a workflow for a model the host lacks is skipped);
 - every API twin is the same graph as its UI workflow (same active nodes, links through bypassed nodes and reroutes
-  resolved as the frontend does, same values);
+  resolved as the frontend does, same values); the HunyuanVideo 1.5 workflow has a second twin, queued with its
+  1080p super-resolution group enabled;
 - every API twin executes through /prompt on the tiny test models (substitutions: tests/support/tiny_workflows.py),
   with one `carnator.status` event from each of its samplers;
 - the Wan 2.2 and HunyuanVideo 1.5 twins, queued again with a one-word edit of the shipped prompt and the same seed,
   reuse the first run (the 14B's second request skips the high-noise stage); the LTX-2 twin's first stage resumes
   its packed audio+video latent; twins of models the host lacks (Wan 2.2 5B, HunyuanVideo 1.5, LTX-2 on
   older hosts) are skipped;
+- the super-resolution twin, on tiny HunyuanVideo 1.5, SR and latent upsampler models, is measured per stage by
+  `bench stages`, and queued again with the other upsampler file samples its SR stage plain, bit for bit;
 - ComfyUI's template browser lists them, with their thumbnails; a workflow naming a node this Carnator
   does not have gets ComfyUI's normal validation error.
 """
@@ -27,15 +30,17 @@ import torch
 from safetensors.torch import load_file, save_file
 from support.comfy_host import ComfyServer, ServerFactory
 from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
-from support.tiny_models import CURRENT_SPECS, host_lacks, write_tiny_model
+from support.tiny_models import CURRENT_SPECS, HUNYUAN_VIDEO15_UPSAMPLERS, host_lacks, write_tiny_model
 from support.tiny_workflows import (
     DEMO_WEIGHTS,
     FAMILY,
+    GROUP_ENABLED,
     SAMPLERS,
     WORKFLOWS,
     api_workflow,
     on_demo_model,
     on_tiny_models,
+    twin_families,
 )
 
 from carnator_core.bench.__main__ import main as bench_main
@@ -51,6 +56,7 @@ from carnator_core.reuse.recording import writer
 pytestmark = pytest.mark.server
 
 NAMES = sorted(FAMILY)
+TWINS = NAMES + sorted(GROUP_ENABLED)  # the API twins
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute"}  # virtual nodes: the frontend never sends them to the server
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -87,13 +93,17 @@ def _placeholders(base: Path) -> None:
 
 def _tiny_current_models(base: Path, current_model) -> None:
     """The tiny models the workflows need besides `tiny_models`: a second tiny Wan (other weights) as the Wan 2.2
-    14B's low-noise expert, each newer model the host has (Wan 2.2 TI2V 5B, HunyuanVideo 1.5, LTX-2), and LTX-2's
-    empty audio latent in the input directory."""
+    14B's low-noise expert, each newer model the host has (Wan 2.2 TI2V 5B, HunyuanVideo 1.5 and its SR model and
+    latent upsamplers, LTX-2), and LTX-2's empty audio latent in the input directory."""
     models = base / "models" / "diffusion_models"
     write_tiny_model("wan", models, seed=1, filename=LOW_NOISE_UNET)
     for family, spec in CURRENT_SPECS.items():
         if not host_lacks(spec):
             (models / spec.filename).symlink_to(current_model(family).path)
+    if not host_lacks(CURRENT_SPECS["hunyuan_video15_sr"]):
+        for seed, filename in enumerate(HUNYUAN_VIDEO15_UPSAMPLERS):
+            write_tiny_model("hunyuan_video15_upsampler", base / "models" / "latent_upscale_models", seed=seed,
+                             filename=filename)
     audio = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
     (base / "input").mkdir(exist_ok=True)
     save_file(audio, str(base / "input" / LTX2_AUDIO_LATENT))
@@ -212,10 +222,10 @@ def _types_match(output: str, wanted) -> bool:
 
 
 def skip_where_the_host_lacks_the_model(name: str) -> None:
-    family = FAMILY[name]
-    reason = host_lacks(CURRENT_SPECS[family]) if family in CURRENT_SPECS else ""
-    if reason:
-        pytest.skip(f"{name}: {reason}")
+    for family in twin_families(name):
+        reason = host_lacks(CURRENT_SPECS[family]) if family in CURRENT_SPECS else ""
+        if reason:
+            pytest.skip(f"{name}: {reason}")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -265,10 +275,25 @@ def queued_source(ui: dict, target: int, slot: int) -> list | None:
     return [str(origin), origin_slot]
 
 
-@pytest.mark.parametrize("name", NAMES)
+def queued_ui(name: str) -> dict:
+    """The UI workflow API twin `name` is queued from: a `GROUP_ENABLED` twin's workflow with that group's nodes (by
+    position, as the frontend selects a group's nodes) active, its EasyCache left bypassed."""
+    if name not in GROUP_ENABLED:
+        return ui_workflow(name)
+    workflow, title, _ = GROUP_ENABLED[name]
+    ui = ui_workflow(workflow)
+    left, top, width, height = next(group["bounding"] for group in ui["groups"] if group["title"].startswith(title))
+    for node in ui["nodes"]:
+        x, y = node["pos"]
+        if left <= x <= left + width and top <= y <= top + height and node["type"] != "EasyCache":
+            node["mode"] = 0
+    return ui
+
+
+@pytest.mark.parametrize("name", TWINS)
 def test_api_twin_is_the_ui_workflow(object_info, name):
     skip_where_the_host_lacks_the_model(name)
-    ui, api = ui_workflow(name), api_workflow(name)
+    ui, api = queued_ui(name), api_workflow(name)
     nodes = {str(node["id"]): node for node in ui["nodes"] if node["type"] not in FRONTEND_ONLY and node["mode"] == 0}
     assert set(api) == set(nodes), f"{name}: API twin nodes {sorted(api)} != UI nodes {sorted(nodes)}"
     links = {(str(target), nodes[str(target)]["inputs"][slot]["name"]): queued_source(ui, target, slot)
@@ -287,23 +312,22 @@ def test_api_twin_is_the_ui_workflow(object_info, name):
 
 # ------------------------------------------------------------------ execution on the tiny models
 def tiny_graph(name: str, tiny_models) -> dict:
-    """The API twin `name` on the tiny models; skips where the host lacks the workflow's model."""
-    family = FAMILY[name]
-    if family in CURRENT_SPECS:
-        reason = host_lacks(CURRENT_SPECS[family])
-        if reason:
-            pytest.skip(reason)
-        unet_name = CURRENT_SPECS[family].filename
-    else:
-        unet_name = tiny_models[family].name
+    """The API twin `name` on the tiny models; skips where the host lacks one of the workflow's models."""
+    skip_where_the_host_lacks_the_model(name)
+    family = twin_families(name)[0]
+    unet_name = CURRENT_SPECS[family].filename if family in CURRENT_SPECS else tiny_models[family].name
     return on_tiny_models(api_workflow(name), family, unet_name, low_noise_unet=LOW_NOISE_UNET)
 
 
 def run_with_statuses(server: ComfyServer, graph: dict) -> tuple[dict, dict[str, dict]]:
-    """Queue `graph`; its /history entry and its `carnator.status` reports by sampler node (one each, checked)."""
+    """Queue `graph`; its /history entry and its `carnator.status` reports by sampler node (one from each sampler
+    the server ran rather than took from its cache, checked)."""
     run = server.client.run(graph, timeout=300)
     history, statuses = run.history, run.statuses
-    samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS]
+    cached = {node for kind, message in history["status"]["messages"] if kind == "execution_cached"
+              for node in message["nodes"]}
+    samplers = [node_id for node_id, node in graph.items() if node["class_type"] in SAMPLERS and node_id not in cached]
+    assert samplers, "every sampler came from the server's cache"
     assert sorted(s["node"] for s in statuses) == sorted(samplers), statuses
     for sampler in samplers:
         stats = history["outputs"][f"stats_{sampler}"]["latent_stats"][0]
@@ -320,7 +344,7 @@ def _shapes(history: dict) -> dict[str, list]:
 CALIBRATES = {"carnator_calibrate_demo"}
 
 
-@pytest.mark.parametrize("name", sorted(set(NAMES) - CALIBRATES))
+@pytest.mark.parametrize("name", sorted(set(TWINS) - CALIBRATES))
 def test_api_twin_runs_on_the_tiny_models(server, tiny_models, name):
     run_with_statuses(server, tiny_graph(name, tiny_models))
 
@@ -517,6 +541,71 @@ def test_workflow_with_a_node_this_version_lacks_gets_comfyuis_validation_error(
     with pytest.raises(RequestRefused, match=rf"CarnatorReuseV0|Node ID '#{reuse}'"):
         server.client.queue(graph)
     assert server.get("/system_stats").ok
+
+
+def test_stages_benchmark_reports_each_stage_of_hunyuan_video15_super_resolution(server, tiny_models, tmp_path, capsys):
+    """`bench stages --graph hunyuan15-sr`'s workflow (the HunyuanVideo 1.5 twin with its super-resolution group
+    enabled) on the tiny 720p and SR models, cfg stream: three stages, the 720p sampler and the SR model's two
+    samplers (8 steps split at 4). The later requests resume the 720p stage; the SR stage, guided by an image close
+    to the donor's, is screened and skipped to the donor's hand-over; the plain runs stay bit-identical (figures
+    printed)."""
+    graph = tiny_graph("carnator_hunyuan_video15_720p_t2v_sr", tiny_models)
+    workflow = tmp_path / "hunyuan15_sr.json"
+    workflow.write_text(json.dumps(graph), encoding="utf-8")
+    argv = ["stages", "--server", server.url, "--workflow", str(workflow), "--text-node", "44", "--vary", "cfg",
+            "--n", "3", "--json", "--out", str(tmp_path / "out")]
+    assert bench_main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    print(json.dumps(result, indent=1))
+    assert result["requests"] == ["cfg 6", "cfg 6.25", "cfg 5.75"]
+    assert [stage.split()[0] for stage in result["stages"]] == ["127", "140", "141"]
+    split, sr_steps = graph["137"]["inputs"]["step"], graph["136"]["inputs"]["steps"]
+    configs = {row["name"]: row for row in result["configs"]}
+    assert configs["plain"]["stage_model_calls"] == [graph["128"]["inputs"]["steps"], split, sr_steps - split]
+    assert configs["plain"]["hit_rate"] == 0
+    assert all(q["psnr"] == 100.0 and q["ssim"] == 1.0 for q in configs["plain"]["quality"])
+    for mode in ("balanced", "fast"):  # the first request records; the other two reuse it
+        row = configs[mode]
+        assert row["hit_rate"] == pytest.approx(2 / 3, abs=1e-3), json.dumps(row)
+        plain_calls = configs["plain"]["stage_model_calls"]
+        assert row["stage_model_calls"][0] < plain_calls[0] and row["stage_model_calls"][1] < split, json.dumps(row)
+        assert row["stage_model_calls"][2] <= plain_calls[2], json.dumps(row)
+        assert all(q["psnr"] > 20 for q in row["quality"]), json.dumps(row)
+
+
+def _sr_output(server: ComfyServer, graph: dict, label: str) -> tuple[torch.Tensor, dict[str, dict]]:
+    """The super-resolution twin's final latent (the SR model's second sampler, 141) and its reports by sampler."""
+    graph = copy.deepcopy(graph)
+    graph["save_sr"] = {"class_type": "SaveLatent", "inputs": {"samples": ["141", 0], "filename_prefix": f"sr/{label}"}}
+    run = server.client.run(graph, timeout=300)
+    saved = run.history["outputs"]["save_sr"]["latents"][0]
+    latent = load_file(str(server.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+    return latent, {report["node"]: report for report in run.statuses}
+
+
+def test_super_resolution_after_another_upsampler_file_samples_plain(server, tiny_models):
+    """The HunyuanVideo 1.5 twin with its super-resolution group, queued again with the other latent upsampler file
+    (other weights): the SR stage, starting from (and guided by) another upscaled video, finds no donor, says why,
+    and samples plain, bit for bit."""
+    graph = tiny_graph("carnator_hunyuan_video15_720p_t2v_sr", tiny_models)
+    graph["store"] = {"class_type": "CarnatorStore", "inputs": {"path": "stores/sr-upsampler", "size_limit_gb": 4.0}}
+    for node in graph.values():
+        if node["class_type"] == "CarnatorReuse":
+            node["inputs"]["store"] = ["store", 0]
+    _, reports = _sr_output(server, graph, "donor")
+    assert not any(report["hit"] for report in reports.values()), json.dumps(reports)
+    (loader,) = [node for node in graph.values() if node["class_type"] == "LatentUpscaleModelLoader"]
+    assert loader["inputs"]["model_name"] == HUNYUAN_VIDEO15_UPSAMPLERS[0]
+    loader["inputs"]["model_name"] = HUNYUAN_VIDEO15_UPSAMPLERS[1]
+    output, reports = _sr_output(server, graph, "other-upsampler")
+    plain, _ = _sr_output(server, _without_reuse(graph), "other-upsampler-plain")
+    assert torch.equal(output, plain)
+    for sampler in ("140", "141"):
+        assert not reports[sampler]["hit"] and reports[sampler]["skipped_steps"] == 0, json.dumps(reports[sampler])
+    screened = reports["140"]
+    print("SR stage after another upsampler:", screened["reason"], screened["filtered"])
+    assert screened["reason"] == "filtered: input farther than 0.25 from the donor's", json.dumps(screened)
+    assert screened["model_calls"] == screened["total_steps"]
 
 
 def test_stages_benchmark_reports_each_stage_of_the_ltx2_workflow(server, tiny_models, tmp_path, capsys):

@@ -137,11 +137,25 @@ def _ltxav_module() -> torch.nn.Module:
     )
 
 
+def _hunyuan_video15_upsampler_module() -> torch.nn.Module:
+    """HunyuanVideo 1.5's latent upsampler of the residual-convolution kind (the loader tells the kinds apart by their
+    keys and reads the sizes from the weights): 32 latent channels in and out, 8 hidden, one block."""
+    from comfy.ldm.hunyuan_video.upsampler import SRModel3DV2
+
+    return SRModel3DV2(in_channels=32, out_channels=32, hidden_channels=8, num_blocks=1)
+
+
+# ComfyUI's models/latent_upscale_models: two tiny HunyuanVideo 1.5 latent upsamplers, other weights (written with
+# seeds 0 and 1), as two upsampler files a workflow may switch between
+HUNYUAN_VIDEO15_UPSAMPLERS = ("tiny_hunyuan_video15_latent_upsampler.safetensors",
+                              "tiny_hunyuan_video15_latent_upsampler_other.safetensors")
+
 _MODULES = {
     "wan": _wan_module, "hunyuan_video": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO_T2V),
     "ltxv": _ltxv_module, "wan22": functools.partial(_wan_module, 48),
     "hunyuan_video15": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_T2V), "ltxav": _ltxav_module,
     "hunyuan_video15_sr": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_SR),
+    "hunyuan_video15_upsampler": _hunyuan_video15_upsampler_module,
 }
 _METADATA = {"ltxav": {"config": json.dumps({"transformer": _LTXAV_TRANSFORMER})}}
 
@@ -171,7 +185,8 @@ def tiny_state_dict(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def write_tiny_model(family: str, directory: Path, seed: int = 0, filename: str | None = None) -> Path:
-    """Write a tiny `family` model as safetensors into `directory` (e.g. models/diffusion_models)."""
+    """Write a tiny `family` model as safetensors into `directory` (e.g. models/diffusion_models; a family that is not
+    a diffusion model, such as an upsampler, needs its `filename`)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / (filename or {**SPECS, **CURRENT_SPECS}[family].filename)
     save_file(tiny_state_dict(family, seed), str(path), metadata=_METADATA.get(family))

@@ -7,7 +7,9 @@ type:
 
 - UNETLoader / CheckpointLoaderSimple        -> UNETLoader of the tiny model of the workflow's family; a loader of a
                                                 low-noise expert (Wan 2.2 14B: "low_noise" in its file name) loads
-                                                `low_noise_unet`, a second tiny model of the family (other weights)
+                                                `low_noise_unet`, a second tiny model of the family (other weights);
+                                                a super-resolution model's loader (HunyuanVideo 1.5's, "_sr_" in its
+                                                file name) loads the tiny HunyuanVideo 1.5 SR model
 - LoraLoaderModelOnly                         -> removed, its model input linked through to its consumers (the
                                                 lightx2v LoRA files have no tiny counterpart)
 - CLIPLoader, DualCLIPLoader,                 -> removed (no text encoders at test size)
@@ -19,13 +21,18 @@ type:
 - LTXVEmptyLatentAudio                        -> LoadLatent of `LTX2_AUDIO_LATENT` (zeros shaped as LTX-2's empty
                                                 audio latent for the test video length; the test writes it into
                                                 ComfyUI's input directory)
-- LatentUpscaleModelLoader                    -> removed (no latent upscale model at test size)
+- LatentUpscaleModelLoader                    -> HunyuanVideo 1.5's: the first tiny HunyuanVideo 1.5 latent upsampler;
+                                                LTX-2's: removed (no tiny LTX-2 latent upsampler)
 - LTXVLatentUpsampler                         -> removed, its samples input linked through: LTX-2's second stage
                                                 refines the first stage's video latent at the first stage's size
+- HunyuanVideo15LatentUpscaleWithModel        -> upscales the tiny video to twice its width and height: the SR stage
+                                                samples 4x the first stage's tokens
 - VAEDecode(Tiled), CreateVideo, SaveVideo    -> removed; HarnessLatentStats reads each sampler's latent (a packed
                                                 audio+video latent: the video latent LTXVSeparateAVLatent unpacks)
 - empty latent video size and step counts     -> small (seconds on a CPU); KSamplerAdvanced keeps its shipped steps
-                                                and hand-over step (Wan 2.2 14B: 4 steps, experts split at 2)
+                                                and hand-over step (Wan 2.2 14B: 4 steps, experts split at 2), and
+                                                so does a scheduler whose sigmas SplitSigmas splits (HunyuanVideo
+                                                1.5's super-resolution: 8 steps, split at 4)
 - optional `reuse` overrides                  -> set on every Carnator reuse node (e.g. probe thresholds: a
                                                  random-weight model has no semantics, so near-duplicate
                                                  prompts need lower structure thresholds to pass its probe)
@@ -34,7 +41,7 @@ Everything else — Carnator nodes, samplers, schedulers (LTX-2's ManualSigmas t
 concatenation, separation and guide cropping, the demo text encoder and decoder (they work on any Wan-family
 latent), primitives, links — runs as shipped. A shipped workflow's bypassed nodes (HunyuanVideo 1.5's 1080p
 super-resolution group and EasyCache, LTX-2's camera LoRAs) are not in its API twin, as the frontend leaves them
-out of what it queues.
+out of what it queues. `GROUP_ENABLED` twins are a workflow as queued with one of those groups enabled.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from pathlib import Path
 from carnator_core.demo.graphs import latent_size
 from carnator_core.lookup.prompt_text import is_link
 from support.t2v_graphs import LTX2_AUDIO_LATENT
+from support.tiny_models import HUNYUAN_VIDEO15_SR, HUNYUAN_VIDEO15_UPSAMPLERS
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
 FAMILY = {  # shipped workflow -> tiny model family it runs on
@@ -60,12 +68,20 @@ FAMILY = {  # shipped workflow -> tiny model family it runs on
     "carnator_hunyuan_video15_720p_t2v": "hunyuan_video15",
     "carnator_ltx2_t2v": "ltxav",
 }
+# API twins of a shipped UI workflow with a group its template bypasses enabled, as the user enables it (the group's
+# EasyCache stays bypassed, as the template's note keeps it): twin -> (UI workflow, group title, tiny models besides
+# the workflow's family)
+GROUP_ENABLED = {
+    "carnator_hunyuan_video15_720p_t2v_sr": ("carnator_hunyuan_video15_720p_t2v", "Video Upscale 1080P",
+                                             (HUNYUAN_VIDEO15_SR.family,)),
+}
 SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
 REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
 _REMOVED = ("CLIPLoader", "DualCLIPLoader", "LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVAudioVAEDecode",
-            "LatentUpscaleModelLoader", "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
+            "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
 # removed; what reads its output reads this input's source
 _PASSED_THROUGH = {"LoraLoaderModelOnly": "model", "LTXVLatentUpsampler": "samples"}
+SUPER_RESOLUTION = "_sr_"  # in the file name of a super-resolution model
 _LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9),
                 "Wan22ImageToVideoLatent": (64, 64, 5), "EmptyHunyuanVideo15Latent": (64, 64, 5)}
 # tiny model family -> HarnessTextConditioning family (its text encoder)
@@ -80,10 +96,19 @@ def api_workflow(name: str) -> dict:
     return json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
 
 
+def twin_families(name: str) -> tuple[str, ...]:
+    """The tiny model families API twin `name` loads, its workflow's family first."""
+    if name in GROUP_ENABLED:
+        workflow, _, others = GROUP_ENABLED[name]
+        return (FAMILY[workflow], *others)
+    return (FAMILY[name],)
+
+
 def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: str | None = None, steps: int = 4,
                    reuse: dict | None = None) -> dict:
     """A copy of an API-format workflow that runs on the tiny `family` model (see the module docstring)."""
     graph = _passed_through(copy.deepcopy(graph))
+    split = {node["inputs"]["sigmas"][0] for node in graph.values() if node["class_type"] == "SplitSigmas"}
     for node_id, node in list(graph.items()):
         tiny = _on_tiny_model(node, family, unet_name, low_noise_unet)
         if tiny is None:
@@ -91,7 +116,7 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
             continue
         graph[node_id] = tiny
         kind, inputs = node["class_type"], tiny["inputs"]
-        if kind in _STEPS:
+        if kind in _STEPS and node_id not in split:
             inputs[_STEPS[kind]] = steps
         if kind in REUSE_NODES and reuse:
             inputs.update(reuse)
@@ -120,6 +145,13 @@ def _on_tiny_model(node: dict, family: str, unet_name: str, low_noise_unet: str 
     elif kind == "CLIPTextEncode":
         return {"class_type": "HarnessTextConditioning",
                 "inputs": {"text": inputs["text"], "family": _TEXT_FAMILY.get(family, family), "seed": 0}}
+    elif kind == "LatentUpscaleModelLoader":
+        if "hunyuanvideo15" not in inputs["model_name"]:
+            return None
+        inputs["model_name"] = HUNYUAN_VIDEO15_UPSAMPLERS[0]
+    elif kind == "HunyuanVideo15LatentUpscaleWithModel":
+        width, height, _ = _LATENT_SIZE["EmptyHunyuanVideo15Latent"]
+        inputs["width"], inputs["height"] = 2 * width, 2 * height
     elif kind == "LTXVEmptyLatentAudio":
         return {"class_type": "LoadLatent", "inputs": {"latent": LTX2_AUDIO_LATENT}}
     elif kind in _LATENT_SIZE:
@@ -142,7 +174,10 @@ def _passed_through(graph: dict) -> dict:
 
 
 def _tiny_unet(inputs: dict, unet_name: str, low_noise_unet: str | None) -> str:
-    """The tiny model a shipped loader loads: `low_noise_unet` for a low-noise expert, `unet_name` otherwise."""
+    """The tiny model a shipped loader loads: `low_noise_unet` for a low-noise expert, the tiny SR model for a
+    super-resolution model, `unet_name` otherwise."""
+    if SUPER_RESOLUTION in inputs.get("unet_name", ""):
+        return HUNYUAN_VIDEO15_SR.filename
     if "low_noise" not in inputs.get("unet_name", ""):
         return unet_name
     if low_noise_unet is None:
