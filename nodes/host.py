@@ -239,6 +239,19 @@ def video_token_grid(call: dict, patch: tuple[int, ...] | int) -> tuple[tuple[in
     return grid, ""
 
 
+# deterministic samplers that take each step with their last few predictions (the cfg++ variants, which also read
+# the unconditional prediction of each call, are left out): resumed, they replay the donor's (history_replay)
+_MULTISTEP_SAMPLERS = frozenset({
+    "sample_unipc", "sample_unipc_bh2", "sample_dpmpp_2m", "sample_deis", "sample_ipndm", "sample_ipndm_v",
+    "sample_res_multistep", "sample_gradient_estimation", "sample_lms",
+})
+
+
+def keeps_history(sampler) -> bool:
+    """Whether `sampler` (a ComfyUI KSAMPLER) steps with the history of its earlier predictions."""
+    return getattr(getattr(sampler, "sampler_function", None), "__name__", None) in _MULTISTEP_SAMPLERS
+
+
 def steps_of(sigmas: torch.Tensor) -> int:
     """Sampling steps of a sigma schedule."""
     return max(0, sigmas.numel() - 1)

@@ -8,9 +8,10 @@ is made in carnator_core.
 - OUTER_SAMPLE    opens the run (fingerprints) and samples it under `reuse_lifecycle`, which records and
                   reports it afterwards (the reuse sampler runs its SAMPLER under the same lifecycle)
 - SAMPLER_SAMPLE  probes donors with the loaded model, resumes from the accepted state
-- PREDICT_NOISE   serves the accepted probe as the first evaluation after the resume (or, without
-                  one, the probing's step-0 evaluation as step 0), counts model calls, applies the
-                  optional guidance boost
+- PREDICT_NOISE   answers a multistep sampler's calls before the resume step with the donor's predictions
+                  (`carnator_core.reuse.history_replay`), serves the accepted probe as the first evaluation
+                  after the resume (or, without one, the probing's step-0 evaluation as step 0), counts model
+                  calls, applies the optional guidance boost, and hands the run each prediction it records
 - CALC_COND_BATCH keeps cond - uncond where a probe or a checkpoint needs it
 """
 
@@ -32,6 +33,7 @@ from carnator_core.lookup.fingerprint import FingerprintError, content_fingerpri
 from carnator_core.reuse.applicability import latent_reuse_refusal, starts_from_input
 from carnator_core.reuse.cached_evaluation import CachedEvaluation, same_sigma
 from carnator_core.reuse.decision import Decision
+from carnator_core.reuse.history_replay import HistoryReplay
 from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, unpack
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
@@ -44,6 +46,7 @@ from .attention_hooks import install_sparse_attention, settle
 from .host import (
     conditioning_frame_rate,
     hard_key,
+    keeps_history,
     missing_hooks,
     outer_sample_arguments,
     per_run_options,
@@ -89,6 +92,7 @@ class ReuseHolder:
         self.plain_notes = plain_notes
         self.model_calls = 0
         self.cached_eval: CachedEvaluation | None = None
+        self.replay: HistoryReplay | None = None  # a multistep sampler's calls before the resume step, answered
         self.capture_guidance = False
         self.last_guidance: tuple[float, torch.Tensor] | None = None
         self.checkpoint_sigmas: set[float] = set()
@@ -302,6 +306,9 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
     if state.attention is not None:
         state.attention.defer_report()
     state.checkpoint_sigmas = run.checkpoint_sigmas
+    multistep = keeps_history(sampler)
+    if multistep:
+        run.keep_history()
     batch = noise.shape[0]
 
     def evaluate(states: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -319,7 +326,7 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
         return list(zip(x0.split(batch), guidance.split(batch) if guidance is not None else [None] * len(states),
                         strict=True))
 
-    start = 0
+    start, resumed = 0, 0  # the step the sampler starts at; the step the run resumes at (0: none)
     if targets:
         decision = run.decide(targets, evaluate, batch_limit)
         if decision is not None and decision.end is not None:  # the stage is skipped whole: the donor's output
@@ -327,46 +334,55 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
             run.observe_end(decision.end.sigma, output)
             return output
         if decision is not None:
-            start = decision.target.step
-            noise, latent_image = _resume_from(state, guider, extra_args, decision, noise, sigma_values)
-            noise_sampler = plain_noise_sampler(sampler, extra_args.get("seed"), sigmas, start, noise)
-            if noise_sampler is not None:
-                sample = with_plain_noise(sample, sampler, noise_sampler)
-            sigmas = sigmas[start:]
+            resumed = decision.target.step
+            state.replay = run.history_replay() if multistep else None
+            resume_state = _resume_from(state, guider, extra_args, decision, noise, sigma_values)
+            if state.replay is None:  # the sampler starts at the resume state, without history
+                start = resumed
+                noise, latent_image = resume_state
+                noise_sampler = plain_noise_sampler(sampler, extra_args.get("seed"), sigmas, start, noise)
+                if noise_sampler is not None:
+                    sample = with_plain_noise(sample, sampler, noise_sampler)
+                sigmas = sigmas[start:]
         elif run.start_evaluation is not None:
             _adopt_step_cache(state, guider, extra_args, run.start_state)
             x0, guidance = run.start_evaluation
             state.cached_eval = CachedEvaluation(run.start_state, sigma_values[0], x0, guidance, exact=True)
 
     run.lend_masks(state.attention)
-    output = sample(guider, sigmas, extra_args, _recording_callback(state, extra_args, callback, start, sigma_values),
-                    noise, latent_image, denoise_mask, disable_pbar, **passed_on)
+    step_callback = _recording_callback(state, extra_args, callback, start, resumed, sigma_values)
+    output = sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
+                    **passed_on)
     run.observe_end(sigma_values[-1], output)
     return output
 
 
 def _resume_from(state: ReuseHolder, guider, extra_args: dict, resume: Decision, noise: torch.Tensor,
                  sigma_values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Set the run up to continue from the resume's state; returns the (noise, latent) the sampler starts from.
-    The probe's evaluation there serves the sampler's first call, and the guidance boost covers the next steps."""
+    """Set the run up to continue from the resume's state; returns the (noise, latent) a sampler without a replay
+    starts from. The probe's evaluation there serves the sampler's call at that state (after a replay, at that
+    sigma: the replayed state is the resume state up to the rounding of the recorded predictions), and the guidance
+    boost covers the next steps."""
     _adopt_step_cache(state, guider, extra_args, resume.target.x)
     start = resume.target.step
     x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
     if resume.x0 is not None:
-        state.cached_eval = CachedEvaluation(x_k, resume.target.sigma, resume.x0, resume.guidance, exact=False)
+        state.cached_eval = CachedEvaluation(None if state.replay is not None else x_k, resume.target.sigma,
+                                             resume.x0, resume.guidance, exact=False)
     state.boost_sigmas = state.settings.boost_sigmas(sigma_values, start)
     return _start_state(guider, resume.target.sigma, x_k)
 
 
-def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: int, sigma_values: list[float]):
-    """The sampler's step callback: records the steps the run wants (at the state the model really evaluated, with
-    its guidance), then calls the host's own callback."""
+def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: int, resumed: int,
+                        sigma_values: list[float]):
+    """The sampler's step callback: records the steps the run wants from the resume step on (at the state the model
+    really evaluated, with its guidance), then calls the host's own callback."""
     run = state.run
 
     def step_callback(step, x0, x, total_steps):
         state.last_x0 = x0
         absolute = start + step
-        if run.wants_step(absolute):
+        if absolute >= resumed and run.wants_step(absolute):
             guidance = None
             if state.last_guidance is not None and same_sigma(state.last_guidance[0], sigma_values[absolute]):
                 guidance = state.last_guidance[1]
@@ -414,18 +430,28 @@ def _first_sigma(timestep) -> float:
 def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     model_options = args[0] if args else kwargs.get("model_options", {})
     state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
-    if state is None or not state.opened:
+    if state is None or not state.opened or state.capture_guidance:  # not a run's, or the run's own probe call
         return executor(x, timestep, *args, **kwargs)
     sigma = _first_sigma(timestep)
-    if not state.capture_guidance:
-        state.model_input = (sigma, x)
+    state.model_input = (sigma, x)
+    x0 = _sampler_prediction(state, executor, x, timestep, sigma, *args, **kwargs)
+    if state.run is not None:
+        state.run.observe_prediction(sigma, x0)
+    return x0
+
+
+def _sampler_prediction(state: ReuseHolder, executor, x, timestep, sigma: float, *args, **kwargs):
+    """The prediction for one of the sampler's calls: replayed from the donor, served from the decision's evaluation,
+    or the model's (counted, with the guidance boost where it applies)."""
+    replayed = state.replay.answer(sigma) if state.replay is not None else None
+    if replayed is not None:
+        return replayed.to(device=x.device, dtype=x.dtype)
     cached, state.cached_eval = state.cached_eval, None  # for the sampler's next call only, served or not
     if cached is not None and cached.serves(x, sigma):
         if cached.guidance is not None:
             state.last_guidance = (sigma, cached.guidance)
         return cached.x0
-    if not state.capture_guidance:
-        state.model_calls += 1
+    state.model_calls += 1
     guider = executor.class_obj
     if sigma in state.boost_sigmas and hasattr(guider, "cfg"):
         original_cfg = guider.cfg

@@ -22,16 +22,20 @@ class CachedEvaluation:
     """A model evaluation made while probing that the sampler's next call at `x`, `sigma` gets instead of the model.
 
     `exact`: served only for the identical state (step 0 without a resume: the output must be bit-identical to the
-    plain sampler's); a resume's state comes back through the sampler's noise scaling, equal only to rounding.
+    plain sampler's); a resume's state comes back through the sampler's noise scaling, equal only to rounding. `x`
+    None: served at `sigma` whatever the state (a replayed run reaches the state it was made at up to the rounding of
+    the recorded predictions, `carnator_core.reuse.history_replay`).
     """
 
-    x: torch.Tensor
+    x: torch.Tensor | None
     sigma: float
     x0: torch.Tensor
     guidance: torch.Tensor | None
     exact: bool
 
     def serves(self, x: torch.Tensor, sigma: float) -> bool:
-        if not same_sigma(self.sigma, sigma) or self.x.shape != x.shape:
+        if not same_sigma(self.sigma, sigma) or self.x0.shape != x.shape:
             return False
+        if self.x is None:
+            return True
         return torch.equal(self.x, x) if self.exact else torch.allclose(self.x, x, rtol=1e-4, atol=1e-5)

@@ -28,6 +28,8 @@ log = logging.getLogger("carnator.recorder")
 END_TENSOR = "end"  # a stage's output in its checkpoint blob (`carnator_core.reuse.trajectory`)
 INPUT_TENSOR = "input"  # a run's input latent in its step-0 blob (`carnator_core.reuse.input_start`)
 GUIDE_TENSOR = "guide"  # the image its conditioning carried, in the same blob
+# a multistep sampler's predictions before the deepest checkpoint, tensors p_<step> (`carnator_core.reuse.history_replay`)
+HISTORY_BLOB = "history"
 
 @dataclass
 class Checkpoint:
@@ -50,9 +52,18 @@ class RunRecorder:
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
     # (sigma, output) of a stage that ends with leftover noise: what a later request that skips the stage returns
     end: tuple[float, torch.Tensor] | None = None
+    # the sampler's predictions of the steps before `history_until` (0: none kept), by step
+    history_until: int = 0
+    history: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def wants(self, step: int) -> bool:
         return step in self.checkpoint_steps and step not in self.checkpoints
+
+    def wants_prediction(self, step: int) -> bool:
+        return step < self.history_until and step not in self.history
+
+    def capture_prediction(self, step: int, x0: torch.Tensor) -> None:
+        self.history[step] = _stored(x0)
 
     def capture(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                 guidance: torch.Tensor | None, evaluated: bool = True) -> None:
@@ -79,8 +90,8 @@ class RunRecorder:
         self.end = (float(sigma), _stored(output))
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
-        """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, and step 0's
-        record apart in `start` (what the step-0 screen reads of a donor)."""
+        """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, step 0's record
+        apart in `start` (what the step-0 screen reads of a donor), and the sampler's predictions in `history`."""
         tensors: dict[str, torch.Tensor] = {}
         start: dict[str, torch.Tensor] = {}
         listing = []
@@ -100,7 +111,9 @@ class RunRecorder:
                             "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
         if self.end is not None:
             tensors[END_TENSOR] = self.end[1]
-        blobs = {name: encode_tensors(kept) for name, kept in (("checkpoints", tensors), ("start", start)) if kept}
+        history = {f"p_{step}": prediction for step, prediction in self.history.items()}
+        blobs = {name: encode_tensors(kept) for name, kept in
+                 (("checkpoints", tensors), ("start", start), (HISTORY_BLOB, history)) if kept}
         return listing, blobs
 
 

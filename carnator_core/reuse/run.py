@@ -27,7 +27,9 @@ from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAtten
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
+from carnator_core.reuse.history_replay import REPLAY_NOTE, HistoryReplay, replay_for
 from carnator_core.reuse.input_start import GUIDE_IMAGE, GUIDE_NOTE, INPUT_NOTE, INPUT_START
 from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import (
@@ -95,6 +97,8 @@ class ReuseRun:
     # A continuation of a stage skipped to a donor's output: that donor's first prediction in this stage, which the
     # run's own first evaluation is compared with (the boundary check, reported; it costs no call).
     boundary: StartPrediction | None = None
+    # whether the sampler retraced the donor's trajectory to the resume step (`carnator_core.reuse.history_replay`)
+    replayed: bool = False
     _decider: Decider | None = field(default=None, init=False, repr=False)
     _start_fingerprint: str | None = field(default=None, init=False, repr=False)
 
@@ -250,6 +254,31 @@ class ReuseRun:
             # the state as the host computed it (`start_state`), whatever scaled copy the sampler's first call saw
             from_input = (self.start_state, self.input_latent) if self.input_latent is not None else None
             self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance, from_input, self.guide_image)
+
+    def keep_history(self) -> None:
+        """Record the sampler's predictions up to the deepest checkpoint: a multistep sampler resumed from this run
+        replays them (`carnator_core.reuse.history_replay`). A first stage only: later stages are continued, not
+        resumed from their start."""
+        if self.recorder is not None and self.continues is None and self.recorder.checkpoint_steps:
+            self.recorder.history_until = max(self.recorder.checkpoint_steps)
+
+    def observe_prediction(self, sigma: float, x0: torch.Tensor) -> None:
+        """The sampler's model call at `sigma` predicted `x0` (evaluated, or answered from a cache or a replay)."""
+        if self.recorder is None or not self.recorder.history_until:
+            return
+        step = next((i for i, s in enumerate(self.sigmas) if same_sigma(s, sigma)), None)
+        if step is not None and self.recorder.wants_prediction(step):
+            self.recorder.capture_prediction(step, x0)
+
+    def history_replay(self) -> HistoryReplay | None:
+        """How the sampler retraces the donor's trajectory to the resume step (None: it starts there, without
+        history)."""
+        if self.decision is None or self.decision.end is not None:
+            return None
+        replay = replay_for(self.store, self.decision.target, self.start_fingerprint, self.sigmas,
+                            self.decision.difference)
+        self.replayed = replay is not None
+        return replay
 
     def observe_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
@@ -408,6 +437,8 @@ class ReuseRun:
         if self.settings.prompt_note:  # says more than the lookup's "no prompt text given"
             notes = [self.settings.prompt_note] + [note for note in notes if self.settings.prompt
                                                    or not note.startswith("no prompt text given")]
+        if self.replayed:
+            notes.append(REPLAY_NOTE)
         if self.input_latent is not None:
             notes.append(INPUT_NOTE)
         if self.guide_image is not None:
