@@ -44,7 +44,7 @@ from safetensors.torch import load as load_safetensors
 
 from carnator_core.bench.quality import latent_quality
 from carnator_core.bench.streams import make_stream
-from carnator_core.calibration.workflow import REUSE_NODES, SAMPLERS, feeds, links_to, stage_chain
+from carnator_core.calibration.workflow import AV_SEPARATOR, REUSE_NODES, SAMPLERS, feeds, links_to, stage_chain
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
@@ -55,7 +55,6 @@ WORKFLOWS_DIR = Path(__file__).resolve().parents[2] / "workflows" / "api"
 STAGED_GRAPHS = {"ltx2-two-stage": "carnator_ltx2_t2v.json", "hunyuan15-sr": "carnator_hunyuan_video15_720p_t2v_sr.json"}
 CONFIGS = ("plain", "balanced", "fast")
 CFG_STEPS = (0.0, 0.25, -0.25, 0.5, -0.5, 0.75, -0.75, 1.0)
-SEPARATOR = "LTXVSeparateAVLatent"  # splits a packed LTX-2 latent into its video (output 0) and audio (1)
 STORE_NODE = "carnator_bench_store"
 
 
@@ -95,7 +94,7 @@ class StagedWorkflow:
             del graph[node_id]  # the workflow's own outputs: the benchmark saves the latents it compares
         outputs = {}
         for sampler in stages:
-            separators = [node_id for node_id, node in graph.items() if node["class_type"] == SEPARATOR
+            separators = [node_id for node_id, node in graph.items() if node["class_type"] == AV_SEPARATOR
                           and links_to(node["inputs"].get("av_latent"), sampler)]
             outputs[sampler] = ([("video", [separators[0], 0]), ("audio", [separators[0], 1])] if separators
                                 else [("latent", [sampler, 0])])

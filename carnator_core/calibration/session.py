@@ -33,9 +33,16 @@ from safetensors.torch import load_file, save_file
 from carnator_core.bench.quality import latent_quality, mse, psnr_from_mse, ssim
 from carnator_core.calibration.fit import Resume
 from carnator_core.calibration.pairs import Pair
-from carnator_core.calibration.workflow import FRAMES_NODE, LATENT_NODE, STORE_INFO_NODE, CalibrationWorkflow
+from carnator_core.calibration.workflow import (
+    AUDIO_NODE,
+    FRAMES_NODE,
+    LATENT_NODE,
+    STORE_INFO_NODE,
+    CalibrationWorkflow,
+)
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
 from carnator_core.queue import WorkflowError
+from carnator_core.reuse.probe import weakest_agreement
 
 STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
 STORE_WAIT_S = 120.0  # how long the donor's background recording may take
@@ -58,13 +65,15 @@ class Progress:
 @dataclass
 class Clip:
     """A run's output as calibration compares it: decoded frames [F, C, H, W] in [0, 1] where the graph decodes,
-    else None; and the latent."""
+    else None; the (video) latent; and an audio+video run's audio latent, else None."""
 
     latent: torch.Tensor
     frames: torch.Tensor | None
+    audio: torch.Tensor | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"latent": self.latent, **({"frames": self.frames} if self.frames is not None else {})}
+        optional = {"frames": self.frames, "audio": self.audio}
+        return {"latent": self.latent, **{name: tensor for name, tensor in optional.items() if tensor is not None}}
 
 
 @dataclass
@@ -78,11 +87,15 @@ class Measured:
     skipped_steps: int
     total_steps: int
     seconds: float
+    # a packed latent's probe: each part's structure agreement (video, then audio), of which `resume.structure` is
+    # the lowest; None for one latent
+    part_structures: list[float] | None = None
 
     def as_dict(self) -> dict:
         return {**asdict(self.resume), "requested_depth": self.requested_depth, "earlier": self.earlier,
                 "new": self.new, "skipped_steps": self.skipped_steps,
-                "total_steps": self.total_steps, "seconds": self.seconds}
+                "total_steps": self.total_steps, "seconds": self.seconds,
+                **({"part_structures": self.part_structures} if self.part_structures is not None else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> Measured:
@@ -90,15 +103,21 @@ class Measured:
         return cls(resume=Resume(**{name: data[name] for name in names if name in data}),
                    requested_depth=float(data["requested_depth"]), earlier=data["earlier"],
                    new=data["new"], skipped_steps=int(data["skipped_steps"]), total_steps=int(data["total_steps"]),
-                   seconds=float(data["seconds"]))
+                   seconds=float(data["seconds"]), part_structures=data.get("part_structures"))
 
 
 def quality(clip: Clip, plain: Clip) -> tuple[float, float]:
     """PSNR (dB) and SSIM of a clip against the plain clip: on decoded frames where there are any, else on the
-    latents scaled by the plain latent's range."""
+    latents scaled by the plain latent's range; with audio, the lower of the video's and the audio latent's, so that
+    a resume is good only where both are."""
     if clip.frames is not None and plain.frames is not None and clip.frames.shape == plain.frames.shape:
-        return psnr_from_mse(mse(clip.frames, plain.frames)), ssim(clip.frames, plain.frames)
-    return latent_quality(clip.latent, plain.latent)
+        video = psnr_from_mse(mse(clip.frames, plain.frames)), ssim(clip.frames, plain.frames)
+    else:
+        video = latent_quality(clip.latent, plain.latent)
+    if clip.audio is None or plain.audio is None:
+        return video
+    audio = latent_quality(clip.audio, plain.audio)
+    return min(video[0], audio[0]), min(video[1], audio[1])
 
 
 @dataclass
@@ -267,15 +286,19 @@ class Session:
 
     def _clip(self, history: dict) -> Clip:
         outputs = history.get("outputs") or {}
-        saved = outputs[LATENT_NODE]["latents"][0]
-        latent = load_safetensors(self.client.view(saved["filename"], saved.get("subfolder", ""),
-                                                   saved.get("type", "output")))["latent_tensor"].float()
+        latent = self._saved_latent(outputs[LATENT_NODE])
+        audio = self._saved_latent(outputs[AUDIO_NODE]) if AUDIO_NODE in outputs else None
         frames = None
         images = (outputs.get(FRAMES_NODE) or {}).get("images") or []
         if images:
             frames = torch.stack([_png(self.client.view(image["filename"], image.get("subfolder", ""),
                                                         image.get("type", "temp"))) for image in images])
-        return Clip(latent=latent, frames=frames)
+        return Clip(latent=latent, frames=frames, audio=audio)
+
+    def _saved_latent(self, output: dict) -> torch.Tensor:
+        saved = output["latents"][0]
+        return load_safetensors(self.client.view(saved["filename"], saved.get("subfolder", ""),
+                                                 saved.get("type", "output")))["latent_tensor"].float()
 
     def _oracle(self, prompt: str, clip: Clip):
         """The demo world's verdict on a clip of the demo model, None for any other model."""
@@ -301,13 +324,15 @@ class Session:
         if oracle_plain is not None:
             oracle_kept = bool(self._oracle(pair.new, clip).adherence >= oracle_plain.adherence - 1e-9)
         resume = Resume(pair=index, depth=float(probe["depth"]),
-                        screen_structure=None if screen is None else float(screen["structure_agreement"]),
+                        screen_structure=None if screen is None else structure_signal(screen),
                         screen_guidance=None if screen is None else screen.get("guidance_cosine"),
-                        structure=float(probe["structure_agreement"]), guidance=probe.get("guidance_cosine"),
+                        structure=structure_signal(probe), guidance=probe.get("guidance_cosine"),
                         psnr_db=psnr, ssim=similarity, oracle_kept=oracle_kept)
+        others = probe.get("other_parts_agreement")
         return Measured(resume=resume, requested_depth=depth, earlier=pair.earlier, new=pair.new,
                         skipped_steps=int(report["skipped_steps"]), total_steps=int(report.get("total_steps") or 0),
-                        seconds=float(run.seconds))
+                        seconds=float(run.seconds),
+                        part_structures=[float(probe["structure_agreement"]), *others] if others else None)
 
     @staticmethod
     def store_location(client: ComfyClient, workflow: CalibrationWorkflow) -> str:
@@ -322,6 +347,12 @@ class Session:
         return location
 
 
+def structure_signal(probe: dict) -> float:
+    """A reported probe's structure signal as the bar judges it: the weakest part's (a packed latent's video and
+    audio each), so that the fit calibrates the bar every part must pass."""
+    return weakest_agreement(float(probe["structure_agreement"]), probe.get("other_parts_agreement", ()))
+
+
 def _store_location(history: dict) -> str:
     info = (history.get("outputs") or {}).get(STORE_INFO_NODE) or {}
     return json.loads(info["carnator_store"][0])["store"]
@@ -329,7 +360,7 @@ def _store_location(history: dict) -> str:
 
 def _loaded(path: Path) -> dict[str, torch.Tensor | None]:
     tensors = load_file(str(path))
-    return {"latent": tensors["latent"], "frames": tensors.get("frames")}
+    return {"latent": tensors["latent"], "frames": tensors.get("frames"), "audio": tensors.get("audio")}
 
 
 def _png(data: bytes) -> torch.Tensor:

@@ -10,7 +10,8 @@ it must, on a copy of the graph per run:
   the later stages' reuse nodes sample plain and record nothing, and the clip compared is the last stage's;
 - a `CarnatorStore` of the pair's own, so each forced resume can only take the pair's earlier prompt as donor;
 - `SaveLatent` on the sampler's output, and `PreviewImage` on the node that decodes it where one does, so clips
-  are compared on decoded frames where the graph decodes, on latents otherwise;
+  are compared on decoded frames where the graph decodes, on latents otherwise; an audio+video latent (LTX-2) is
+  saved as the graph's `LTXVSeparateAVLatent` unpacks it, its video as above and its audio beside it;
 - a `CarnatorCompatibilityLookup` reads the pair's store too, and a `CarnatorSparseAttention` node is bypassed;
 - the graph's other output nodes are left out (their files are not needed, and they cost time).
 """
@@ -37,6 +38,8 @@ KEPT_OUTPUTS = ("CarnatorReport",)
 STORE_NODE = "carnator_calibration_store"
 STORE_INFO_NODE = "carnator_calibration_store_info"
 LATENT_NODE = "carnator_calibration_latent"
+AUDIO_NODE = "carnator_calibration_audio"
+AV_SEPARATOR = "LTXVSeparateAVLatent"  # unpacks an LTX-2 audio+video latent: the video (output 0) and the audio (1)
 FRAMES_NODE = "carnator_calibration_frames"
 INSERTED_REUSE_NODE = "carnator_calibration_reuse"
 MODEL_FILE_INPUTS = ("unet_name", "ckpt_name", "model_name")  # loaders' file inputs
@@ -60,6 +63,9 @@ class CalibrationWorkflow:
     user_store: str | None  # the node id of the CarnatorStore the reuse node reads (None: the default store)
     output: str = ""  # the sampler whose latent is the request's: the last one (the calibrated one when alone)
     later_reuse_nodes: tuple[str, ...] = ()  # the reuse nodes of the later stages: plain in every run
+    # where the request's audio+video latent is unpacked: (separator node, video output, audio output); None for a
+    # latent of one part
+    unpacked: tuple[str, int, int] | None = None
 
     @classmethod
     def prepare(cls, workflow: Workflow, object_info: dict) -> CalibrationWorkflow:
@@ -95,8 +101,12 @@ class CalibrationWorkflow:
         graph = complete(graph, object_info)
         user_store = graph[reuse_node]["inputs"].get("store")
         user_store = str(user_store[0]) if isinstance(user_store, list) else None
+        separators = [node_id for node_id, node in graph.items() if node["class_type"] == AV_SEPARATOR
+                      and links_to(node["inputs"].get("av_latent"), output)]
+        unpacked = (separators[0], 0, 1) if separators else None
+        video = [separators[0], 0] if separators else [output, 0]
         decoders = [node_id for node_id, node in graph.items()
-                    if any(links_to(value, output) for value in node["inputs"].values())
+                    if any(is_link(value) and [str(value[0]), value[1]] == video for value in node["inputs"].values())
                     and "IMAGE" in (object_info.get(node["class_type"], {}).get("output") or [])]
         for node_id in [n for n, node in graph.items()
                         if object_info.get(node["class_type"], {}).get("output_node")
@@ -107,7 +117,7 @@ class CalibrationWorkflow:
         return cls(workflow=Workflow(graph, workflow.text_target[0] if workflow.text_target else None),
                    object_info=object_info, sampler=sampler, reuse_node=reuse_node, decoder=decoder,
                    runs_demo=runs_demo, user_store=user_store, output=output,
-                   later_reuse_nodes=tuple(n for n in reuse_nodes if n not in own))
+                   later_reuse_nodes=tuple(n for n in reuse_nodes if n not in own), unpacked=unpacked)
 
     @staticmethod
     def _insert_reuse(graph: dict, sampler: str) -> str:
@@ -139,8 +149,15 @@ class CalibrationWorkflow:
                 node["inputs"]["store"] = [STORE_NODE, 0]
         graph[STORE_NODE] = {"class_type": "CarnatorStore", "inputs": {"path": store_path, "size_limit_gb": 1.0}}
         graph[STORE_INFO_NODE] = {"class_type": "CarnatorStoreInfo", "inputs": {"store": [STORE_NODE, 0]}}
-        graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [self.output or self.sampler, 0],
-                                                                     "filename_prefix": prefix}}
+        if self.unpacked is None:
+            graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [self.output or self.sampler, 0],
+                                                                         "filename_prefix": prefix}}
+        else:
+            separator, video, audio = self.unpacked
+            graph[LATENT_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [separator, video],
+                                                                         "filename_prefix": prefix}}
+            graph[AUDIO_NODE] = {"class_type": "SaveLatent", "inputs": {"samples": [separator, audio],
+                                                                        "filename_prefix": f"{prefix}-audio"}}
         if self.decoder is not None:
             graph[FRAMES_NODE] = {"class_type": "PreviewImage", "inputs": {"images": [self.decoder, 0]}}
         return graph

@@ -206,7 +206,7 @@ class Decider:
             # the screen must pass at the depth the skip reaches, as a probe there would
             signals, difference = record
             if self.settings.thresholds.passes(replace(signals, depth=target.end.share)):
-                skips.append((signals.structure_agreement, -len(skips), target, signals, difference))
+                skips.append((signals.weakest_structure, -len(skips), target, signals, difference))
         if not skips:
             return None
         # the donor the request agrees with most: a one-attribute edit of the scene can pass the screen too

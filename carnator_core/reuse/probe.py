@@ -22,11 +22,19 @@ calibration (`python -m carnator_core.bench probe`, docs/measurements.md "Probe 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from carnator_core.reuse.packed_latent import PackedShapes, unpack
+
+
+def weakest_agreement(structure: float, other_parts: Iterable[float] = ()) -> float:
+    """The lowest of a packed latent's per-part structure agreements (NaN when any is NaN: it fails every bar)."""
+    values = [structure, *other_parts]
+    return float("nan") if any(math.isnan(value) for value in values) else min(values)
 
 
 @dataclass
@@ -39,6 +47,11 @@ class ProbeSignals:
     other_parts_agreement: tuple[float, ...] = ()
     # measured at a corrected donor state against the donor's prediction moved alike (`start_difference`)
     corrected: bool = False
+
+    @property
+    def weakest_structure(self) -> float:
+        """The lowest structure agreement of the latent's parts: what the structure bar is compared with."""
+        return weakest_agreement(self.structure_agreement, self.other_parts_agreement)
 
     def as_dict(self) -> dict[str, float | None | list[float] | bool]:
         data = asdict(self)
@@ -139,8 +152,7 @@ class ProbeThresholds:
         """Every part's structure agreement (NaN fails) and the guidance cosine, each at the depth's bar. A probe at
         a corrected donor state meets the same bar: the correction changes what is compared, not how strictly
         (`bench probe --shortcuts` measures both, docs/measurements.md)."""
-        needed = self.needed_structure(signals.depth)
-        if not all(agreement >= needed for agreement in (signals.structure_agreement, *signals.other_parts_agreement)):
+        if not signals.weakest_structure >= self.needed_structure(signals.depth):
             return False
         if signals.guidance_cosine is None:
             return True
@@ -153,5 +165,4 @@ class ProbeThresholds:
         longer the donor sampled it), so a deep miss says nothing of a shallower checkpoint."""
         if signals.corrected:
             return False
-        floor = self.needed_structure(signals.depth) - self.give_up_margin
-        return not all(agreement >= floor for agreement in (signals.structure_agreement, *signals.other_parts_agreement))
+        return not signals.weakest_structure >= self.needed_structure(signals.depth) - self.give_up_margin

@@ -2,7 +2,7 @@
 a profile filed in the store that the next `CarnatorReuse` run, thresholds left at auto, is judged by.
 
 The workflow is the shipped CPU demo's API twin at 10 steps; the pairs are the first three of the shipped demo
-pairs file (two fitted, one held back). The interruption test stops the server after the first measured resume
+pairs file (two fitted, one held back). The Wan 2.1, Wan 2.2 14B and LTX-2 twins calibrate on the tiny models. The interruption test stops the server after the first measured resume
 and starts another on the same base directory: the same command finishes the rest without redoing what was done.
 """
 
@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from support.comfy_host import REPO_ROOT, ServerFactory, make_base_dir
-from support.tiny_models import write_tiny_model
+from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
+from support.tiny_models import LTXAV, host_lacks, write_tiny_model
 from support.tiny_workflows import api_workflow, on_tiny_models
 
 from carnator_core.calibration.profile import Profile
@@ -36,11 +39,15 @@ LOW_NOISE_UNET = "tiny_wan_low_noise.safetensors"  # the Wan 2.2 14B twin's low-
 
 
 @pytest.fixture(scope="module")
-def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory, tiny_models):
+def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory, tiny_models, current_model):
     low_noise = write_tiny_model("wan", tmp_path_factory.mktemp("low_noise"), seed=1, filename=LOW_NOISE_UNET)
     models = {"demo": demo_weights(), "low_noise": low_noise,
               **{family: model.path for family, model in tiny_models.items()}}
+    if not host_lacks(LTXAV):  # the LTX-2 twin: its tiny model and its empty audio latent
+        models["ltxav"] = current_model("ltxav").path
     base = make_base_dir(tmp_path_factory.mktemp("calibration"), models)
+    audio = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
+    save_file(audio, str(base / "input" / LTX2_AUDIO_LATENT))
     factory = ServerFactory(comfyui_path, lambda: base)
     try:
         yield factory
@@ -232,6 +239,26 @@ def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_jud
     statuses = server.client.run(Workflow(graph, "89").for_prompt(EARLIER, "fixed", None)).statuses
     judged = {report["node"]: report["judged_by"] for report in statuses}
     assert judged["81"] == profile.describe() and judged["78"] != profile.describe(), judged
+
+
+def test_the_ltx2_template_calibrates_its_first_stage_on_the_weaker_of_video_and_audio(server, tmp_path):
+    """The LTX-2 twin (tiny model) calibrates its first stage, whose packed latent holds video and audio: every
+    resume's structure signal is the lower of the two parts' agreements, the one the bar compares."""
+    if host_lacks(LTXAV):
+        pytest.skip(host_lacks(LTXAV))
+    graph = on_tiny_models(api_workflow("carnator_ltx2_t2v"), "ltxav", LTXAV.filename)
+    (text_node,) = [node_id for node_id, node in graph.items() if "cheerful" in node["inputs"].get("text", "")]
+    workflow, pairs = _files(tmp_path, graph, pairs=2)
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--no-install", "--text-node", text_node,
+                     "--depths", "0.5")
+    output, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
+    assert len(rows) == 2, rows
+    for row in rows:
+        video, audio = row["part_structures"]
+        assert row["structure"] == min(video, audio), row
+    assert Profile.from_json((tmp_path / "out" / "profile.json").read_text()).fit_pairs >= 1
 
 
 def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from carnator_core.calibration.session import structure_signal
 from carnator_core.reuse.packed_latent import packed_shapes, packing_error, unpack
 from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
 from carnator_core.reuse.recording import RunRecorder
@@ -56,6 +57,16 @@ def test_the_probe_judges_each_part_and_a_changed_sound_fails_it():
     assert thresholds.passes(same) and not thresholds.passes(signals) and thresholds.donor_hopeless(signals)
     assert "other_parts_agreement" not in ProbeSignals(0.5, 0.9, 0.9, None).as_dict()  # one latent: as before
     assert signals.as_dict()["other_parts_agreement"] == list(signals.other_parts_agreement)
+    assert signals.weakest_structure == signals.other_parts_agreement[0]  # what the bar is compared with
+
+
+def test_calibration_takes_the_weakest_part_as_the_structure_signal():
+    """A calibration resume's structure signal is the bar's: the sound's agreement where it is the lower, NaN (which
+    fails every bar) where any part's is."""
+    probe = ProbeSignals(0.5, 0.9, 0.95, None, other_parts_agreement=(0.6,)).as_dict()
+    assert structure_signal(probe) == 0.6
+    assert structure_signal(ProbeSignals(0.5, 0.9, 0.95, None).as_dict()) == 0.95
+    assert math.isnan(structure_signal({**probe, "other_parts_agreement": [float("nan")]}))
 
 
 def test_a_recorded_packed_checkpoint_comes_back_part_for_part_exactly():
