@@ -5,6 +5,8 @@
 - entry: shaped like a Wan 2.1 1.3B 480p 81-frame request (latent 16x21x60x104, five fp16
   checkpoints of x, x0 and half-resolution guidance, bit-packed block masks of 28 sparse layers
   x 12 heads over 32760 tokens in blocks of 64, a PNG thumbnail), built with the recorder's own code;
+  entry_bytes_multistep: the same request sampled by a multistep sampler (uni_pc, the Wan 2.1
+  template's), whose entry also keeps one prediction per step up to the deepest checkpoint;
 - put_ms / get_ms: medians of writing that entry and of fetching what a hit reads (metadata,
   checkpoints, masks; decoded); for Redis also through the worker's local blob cache;
 - lookup_ms: median per-request lookup with an in-memory index of 100k and 1M entries (the
@@ -37,7 +39,7 @@ from carnator_core.attention.sparse_attention import masks_to_blob
 from carnator_core.bench.lookup import build_index
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 from carnator_core.lookup.fingerprint import noise_fingerprint
-from carnator_core.reuse.recording import RunRecorder
+from carnator_core.reuse.recording import HISTORY_BLOB, RunRecorder
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
@@ -50,11 +52,16 @@ DEMO_LATENT = (1, 16, 5, 16, 16)
 DEMO_STEPS = 30
 
 
-def make_entry(latent_shape: tuple[int, ...], layers: int, heads: int, steps: int, seed: int = 0
-               ) -> tuple[EntryMeta, dict[str, bytes], IndexVectors]:
-    """A recorded entry of a request of this geometry: checkpoints, masks (dense first/last layer), thumbnail."""
+def make_entry(latent_shape: tuple[int, ...], layers: int, heads: int, steps: int, seed: int = 0,
+               multistep: bool = False) -> tuple[EntryMeta, dict[str, bytes], IndexVectors]:
+    """A recorded entry of a request of this geometry: checkpoints, masks (dense first/last layer), thumbnail; and
+    with `multistep`, the sampler's predictions a multistep sampler's entry keeps for its replay."""
     generator = torch.Generator().manual_seed(seed)
     recorder = RunRecorder(set(ReuseSettings().checkpoint_steps(steps)))
+    if multistep:
+        recorder.history_until = max(recorder.checkpoint_steps)
+        for step in range(recorder.history_until):
+            recorder.capture_prediction(step, torch.randn(latent_shape, generator=generator))
     for step in sorted(recorder.checkpoint_steps):
         x, x0, guidance = (torch.randn(latent_shape, generator=generator) for _ in range(3))
         if step == 0:
@@ -107,7 +114,9 @@ def bench_put_get(location: str, puts: int, cache_root: str | None) -> dict[str,
             put_timings.append(time.perf_counter() - started)
             written.append(meta.entry_id)
         entry_bytes = meta.total_bytes + len(meta.to_json())
-        result = {"entry_bytes": entry_bytes, "put_ms": statistics.median(put_timings) * 1e3}
+        _, multistep, _ = make_entry(WAN_LATENT, WAN_LAYERS, WAN_HEADS, 30, multistep=True)
+        result = {"entry_bytes": entry_bytes, "entry_bytes_multistep": entry_bytes + len(multistep[HISTORY_BLOB]),
+                  "put_ms": statistics.median(put_timings) * 1e3}
         get_timings = []
         for entry_id in written:  # each entry once: the first, network-bound fetch of a hit
             started = time.perf_counter()
@@ -237,7 +246,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{result['backend']}: Wan 2.1 1.3B 480p 81-frame entry {result['entry_bytes'] / 2**20:.1f} MiB")
+    print(f"{result['backend']}: Wan 2.1 1.3B 480p 81-frame entry {result['entry_bytes'] / 2**20:.1f} MiB, "
+          f"{result['entry_bytes_multistep'] / 2**20:.1f} MiB sampled by a multistep sampler (uni_pc)")
     print(f"  put {result['put_ms']:.0f} ms ({result['put_mb_s']:.0f} MiB/s), hit fetch {result['get_ms']:.0f} ms "
           f"({result['get_mb_s']:.0f} MiB/s)" + (f", from the local blob cache {result['get_local_cache_ms']:.0f} ms"
                                                   if "get_local_cache_ms" in result else ""))

@@ -10,7 +10,7 @@ import pytest
 from carnator_core.bench.store import DEMO_STEPS, main
 from carnator_core.store.reuse_store import ReuseStore
 
-FIELDS = {"backend", "entry_bytes", "put_ms", "get_ms", "put_mb_s", "get_mb_s", "lookup_ms", "demo_fetch_ms",
+FIELDS = {"backend", "entry_bytes", "entry_bytes_multistep", "put_ms", "get_ms", "put_mb_s", "get_mb_s", "lookup_ms", "demo_fetch_ms",
           "demo_step_ms", "hit_fetch_share"}
 
 
@@ -24,6 +24,10 @@ def test_store_benchmark_prints_medians_for_a_wan_sized_entry(backend, request, 
     assert set(result) == FIELDS | ({"get_local_cache_ms"} if backend == "redis" else set())
     assert result["backend"] == backend
     assert 55 * 2**20 < result["entry_bytes"] < 64 * 2**20  # Wan 2.1 1.3B 480p 81 frames
+    # a multistep sampler's entry adds one fp16 latent (16x21x60x104, 4 MiB) per step before the deepest checkpoint
+    latent_bytes = 16 * 21 * 60 * 104 * 2
+    history_steps = (result["entry_bytes_multistep"] - result["entry_bytes"]) / latent_bytes
+    assert history_steps == pytest.approx(24, rel=1e-3)  # 30 steps: the deepest checkpoint is step 24
     timings = [result[key] for key in ("put_ms", "get_ms", "demo_fetch_ms", "demo_step_ms")]
     timings += list(result["lookup_ms"].values()) + [result.get("get_local_cache_ms", 1.0)]
     assert all(isinstance(ms, float) and 0 < ms < 60_000 for ms in timings), result
