@@ -21,9 +21,10 @@ import pytest
 import torch
 from support.latent_files import write_retouched_videos
 from support.reuse_graphs import with_expert_reuse, with_reuse
-from support.t2v_graphs import HIGH_NOISE, LATENT, LOW_NOISE, SAMPLER, wan22_14b_t2v, wan_t2v
+from support.t2v_graphs import HIGH_NOISE, LATENT, LOW_NOISE, SAMPLER, wan22_14b_t2v, wan_i2v, wan_t2v
+from support.tiny_models import WAN21_VAE, write_tiny_model
 
-from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE
+from carnator_core.reuse.input_start import GUIDE_NOTE, INPUT_NOTE, MAX_INPUT_DISTANCE
 from carnator_core.reuse.recording import writer
 
 _stores = itertools.count()
@@ -130,3 +131,44 @@ def test_video_to_video_resumes_from_a_run_on_a_close_video_and_refuses_another_
     output, report = run(with_reuse(graph("other"), store_path, prompt=PROMPT, sparse_attention="off"))
     assert torch.equal(output, plain) and report["model_calls"] == 8, json.dumps(report)
     assert report["skipped_donors"] == {f"input farther than {MAX_INPUT_DISTANCE} from the donor's": 2}  # both runs
+
+
+@pytest.fixture(scope="module")
+def wan_i2v_files(comfy) -> tuple[str, str]:
+    """A tiny Wan image-to-video model and the Wan 2.1 VAE it encodes start images with, written once."""
+    model = write_tiny_model("wan_i2v", comfy.base_dir / "models" / "diffusion_models")
+    vae = write_tiny_model("wan21_vae", comfy.base_dir / "models" / "vae", filename=WAN21_VAE)
+    return model.name, vae.name
+
+
+def test_image_to_video_resumes_from_a_run_on_a_close_start_image_and_refuses_another_image(comfy, wan_i2v_files,
+                                                                                          store_path):
+    """Image-to-video (WanImageToVideo: the start image encoded into the conditioning, the latent empty), one Carnator
+    node: a slightly retouched start image resumes from the run on the original, close to its own plain run; another
+    image is filtered by its distance and samples plain, bit for bit."""
+    model, vae = wan_i2v_files
+
+    def graph(color: int) -> dict:
+        return wan_i2v(model, vae, start_color=color, text=PROMPT, steps=8, seed=5, sampler_name="euler")
+
+    def run(graph: dict) -> tuple[torch.Tensor, dict | None]:
+        output, _, report = _run(comfy, graph, output=SAMPLER)
+        return output, report
+
+    original, retouched, other = 0x808080, 0x828080, 0x2050C0
+    donor, report = run(with_reuse(graph(original), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert not report["hit"] and GUIDE_NOTE in report["notes"], json.dumps(report)
+    assert torch.equal(donor, run(graph(original))[0])  # a miss is plain
+
+    plain, _ = run(graph(retouched))
+    output, report = run(with_reuse(graph(retouched), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert report["hit"] and report["skipped_steps"] == 4, json.dumps(report)
+    distance = float((output - plain).norm() / plain.norm())
+    print(f"\ni2v: retouched start image resumed at step 4 of 8 in {report['model_calls']} model calls: "
+          f"{distance:.5f} from its plain run")
+    assert output.shape == plain.shape and distance < 0.05
+
+    plain, _ = run(graph(other))
+    output, report = run(with_reuse(graph(other), store_path, prompt=PROMPT, sparse_attention="off"))
+    assert torch.equal(output, plain) and report["model_calls"] == 8, json.dumps(report)
+    assert report["skipped_donors"] == {f"conditioning image farther than {MAX_INPUT_DISTANCE} from the donor's": 2}

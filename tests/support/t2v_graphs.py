@@ -3,6 +3,7 @@
 - Wan 2.1:      UNETLoader -> ModelSamplingSD3 -> KSampler                        (EmptyHunyuanLatentVideo)
 - HunyuanVideo: UNETLoader -> ModelSamplingSD3 -> BasicGuider(FluxGuidance) -> SamplerCustomAdvanced
 - LTX-Video:    UNETLoader -> SamplerCustom with LTXVConditioning and LTXVScheduler (EmptyLTXVLatentVideo)
+- Wan I2V:      the Wan 2.1 chain on WanImageToVideo, a plain start frame encoded by the Wan 2.1 VAE
 
 and, for the models of newer hosts (`CURRENT_GRAPHS`), the templates of Wan 2.2 TI2V 5B, HunyuanVideo 1.5 and LTX-2:
 
@@ -115,6 +116,23 @@ def wan22_ti2v(unet_name: str, *, width: int = 64, height: int = 64, length: int
     graph["vae"] = _node("VAELoader", vae_name="pixel_space")
     graph[LATENT] = _node("Wan22ImageToVideoLatent", vae=["vae", 0], width=width, height=height, length=length,
                           batch_size=1)
+    return graph
+
+
+def wan_i2v(unet_name: str, vae_name: str, *, start_color: int, width: int = 64, height: int = 64, length: int = 5,
+            **options) -> dict:
+    """Wan image-to-video template (the 2.2 14B I2V shape, one model): `wan_t2v`'s sampler, its conditioning and
+    empty latent from WanImageToVideo, which encodes the start image (a plain `start_color` frame) with the Wan VAE
+    into the conditioning's `concat_latent_image`."""
+    graph = wan_t2v(unet_name, width=width, height=height, length=length, **options)
+    graph["vae"] = _node("VAELoader", vae_name=vae_name)
+    graph["start_image"] = _node("EmptyImage", width=width, height=height, batch_size=1, color=start_color)
+    graph["image_to_video"] = _node("WanImageToVideo", positive=[POSITIVE, 0], negative=[NEGATIVE, 0], vae=["vae", 0],
+                                    width=width, height=height, length=length, batch_size=1,
+                                    start_image=["start_image", 0])
+    del graph[LATENT]
+    graph[SAMPLER]["inputs"].update(positive=["image_to_video", 0], negative=["image_to_video", 1],
+                                    latent_image=["image_to_video", 2])
     return graph
 
 

@@ -8,7 +8,8 @@ leaves no key for the loader to skip (a skipped key would stay uninitialised mem
 
 `SPECS` are the models every host has (the `tiny_models` fixture writes them all); `CURRENT_SPECS` are models of
 newer hosts (Wan 2.2 TI2V 5B, HunyuanVideo 1.5, LTX-2 audio+video), written one at a time on first use, and only
-where the host has the model config class (`host_lacks`).
+where the host has the model config class (`host_lacks`). `WAN_I2V` and the Wan 2.1 VAE (`WAN21_VAE`) are written by
+the image-to-video test that needs them.
 
 Requires ComfyUI to be importable and configured (the in-process host does that).
 """
@@ -65,13 +66,13 @@ def host_lacks(spec: TinyModelSpec) -> str:
     return f"this ComfyUI has no comfy.supported_models.{spec.model_config_class} (the {spec.family} model)"
 
 
-def _wan_module(channels: int = 16) -> torch.nn.Module:
-    """Wan T2V (2.1: 16 latent channels; 2.2 TI2V 5B: 48, its VAE's): detection fixes head size 128
-    (num_heads = dim // 128)."""
+def _wan_module(channels: int = 16, image_channels: int = 0) -> torch.nn.Module:
+    """Wan T2V (2.1: 16 latent channels; 2.2 TI2V 5B: 48, its VAE's), or with `image_channels` taken beside the
+    latent (image-to-video): detection fixes head size 128 (num_heads = dim // 128)."""
     from comfy.ldm.wan.model import WanModel
 
     return WanModel(
-        model_type="t2v", patch_size=(1, 2, 2), in_dim=channels, dim=128, ffn_dim=256, freq_dim=256,
+        model_type="t2v", patch_size=(1, 2, 2), in_dim=channels + image_channels, dim=128, ffn_dim=256, freq_dim=256,
         text_dim=4096, out_dim=channels, num_heads=1, num_layers=2, device="meta", operations=_ops(),
     )
 
@@ -137,6 +138,23 @@ def _ltxav_module() -> torch.nn.Module:
     )
 
 
+def _wan21_vae_module() -> torch.nn.Module:
+    """The Wan 2.1 VAE at the width every host's loader builds (96): the one VAE image-to-video encodes its start
+    image with at 16 latent channels; random weights."""
+    from comfy.ldm.wan.vae import WanVAE
+
+    with torch.device("meta"):
+        return WanVAE(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                      temperal_downsample=[False, True, True], dropout=0.0)
+
+
+# ComfyUI's models/vae: the Wan 2.1 VAE (`write_tiny_model("wan21_vae", ...)`)
+WAN21_VAE = "tiny_wan21_vae.safetensors"
+# Wan image-to-video (the 2.2 14B I2V experts' shape): 16 latent channels plus the start image's 16 and a 4-channel
+# mask in (36), no CLIP vision input; detection reads it as a Wan model with image channels in its conditioning
+WAN_I2V = TinyModelSpec("wan_i2v", "tiny_wan_i2v.safetensors", "WAN21_T2V", text_dim=4096, latent_channels=16)
+
+
 def _hunyuan_video15_upsampler_module() -> torch.nn.Module:
     """HunyuanVideo 1.5's latent upsampler of the residual-convolution kind (the loader tells the kinds apart by their
     keys and reads the sizes from the weights): 32 latent channels in and out, 8 hidden, one block."""
@@ -156,8 +174,11 @@ _MODULES = {
     "hunyuan_video15": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_T2V), "ltxav": _ltxav_module,
     "hunyuan_video15_sr": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_SR),
     "hunyuan_video15_upsampler": _hunyuan_video15_upsampler_module,
+    "wan_i2v": functools.partial(_wan_module, 16, 20), "wan21_vae": _wan21_vae_module,
 }
 _METADATA = {"ltxav": {"config": json.dumps({"transformer": _LTXAV_TRANSFORMER})}}
+# the VAE's RMS norm scales (`gamma`, one per channel) start at 1, so that its encoding keeps its input's differences
+_NORM_SCALES = {"wan21_vae": ".gamma"}
 
 
 def _ops():
@@ -181,14 +202,16 @@ def tiny_state_dict(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     module = _MODULES[family]()
     generator = torch.Generator().manual_seed(seed)
     shapes = {name: t.shape for name, t in module.state_dict().items()}
-    return {name: _fill(name, shapes[name], generator).contiguous() for name in sorted(shapes)}
+    scales = _NORM_SCALES.get(family)
+    return {name: (torch.ones(shapes[name]) if scales and name.endswith(scales) else _fill(name, shapes[name], generator))
+            .contiguous() for name in sorted(shapes)}
 
 
 def write_tiny_model(family: str, directory: Path, seed: int = 0, filename: str | None = None) -> Path:
     """Write a tiny `family` model as safetensors into `directory` (e.g. models/diffusion_models; a family that is not
     a diffusion model, such as an upsampler, needs its `filename`)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / (filename or {**SPECS, **CURRENT_SPECS}[family].filename)
+    path = directory / (filename or {**SPECS, **CURRENT_SPECS, WAN_I2V.family: WAN_I2V}[family].filename)
     save_file(tiny_state_dict(family, seed), str(path), metadata=_METADATA.get(family))
     return path
 
