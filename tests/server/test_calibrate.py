@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 from support.comfy_host import REPO_ROOT, ServerFactory, make_base_dir
 from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
-from support.tiny_models import LTXAV, host_lacks, write_tiny_model
+from support.tiny_models import LTXAV, host_lacks, write_ltx2_stage_models, write_tiny_model
 from support.tiny_workflows import api_workflow, on_tiny_models
 
 from carnator_core.calibration.profile import Profile
@@ -46,6 +46,8 @@ def servers(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory, tiny_m
     if not host_lacks(LTXAV):  # the LTX-2 twin: its tiny model and its empty audio latent
         models["ltxav"] = current_model("ltxav").path
     base = make_base_dir(tmp_path_factory.mktemp("calibration"), models)
+    if not host_lacks(LTXAV):
+        write_ltx2_stage_models(base / "models")
     audio = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
     save_file(audio, str(base / "input" / LTX2_AUDIO_LATENT))
     factory = ServerFactory(comfyui_path, lambda: base)

@@ -30,7 +30,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from support.comfy_host import ComfyServer, ServerFactory
 from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
-from support.tiny_models import CURRENT_SPECS, HUNYUAN_VIDEO15_UPSAMPLERS, host_lacks, write_tiny_model
+from support.tiny_models import (
+    CURRENT_SPECS,
+    HUNYUAN_VIDEO15_UPSAMPLERS,
+    LTX2_UPSAMPLERS,
+    LTXAV,
+    host_lacks,
+    write_ltx2_stage_models,
+    write_tiny_model,
+)
 from support.tiny_workflows import (
     DEMO_WEIGHTS,
     FAMILY,
@@ -94,7 +102,8 @@ def _placeholders(base: Path) -> None:
 def _tiny_current_models(base: Path, current_model) -> None:
     """The tiny models the workflows need besides `tiny_models`: a second tiny Wan (other weights) as the Wan 2.2
     14B's low-noise expert, each newer model the host has (Wan 2.2 TI2V 5B, HunyuanVideo 1.5 and its SR model and
-    latent upsamplers, LTX-2), and LTX-2's empty audio latent in the input directory."""
+    latent upsamplers, LTX-2 with its VAE and latent upsamplers), and LTX-2's empty audio latent in the input
+    directory."""
     models = base / "models" / "diffusion_models"
     write_tiny_model("wan", models, seed=1, filename=LOW_NOISE_UNET)
     for family, spec in CURRENT_SPECS.items():
@@ -104,6 +113,8 @@ def _tiny_current_models(base: Path, current_model) -> None:
         for seed, filename in enumerate(HUNYUAN_VIDEO15_UPSAMPLERS):
             write_tiny_model("hunyuan_video15_upsampler", base / "models" / "latent_upscale_models", seed=seed,
                              filename=filename)
+    if not host_lacks(LTXAV):
+        write_ltx2_stage_models(base / "models")
     audio = {"latent_tensor": torch.zeros(ltx2_audio_latent_shape()), "latent_format_version_0": torch.tensor([])}
     (base / "input").mkdir(exist_ok=True)
     save_file(audio, str(base / "input" / LTX2_AUDIO_LATENT))
@@ -474,6 +485,31 @@ def test_ltx2_workflow_resumed_audio_and_video_stay_close_to_plain_and_a_rejecte
         assert torch.equal(rejected[part], other_plain[part]), part
     for report in reports.values():  # the step-0 screen that rejected the donors is the sampler's own first call
         assert not report["hit"] and report["model_calls"] == report["total_steps"], json.dumps(report)
+
+
+def test_ltx2_refinement_after_another_latent_upsampler_file_samples_plain(server, tiny_models):
+    """The LTX-2 twin, its first stage upsampled by the shipped upsampler file, queued again with the other LTX-2
+    latent upsampler file (other weights): the refinement (the first stage is ComfyUI's cached output), starting from
+    another upsampled video, finds no donor, says why, and its video and audio are the plain run's, bit for bit."""
+    graph = tiny_graph("carnator_ltx2_t2v", tiny_models)
+    graph["store"] = {"class_type": "CarnatorStore", "inputs": {"path": "stores/ltx2-upsampler", "size_limit_gb": 4.0}}
+    for node in graph.values():
+        if node["class_type"] == "CarnatorReuse":
+            node["inputs"]["store"] = ["store", 0]
+    _, reports = _ltx2_outputs(server, graph, "upsampler-donor")
+    assert not any(report["hit"] for report in reports.values()), json.dumps(reports)
+    (loader,) = [node for node in graph.values() if node["class_type"] == "LatentUpscaleModelLoader"]
+    assert loader["inputs"]["model_name"] == LTX2_UPSAMPLERS[0]
+    loader["inputs"]["model_name"] = LTX2_UPSAMPLERS[1]
+    output, reports = _ltx2_outputs(server, graph, "other-upsampler")
+    plain, _ = _ltx2_outputs(server, _without_reuse(graph), "other-upsampler-plain")
+    for part in ("video", "audio"):
+        assert torch.equal(output[part], plain[part]), part
+    (refinement,) = reports.values()
+    print("LTX-2 refinement after another upsampler:", refinement["reason"], refinement["filtered"])
+    assert not refinement["hit"] and refinement["skipped_steps"] == 0, json.dumps(refinement)
+    assert refinement["reason"] == "filtered: input farther than 0.25 from the donor's", json.dumps(refinement)
+    assert refinement["model_calls"] == refinement["total_steps"]
 
 
 # ------------------------------------------------------------------ on the demo model

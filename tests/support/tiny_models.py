@@ -9,7 +9,8 @@ leaves no key for the loader to skip (a skipped key would stay uninitialised mem
 `SPECS` are the models every host has (the `tiny_models` fixture writes them all); `CURRENT_SPECS` are models of
 newer hosts (Wan 2.2 TI2V 5B, HunyuanVideo 1.5, LTX-2 audio+video), written one at a time on first use, and only
 where the host has the model config class (`host_lacks`). `WAN_I2V` and the Wan 2.1 VAE (`WAN21_VAE`) are written by
-the image-to-video test that needs them.
+the image-to-video test that needs them; the LTX VAE (`LTX_VAE`) and LTX-2's latent upsamplers (`LTX2_UPSAMPLERS`) by
+the servers that run the LTX-2 workflow's two stages.
 
 Requires ComfyUI to be importable and configured (the in-process host does that).
 """
@@ -168,6 +169,39 @@ def _hunyuan_video15_upsampler_module() -> torch.nn.Module:
 HUNYUAN_VIDEO15_UPSAMPLERS = ("tiny_hunyuan_video15_latent_upsampler.safetensors",
                               "tiny_hunyuan_video15_latent_upsampler_other.safetensors")
 
+# The LTX video VAE as the loader builds it from the "vae" config in a file's metadata: 128 latent channels, one
+# residual block each way at 32 channels. Only its per-channel latent statistics are read at test size (LTX-2's
+# latent upsampler un-normalises and re-normalises with them); nothing is encoded or decoded with it.
+_LTX_VAE = {"dims": 3, "latent_channels": 128, "blocks": [["res_x", 1]], "encoder_base_channels": 32,
+            "decoder_base_channels": 32, "patch_size": 4, "norm_layer": "pixel_norm", "latent_log_var": "uniform",
+            "causal_decoder": False}
+# LTX-2's spatial latent upsampler (x2) as the loader builds it from the "config" in a file's metadata: 128 latent
+# channels, 32 hidden, one residual block before and after the upsampling
+_LTX2_UPSAMPLER = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 32,
+                   "num_blocks_per_stage": 1, "dims": 3, "spatial_upsample": True, "temporal_upsample": False}
+
+
+def _ltx_vae_module() -> torch.nn.Module:
+    from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+
+    with torch.device("meta"):
+        return VideoVAE(config=_LTX_VAE)
+
+
+def _ltx2_upsampler_module() -> torch.nn.Module:
+    import comfy.ops
+    from comfy.ldm.lightricks.latent_upsampler import LatentUpsampler
+
+    with torch.device("meta"):
+        return LatentUpsampler.from_config(_LTX2_UPSAMPLER, operations=comfy.ops.disable_weight_init)
+
+
+# ComfyUI's models/vae: the LTX video VAE LTX-2's checkpoint carries (`write_tiny_model("ltx_vae", ...)`)
+LTX_VAE = "tiny_ltx_vae.safetensors"
+# ComfyUI's models/latent_upscale_models: two tiny LTX-2 spatial upsamplers, other weights (seeds 0 and 1); the first
+# under the file name the shipped LTX-2 workflow loads
+LTX2_UPSAMPLERS = ("ltx-2-spatial-upscaler-x2-1.0.safetensors", "tiny_ltx2_spatial_upscaler_other.safetensors")
+
 _MODULES = {
     "wan": _wan_module, "hunyuan_video": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO_T2V),
     "ltxv": _ltxv_module, "wan22": functools.partial(_wan_module, 48),
@@ -175,10 +209,14 @@ _MODULES = {
     "hunyuan_video15_sr": functools.partial(_hunyuan_video_module, _HUNYUAN_VIDEO15_SR),
     "hunyuan_video15_upsampler": _hunyuan_video15_upsampler_module,
     "wan_i2v": functools.partial(_wan_module, 16, 20), "wan21_vae": _wan21_vae_module,
+    "ltx_vae": _ltx_vae_module, "ltx2_upsampler": _ltx2_upsampler_module,
 }
-_METADATA = {"ltxav": {"config": json.dumps({"transformer": _LTXAV_TRANSFORMER})}}
-# the VAE's RMS norm scales (`gamma`, one per channel) start at 1, so that its encoding keeps its input's differences
-_NORM_SCALES = {"wan21_vae": ".gamma"}
+_METADATA = {"ltxav": {"config": json.dumps({"transformer": _LTXAV_TRANSFORMER})},
+             "ltx_vae": {"config": json.dumps({"vae": _LTX_VAE})},
+             "ltx2_upsampler": {"config": json.dumps(_LTX2_UPSAMPLER)}}
+# Tensors that start at 1: the Wan VAE's RMS norm scales (`gamma`, one per channel), so that its encoding keeps its
+# input's differences; the LTX VAE's per-channel latent deviations, which latents are divided by
+_STARTING_AT_ONE = {"wan21_vae": ".gamma", "ltx_vae": "std-of-means"}
 
 
 def _ops():
@@ -202,8 +240,8 @@ def tiny_state_dict(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     module = _MODULES[family]()
     generator = torch.Generator().manual_seed(seed)
     shapes = {name: t.shape for name, t in module.state_dict().items()}
-    scales = _NORM_SCALES.get(family)
-    return {name: (torch.ones(shapes[name]) if scales and name.endswith(scales) else _fill(name, shapes[name], generator))
+    ones = _STARTING_AT_ONE.get(family)
+    return {name: (torch.ones(shapes[name]) if ones and name.endswith(ones) else _fill(name, shapes[name], generator))
             .contiguous() for name in sorted(shapes)}
 
 
@@ -214,6 +252,14 @@ def write_tiny_model(family: str, directory: Path, seed: int = 0, filename: str 
     path = directory / (filename or {**SPECS, **CURRENT_SPECS, WAN_I2V.family: WAN_I2V}[family].filename)
     save_file(tiny_state_dict(family, seed), str(path), metadata=_METADATA.get(family))
     return path
+
+
+def write_ltx2_stage_models(models: Path) -> None:
+    """What LTX-2's workflow reads between its stages, into ComfyUI's `models` directory: the LTX VAE (vae/) and both
+    latent upsamplers (latent_upscale_models/)."""
+    write_tiny_model("ltx_vae", models / "vae", filename=LTX_VAE)
+    for seed, filename in enumerate(LTX2_UPSAMPLERS):
+        write_tiny_model("ltx2_upsampler", models / "latent_upscale_models", seed=seed, filename=filename)
 
 
 def write_all(directory: Path, seed: int = 0) -> dict[str, Path]:

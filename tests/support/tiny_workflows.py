@@ -9,7 +9,9 @@ type:
                                                 low-noise expert (Wan 2.2 14B: "low_noise" in its file name) loads
                                                 `low_noise_unet`, a second tiny model of the family (other weights);
                                                 a super-resolution model's loader (HunyuanVideo 1.5's, "_sr_" in its
-                                                file name) loads the tiny HunyuanVideo 1.5 SR model
+                                                file name) loads the tiny HunyuanVideo 1.5 SR model; what reads
+                                                a checkpoint's VAE reads a VAELoader of the tiny LTX VAE (LTX-2's
+                                                latent upsampler reads its latent statistics)
 - LoraLoaderModelOnly                         -> removed, its model input linked through to its consumers (the
                                                 lightx2v LoRA files have no tiny counterpart)
 - CLIPLoader, DualCLIPLoader,                 -> removed (no text encoders at test size)
@@ -21,10 +23,9 @@ type:
 - LTXVEmptyLatentAudio                        -> LoadLatent of `LTX2_AUDIO_LATENT` (zeros shaped as LTX-2's empty
                                                 audio latent for the test video length; the test writes it into
                                                 ComfyUI's input directory)
-- LatentUpscaleModelLoader                    -> HunyuanVideo 1.5's: the first tiny HunyuanVideo 1.5 latent upsampler;
-                                                LTX-2's: removed (no tiny LTX-2 latent upsampler)
-- LTXVLatentUpsampler                         -> removed, its samples input linked through: LTX-2's second stage
-                                                refines the first stage's video latent at the first stage's size
+- LatentUpscaleModelLoader                    -> the first tiny latent upsampler of the model's family (HunyuanVideo
+                                                1.5's, LTX-2's): LTX-2's refinement samples twice the first stage's
+                                                width and height, as shipped
 - HunyuanVideo15LatentUpscaleWithModel        -> upscales the tiny video to twice its width and height: the SR stage
                                                 samples 4x the first stage's tokens
 - VAEDecode(Tiled), CreateVideo, SaveVideo    -> removed; HarnessLatentStats reads each sampler's latent (a packed
@@ -53,7 +54,7 @@ from pathlib import Path
 from carnator_core.demo.graphs import latent_size
 from carnator_core.lookup.prompt_text import is_link
 from support.t2v_graphs import LTX2_AUDIO_LATENT
-from support.tiny_models import HUNYUAN_VIDEO15_SR, HUNYUAN_VIDEO15_UPSAMPLERS
+from support.tiny_models import HUNYUAN_VIDEO15_SR, HUNYUAN_VIDEO15_UPSAMPLERS, LTX2_UPSAMPLERS, LTX_VAE
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
 FAMILY = {  # shipped workflow -> tiny model family it runs on
@@ -80,7 +81,8 @@ REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
 _REMOVED = ("CLIPLoader", "DualCLIPLoader", "LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVAudioVAEDecode",
             "VAEDecode", "VAEDecodeTiled", "CreateVideo", "SaveVideo")
 # removed; what reads its output reads this input's source
-_PASSED_THROUGH = {"LoraLoaderModelOnly": "model", "LTXVLatentUpsampler": "samples"}
+_PASSED_THROUGH = {"LoraLoaderModelOnly": "model"}
+_CHECKPOINT_VAE = 2  # CheckpointLoaderSimple's VAE output
 SUPER_RESOLUTION = "_sr_"  # in the file name of a super-resolution model
 _LATENT_SIZE = {"EmptyHunyuanLatentVideo": (64, 64, 5), "EmptyLTXVLatentVideo": (64, 64, 9),
                 "Wan22ImageToVideoLatent": (64, 64, 5), "EmptyHunyuanVideo15Latent": (64, 64, 5)}
@@ -108,6 +110,7 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
                    reuse: dict | None = None) -> dict:
     """A copy of an API-format workflow that runs on the tiny `family` model (see the module docstring)."""
     graph = _passed_through(copy.deepcopy(graph))
+    checkpoints = [node_id for node_id, node in graph.items() if node["class_type"] == "CheckpointLoaderSimple"]
     split = {node["inputs"]["sigmas"][0] for node in graph.values() if node["class_type"] == "SplitSigmas"}
     for node_id, node in list(graph.items()):
         tiny = _on_tiny_model(node, family, unet_name, low_noise_unet)
@@ -120,6 +123,7 @@ def on_tiny_models(graph: dict, family: str, unet_name: str, *, low_noise_unet: 
             inputs[_STEPS[kind]] = steps
         if kind in REUSE_NODES and reuse:
             inputs.update(reuse)
+    _with_tiny_vae(graph, checkpoints)
     unpacked = {node["inputs"]["av_latent"][0]: node_id for node_id, node in graph.items()
                 if node["class_type"] == "LTXVSeparateAVLatent"}  # sampler -> the node unpacking its output
     for node_id in [n for n, node in graph.items() if node["class_type"] in SAMPLERS]:
@@ -146,9 +150,8 @@ def _on_tiny_model(node: dict, family: str, unet_name: str, low_noise_unet: str 
         return {"class_type": "HarnessTextConditioning",
                 "inputs": {"text": inputs["text"], "family": _TEXT_FAMILY.get(family, family), "seed": 0}}
     elif kind == "LatentUpscaleModelLoader":
-        if "hunyuanvideo15" not in inputs["model_name"]:
-            return None
-        inputs["model_name"] = HUNYUAN_VIDEO15_UPSAMPLERS[0]
+        inputs["model_name"] = (HUNYUAN_VIDEO15_UPSAMPLERS if "hunyuanvideo15" in inputs["model_name"]
+                                else LTX2_UPSAMPLERS)[0]
     elif kind == "HunyuanVideo15LatentUpscaleWithModel":
         width, height, _ = _LATENT_SIZE["EmptyHunyuanVideo15Latent"]
         inputs["width"], inputs["height"] = 2 * width, 2 * height
@@ -171,6 +174,18 @@ def _passed_through(graph: dict) -> dict:
                 value = sources[value[0]]
             node["inputs"][name] = value
     return graph
+
+
+def _with_tiny_vae(graph: dict, checkpoints: list[str]) -> None:
+    """Lead every link to a `checkpoints` node's VAE output (each now a UNETLoader, whose only output is the model) to
+    a VAELoader of the tiny LTX VAE beside it."""
+    for node_id in checkpoints:
+        vae = f"{node_id}_vae"
+        for consumer in list(graph.values()):
+            for name, value in consumer["inputs"].items():
+                if is_link(value) and value[0] == node_id and value[1] == _CHECKPOINT_VAE:
+                    consumer["inputs"][name] = [vae, 0]
+                    graph[vae] = {"class_type": "VAELoader", "inputs": {"vae_name": LTX_VAE}}
 
 
 def _tiny_unet(inputs: dict, unet_name: str, low_noise_unet: str | None) -> str:
