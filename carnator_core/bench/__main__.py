@@ -17,6 +17,7 @@ BENCHMARKS = {
     "masks": "carnator_core.bench.masks",
     "screen": "carnator_core.bench.screen",
     "stages": "carnator_core.bench.stages",
+    "inputs": "carnator_core.bench.inputs",
 }
 
 

@@ -356,6 +356,13 @@ def load_model(weights: Path | None) -> WanT2V:
     return model_from_state_dict(load_file(str(path)))
 
 
+def write_results(directory: Path, rows: list, summary: dict) -> None:
+    """A benchmark's rows (dataclasses, one JSON line each) and summary, as `--out DIR` asks."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (directory / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -384,9 +391,7 @@ def main(argv: list[str]) -> int:
     rows = calibrate(load_model(args.weights), args.pairs, args.steps, depths, args.cfg, args.seed, args.shortcuts)
     summary = summarise(rows, profile)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
-        (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_results(args.out, rows, summary)
     if args.json:
         print(json.dumps(summary))
         return 0

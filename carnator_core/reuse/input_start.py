@@ -26,8 +26,9 @@ GUIDE_IMAGE = "guide_image"  # the entry extra that marks a run guided by an ima
 GUIDE_NOTE = "guided by an image in its conditioning: reuses runs guided by a close image"  # in its report
 
 # Inputs further apart than this are other inputs, not an edit of the same one: the donor is skipped with the reason.
-# The screen and the probe decide within it (docs/measurements.md, "Stages that start from an input").
-MAX_INPUT_DISTANCE = 0.25
+# The screen and the probe decide within it. The bound is the largest at which every resume they accepted kept its
+# quality (`python -m carnator_core.bench inputs`, docs/measurements.md "The input distance bound").
+MAX_INPUT_DISTANCE = 0.4
 
 
 def input_distance(new: torch.Tensor, donor: torch.Tensor) -> float:

@@ -58,7 +58,7 @@ from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
 from carnator_core.demo.oracle import score
 from carnator_core.lookup.prompt_text import is_link
-from carnator_core.reuse.input_start import INPUT_NOTE
+from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE
 from carnator_core.reuse.recording import writer
 
 pytestmark = pytest.mark.server
@@ -444,6 +444,16 @@ def _without_reuse(graph: dict) -> dict:
     return graph
 
 
+def _with_own_store(graph: dict, path: str) -> dict:
+    """The graph with every Carnator Reuse node on a store of its own (a CarnatorStore at `path`): no other test's
+    runs are donors."""
+    graph["store"] = {"class_type": "CarnatorStore", "inputs": {"path": path, "size_limit_gb": 4.0}}
+    for node in graph.values():
+        if node["class_type"] == "CarnatorReuse":
+            node["inputs"]["store"] = ["store", 0]
+    return graph
+
+
 def _with_text(graph: dict, word: str, replacement: str) -> dict:
     graph = copy.deepcopy(graph)
     (text_node,) = [node for node in graph.values() if word in node["inputs"].get("text", "")]
@@ -491,11 +501,7 @@ def test_ltx2_refinement_after_another_latent_upsampler_file_samples_plain(serve
     """The LTX-2 twin, its first stage upsampled by the shipped upsampler file, queued again with the other LTX-2
     latent upsampler file (other weights): the refinement (the first stage is ComfyUI's cached output), starting from
     another upsampled video, finds no donor, says why, and its video and audio are the plain run's, bit for bit."""
-    graph = tiny_graph("carnator_ltx2_t2v", tiny_models)
-    graph["store"] = {"class_type": "CarnatorStore", "inputs": {"path": "stores/ltx2-upsampler", "size_limit_gb": 4.0}}
-    for node in graph.values():
-        if node["class_type"] == "CarnatorReuse":
-            node["inputs"]["store"] = ["store", 0]
+    graph = _with_own_store(tiny_graph("carnator_ltx2_t2v", tiny_models), "stores/ltx2-upsampler")
     _, reports = _ltx2_outputs(server, graph, "upsampler-donor")
     assert not any(report["hit"] for report in reports.values()), json.dumps(reports)
     (loader,) = [node for node in graph.values() if node["class_type"] == "LatentUpscaleModelLoader"]
@@ -508,7 +514,8 @@ def test_ltx2_refinement_after_another_latent_upsampler_file_samples_plain(serve
     (refinement,) = reports.values()
     print("LTX-2 refinement after another upsampler:", refinement["reason"], refinement["filtered"])
     assert not refinement["hit"] and refinement["skipped_steps"] == 0, json.dumps(refinement)
-    assert refinement["reason"] == "filtered: input farther than 0.25 from the donor's", json.dumps(refinement)
+    assert refinement["reason"] == f"filtered: input farther than {MAX_INPUT_DISTANCE} from the donor's", \
+        json.dumps(refinement)
     assert refinement["model_calls"] == refinement["total_steps"]
 
 
@@ -623,11 +630,7 @@ def test_super_resolution_after_another_upsampler_file_samples_plain(server, tin
     """The HunyuanVideo 1.5 twin with its super-resolution group, queued again with the other latent upsampler file
     (other weights): the SR stage, starting from (and guided by) another upscaled video, finds no donor, says why,
     and samples plain, bit for bit."""
-    graph = tiny_graph("carnator_hunyuan_video15_720p_t2v_sr", tiny_models)
-    graph["store"] = {"class_type": "CarnatorStore", "inputs": {"path": "stores/sr-upsampler", "size_limit_gb": 4.0}}
-    for node in graph.values():
-        if node["class_type"] == "CarnatorReuse":
-            node["inputs"]["store"] = ["store", 0]
+    graph = _with_own_store(tiny_graph("carnator_hunyuan_video15_720p_t2v_sr", tiny_models), "stores/sr-upsampler")
     _, reports = _sr_output(server, graph, "donor")
     assert not any(report["hit"] for report in reports.values()), json.dumps(reports)
     (loader,) = [node for node in graph.values() if node["class_type"] == "LatentUpscaleModelLoader"]
@@ -640,7 +643,7 @@ def test_super_resolution_after_another_upsampler_file_samples_plain(server, tin
         assert not reports[sampler]["hit"] and reports[sampler]["skipped_steps"] == 0, json.dumps(reports[sampler])
     screened = reports["140"]
     print("SR stage after another upsampler:", screened["reason"], screened["filtered"])
-    assert screened["reason"] == "filtered: input farther than 0.25 from the donor's", json.dumps(screened)
+    assert screened["reason"] == f"filtered: input farther than {MAX_INPUT_DISTANCE} from the donor's", json.dumps(screened)
     assert screened["model_calls"] == screened["total_steps"]
 
 
