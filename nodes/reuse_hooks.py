@@ -131,10 +131,10 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     key = hard_key(guider.model_patcher, noise, sigmas, packed,
                    conditioning_frame_rate(guider.conds.get("positive", []) if hasattr(guider, "conds") else []))
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
-    refusal, continues, input_latent = latent_reuse_refusal(denoise_mask), None, None
+    refusal, continues, input_latent, input_note = latent_reuse_refusal(denoise_mask), None, None, ""
     if not refusal and starts_from_input(latent_image, sigma_list[0], sigma_max):
         if isinstance(latent_image, torch.Tensor):
-            continues, refusal = continued_stage(latent_image, noise, sigma_list[0])
+            continues, refusal, input_note = continued_stage(latent_image, noise, sigma_list[0])
         if continues is None:  # not a stage handed over here: a run from an input, reusing from its own kind
             input_latent = latent_image if isinstance(latent_image, torch.Tensor) else torch.zeros_like(noise)
     # an image the conditioning carries (image-to-video, super-resolution); a stage handed over was matched on it
@@ -143,7 +143,7 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
                     noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
                     latent_reuse_refusal=refusal, continues=continues, packed=packed, input_latent=input_latent,
-                    guide_image=guide)
+                    input_note=input_note, guide_image=guide)
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:

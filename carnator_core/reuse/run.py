@@ -73,6 +73,7 @@ class ReuseRun:
     packed: PackedShapes | None = None  # the latents packed into `latent_shape`'s one (LTX-2's video and audio)
     # the input of a run that starts from one (`carnator_core.reuse.input_start`); None for a run from pure noise
     input_latent: torch.Tensor | None = None
+    input_note: str = ""  # why a run from an input whose input is a stage output does not continue that stage
     # the image its conditioning carries (`concat_latent_image`), None for a run guided by text alone
     guide_image: torch.Tensor | None = None
     started_at: float = field(default_factory=time.perf_counter)
@@ -441,6 +442,8 @@ class ReuseRun:
             notes.append(REPLAY_NOTE)
         if self.input_latent is not None:
             notes.append(INPUT_NOTE)
+        if self.input_note:
+            notes.append(self.input_note)
         if self.guide_image is not None:
             notes.append(GUIDE_NOTE)
         if self.settings.thresholds_note:

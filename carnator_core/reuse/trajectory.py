@@ -86,6 +86,12 @@ class Handover:
     created_at: float = field(default_factory=time.monotonic)
 
 
+# Why a run whose input is a stage output is not its continuation: another sampler took it first (a second sampler on
+# the same output, or another request fed it, e.g. through ComfyUI's cache of an unchanged first stage)
+CONTINUED_BEFORE = ("its input is a stage output another sampler already continued (a second sampler on it, or "
+                    "another request's): a run from an input, not a continuation")
+
+
 class HandoverRegistry:
     """Stage outputs waiting for the sampler that continues them, by content fingerprint (one process).
 
@@ -121,8 +127,7 @@ class HandoverRegistry:
                     self._continued.popitem(last=False)
                 return handover, ""
             if fingerprint in self._continued:
-                return None, ("this stage output was already continued (a second sampler on it, or the same latent "
-                              "again): latent reuse off")
+                return None, CONTINUED_BEFORE
             return None, ""
 
     def give_back(self, fingerprint: str, handover: Handover) -> None:
@@ -165,19 +170,21 @@ def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: in
         pending.blobs[names.get(name, name)] = blob  # the last stage's thumbnail previews the request
 
 
-def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor, first_sigma: float) -> tuple[Handover | None, str]:
+def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor,
+                    first_sigma: float) -> tuple[Handover | None, str, str]:
     """The hand-over a run continues when its input latent is a stage output this process handed over, it adds no
     noise and starts where that stage ended (else None: the run starts from an input like any other); with why latent
-    reuse does not apply to the continuation ("" when it may)."""
+    reuse does not apply to the continuation ("" when it may), and a note for the report when the input was a stage
+    output that another sampler continued first."""
     if torch.count_nonzero(latent_image) == 0:
-        return None, ""
+        return None, "", ""
     fingerprint = content_fingerprint(latent_image)
-    handover, _ = handovers.claim(fingerprint)
+    handover, note = handovers.claim(fingerprint)
     if handover is None:
-        return None, ""
+        return None, "", note
     if torch.count_nonzero(noise) or not same_sigma(handover.sigma, first_sigma):
         handovers.give_back(fingerprint, handover)
-        return None, ""
+        return None, "", ""
     if handover.donor is None:
-        return handover, "continues a stage that sampled in full: latent reuse off for this stage"
-    return handover, ""
+        return handover, "continues a stage that sampled in full: latent reuse off for this stage", ""
+    return handover, "", ""

@@ -19,7 +19,7 @@ from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
 
 from carnator_core.reuse.input_start import INPUT_NOTE
 from carnator_core.reuse.recording import writer
-from carnator_core.reuse.trajectory import handovers
+from carnator_core.reuse.trajectory import CONTINUED_BEFORE, handovers
 
 _stores = itertools.count()
 PROMPT = "a red ball rolls left"
@@ -141,7 +141,8 @@ def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_run
     reports = [data for event, data, _ in comfy.drain_events() if event == "carnator.status"]  # every run's report
     later = [r for r in reports if r["stage"].get("index") != 0]  # one continues the stage, the other starts anew
     assert sorted(r["stage"].get("index", -1) for r in later) == [-1, 1], json.dumps(reports)
-    assert [INPUT_NOTE in r["notes"] for r in later if not r["stage"]] == [True], json.dumps(reports)
+    assert [INPUT_NOTE in r["notes"] and CONTINUED_BEFORE in r["notes"] for r in later if not r["stage"]] == [True], \
+        json.dumps(reports)
     assert run.output("again")["samples"].shape == run.output(LOW_NOISE)["samples"].shape
 
 

@@ -17,6 +17,7 @@ from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.trajectory import (
+    CONTINUED_BEFORE,
     Handover,
     HandoverRegistry,
     StageEnd,
@@ -86,7 +87,7 @@ def test_a_handover_is_taken_once(tmp_path):
     registry.park("output", handover)
     assert registry.claim("output") == (handover, "")
     again, why = registry.claim("output")
-    assert again is None and "already continued" in why
+    assert again is None and why == CONTINUED_BEFORE
     assert registry.claim("unknown") == (None, "")
 
 
