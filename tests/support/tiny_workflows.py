@@ -38,7 +38,7 @@ type:
                                                  random-weight model has no semantics, so near-duplicate
                                                  prompts need lower structure thresholds to pass its probe)
 
-Everything else — Carnator nodes, samplers, schedulers (LTX-2's ManualSigmas too), guiders, LTX-2's
+Everything else — Carnator nodes, samplers, schedulers (LTX-2's ManualSigmas too), guiders, LTX-2's latent upsampler,
 concatenation, separation and guide cropping, the demo text encoder and decoder (they work on any Wan-family
 latent), primitives, links — runs as shipped. A shipped workflow's bypassed nodes (HunyuanVideo 1.5's 1080p
 super-resolution group and EasyCache, LTX-2's camera LoRAs) are not in its API twin, as the frontend leaves them
