@@ -1,6 +1,7 @@
 """Input distance calibration: how far apart may two inputs of a stage be for one run to continue the other?
 
-`python -m carnator_core.bench inputs [--pairs 3] [--steps 20] [--denoise 0.6] [--cfg 1] [--json] [--out DIR]`
+`python -m carnator_core.bench inputs [--pairs 3] [--steps 20] [--denoise 0.6] [--cfg 1] [--handover] [--json]
+[--out DIR]`
 
 A run from an input (a refinement after an upsampler, video-to-video) takes as donors only earlier runs of the same
 stage whose input lies within `MAX_INPUT_DISTANCE` (relative L2) of its own; the model then screens and probes them
@@ -14,11 +15,17 @@ its input moved towards the other clip by set distances (`RETOUCH_DISTANCES`). T
 - is resumed at several depths from the donor's state corrected by the two first states' and (without CFG) first
   predictions' difference (`StartDifference`), after the probe the engine makes there,
 - and each resume is scored against the new prompt's own plain second stage: PSNR and SSIM of the decoded clip
-  (`QualityTarget`) and the oracle's adherence.
+  (`QualityTarget`) and the oracle's adherence; so is the own shortcut to the same depth (no donor: the request's
+  own first prediction extrapolated in one Euler step), which says whether the donor added anything.
 
-The summary bins the pairs by input distance and says, per bin, how many the model accepts and how many of those
-are good; and the distance below which every accepted resume was good (`safe_bound`), against the shipped bound.
-The model's judgement decides within the bound; the bound only keeps the lookup from asking it about other inputs.
+The summary bins the pairs by input distance and says, per bin, how many the model accepts, how many of those are
+good and how many of those borrowed (ended closer to plain than the own shortcut); and the distance below which every
+accepted resume was good (`safe_bound`), against the shipped bound. The model's judgement decides within the bound;
+the bound only keeps the lookup from asking it about other inputs.
+
+`--handover` measures the Wan 2.2 14B shape instead: the first stage stops `denoise` of the schedule from the end with
+its leftover noise and the second continues that state, without fresh noise, as after a first stage sampled in full
+(an edit whose first expert missed); its input is that state.
 """
 
 from __future__ import annotations
@@ -65,6 +72,9 @@ class Row:
     ssim: float
     adherence_plain: float
     adherence_resumed: float
+    # the same depth reached without the donor: the request's own first prediction extrapolated in one Euler step
+    own_psnr_db: float = float("nan")
+    own_adherence: float = float("nan")
 
     def accepted(self, thresholds: ProbeThresholds) -> bool:
         """Whether the engine would take this resume: the screen at depth 0 and the probe at its depth pass."""
@@ -76,19 +86,25 @@ class Row:
         """Close to the new prompt's plain clip and as adherent as it."""
         return target.good(self.psnr_db, self.ssim) and self.adherence_resumed >= self.adherence_plain - 1e-9
 
+    @property
+    def borrowed(self) -> bool:
+        """Whether the donor added something: the resume ended closer to plain than the own shortcut."""
+        return self.psnr_db > self.own_psnr_db
+
 
 def _noise(seed: int) -> torch.Tensor:
     return torch.randn(1, 16, *world.CLIP, generator=torch.Generator().manual_seed(seed))
 
 
 def measure(model: WanT2V, pair_count: int, steps: int, denoise: float, depths: tuple[float, ...], cfg_scale: float,
-            seed: int) -> list[Row]:
+            seed: int, handover: bool = False) -> list[Row]:
     """Every pair's second stage resumed from its donor's at each depth (see the module docstring)."""
     rng = np.random.default_rng(seed)
     sigmas = sigmas_for(steps)
-    first = FlowSampler(model, cfg_scale, sigmas)
     start = min(steps - 1, round(steps * (1.0 - denoise)))
-    second = SecondStage(FlowSampler(model, cfg_scale, sigmas[start:]), depths, guided=cfg_scale != 1.0)
+    first = FlowSampler(model, cfg_scale, sigmas[:start + 1] if handover else sigmas)
+    second = SecondStage(FlowSampler(model, cfg_scale, sigmas[start:]), depths, guided=cfg_scale != 1.0,
+                         fresh_noise=not handover)
     rows = []
     for index, (relation, donor_attrs, new_attrs) in enumerate(pairs(pair_count, rng)):
         donor_prompt = world.canonical_prompt(donor_attrs)
@@ -120,12 +136,15 @@ class _Donor:
 class SecondStage:
     """The second stage on the demo model: donors sampled plain, requests resumed from them as the engine would."""
 
-    def __init__(self, sampler: FlowSampler, depths: tuple[float, ...], guided: bool) -> None:
-        self.sampler, self.depths, self.guided = sampler, depths, guided
+    def __init__(self, sampler: FlowSampler, depths: tuple[float, ...], guided: bool, fresh_noise: bool) -> None:
+        self.sampler, self.depths, self.guided, self.fresh_noise = sampler, depths, guided, fresh_noise
         self.uncond = token_embeddings([""])
         self.steps = len(sampler.sigmas) - 1
 
     def _start(self, latent: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The stage's first state: its input mixed with fresh noise, or (a hand-over) the input itself."""
+        if not self.fresh_noise:
+            return latent
         sigma = self.sampler.sigmas[0]
         return (1.0 - sigma) * latent + sigma * noise
 
@@ -170,11 +189,15 @@ class SecondStage:
                                   self._guidance(guidance_new), moved_guidance, corrected=True)
             resumed, _ = sampler.run(corrected, context, self.uncond, start=k)
             rgb = world.decode(resumed[0])
+            shortcut = x0_start + sampler.sigmas[k] / sigma * (start - x0_start)
+            own_rgb = world.decode(sampler.run(shortcut, context, self.uncond, start=k)[0][0])
             rows.append(Row(relation=relation, distance=distance, depth=k / self.steps,
                             screen_structure=screen.structure_agreement, screen_guidance=screen.guidance_cosine,
                             probe_structure=probe.structure_agreement, probe_guidance=probe.guidance_cosine,
                             psnr_db=psnr_from_mse(mse(rgb, plain_rgb)), ssim=ssim(rgb, plain_rgb),
-                            adherence_plain=adherence_plain, adherence_resumed=score(prompt, rgb).adherence))
+                            adherence_plain=adherence_plain, adherence_resumed=score(prompt, rgb).adherence,
+                            own_psnr_db=psnr_from_mse(mse(own_rgb, plain_rgb)),
+                            own_adherence=score(prompt, own_rgb).adherence))
         return rows
 
 
@@ -196,7 +219,8 @@ def summarise(rows: list[Row], thresholds: ProbeThresholds | None = None,
     bins: dict[str, dict] = {}
     for row in sorted(rows, key=lambda r: r.distance):
         cell = bins.setdefault(_bin(row.distance), {"pairs": set(), "relations": {}, "resumes": 0, "accepted": 0,
-                                                    "accepted_good": 0, "good": 0, "psnr_accepted": []})
+                                                    "accepted_good": 0, "accepted_borrowed": 0, "good": 0,
+                                                    "psnr_accepted": []})
         cell["pairs"].add((row.relation, row.distance))
         cell["relations"][row.relation] = cell["relations"].get(row.relation, 0) + 1
         accepted, good = row.accepted(thresholds), row.good(target)
@@ -204,6 +228,7 @@ def summarise(rows: list[Row], thresholds: ProbeThresholds | None = None,
         cell["accepted"] += accepted
         cell["good"] += good
         cell["accepted_good"] += accepted and good
+        cell["accepted_borrowed"] += accepted and good and row.borrowed
         if accepted:
             cell["psnr_accepted"].append(row.psnr_db)
     for cell in bins.values():
@@ -227,6 +252,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--denoise", type=float, default=0.6, help="share of the schedule the second stage samples")
     parser.add_argument("--depths", default="0.25,0.5,0.75", help="resume depths (fractions of the second stage)")
     parser.add_argument("--cfg", type=float, default=1.0)
+    parser.add_argument("--handover", action="store_true",
+                        help="the second stage continues the first stage's state, without fresh noise (Wan 2.2 14B's "
+                             "two experts); --denoise is then its share of the schedule")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--weights", type=Path, default=None,
                         help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else the shipped file)")
@@ -238,7 +266,8 @@ def main(argv: list[str]) -> int:
         parser.error("needs 0 < --denoise < 1, --steps >= 4 and --pairs >= 1")
     torch.set_num_threads(args.threads)
     depths = tuple(float(d) for d in args.depths.split(","))
-    rows = measure(load_model(args.weights), args.pairs, args.steps, args.denoise, depths, args.cfg, args.seed)
+    rows = measure(load_model(args.weights), args.pairs, args.steps, args.denoise, depths, args.cfg, args.seed,
+                   args.handover)
     summary = summarise(rows)
     if args.out is not None:
         write_results(args.out, rows, summary)
@@ -248,11 +277,13 @@ def main(argv: list[str]) -> int:
     target = summary["quality_target"]
     print(f"{summary['rows']} resumes; good: within {target['psnr_db']:g} dB PSNR and SSIM {target['ssim']:g} of the "
           "new prompt's plain second stage, and as adherent")
-    print("input distance  pairs  resumes  accepted  accepted good  good  median PSNR accepted  relations")
+    print("input distance  pairs  resumes  accepted  accepted good  of those borrowed  good  median PSNR accepted  "
+          "relations")
     for name, cell in summary["bins"].items():
         median = "n/a" if cell["psnr_accepted_median"] is None else f"{cell['psnr_accepted_median']:.1f} dB"
         print(f"{name:<14}  {cell['pairs']:>5}  {cell['resumes']:>7}  {cell['accepted']:>8}  "
-              f"{cell['accepted_good']:>13}  {cell['good']:>4}  {median:>20}  {cell['relations']}")
+              f"{cell['accepted_good']:>13}  {cell['accepted_borrowed']:>17}  {cell['good']:>4}  {median:>20}  "
+              f"{cell['relations']}")
     bound = summary["safe_bound"]
     print(f"every accepted resume was good below input distance "
           f"{'(all were good)' if bound is None or math.isinf(bound) else f'{bound:.3f}'}; largest good accepted: "
