@@ -47,6 +47,8 @@ class Fit:
     oracle: Score | None
     fit_pairs: int
     held_back_pairs: int
+    # False when no rule kept the target precision on the fitted pairs: `thresholds` then accept no resume
+    met_target: bool = True
 
 
 def held_back(pair: int) -> bool:
@@ -71,19 +73,21 @@ def fit(resumes: list[Resume], target: QualityTarget) -> Fit:
     """The fitted thresholds, scored on the fitted and the held-back pairs (see the module docstring)."""
     training = [r for r in resumes if not held_back(r.pair)]
     testing = [r for r in resumes if held_back(r.pair)]
-    thresholds = _search(training, target)
+    thresholds, met_target = _search(training, target)
     oracle_rows = [r for r in testing if r.oracle_kept is not None]
     oracle = Score.of([accepts(thresholds, r) for r in oracle_rows], [bool(r.oracle_kept) for r in oracle_rows]) \
         if oracle_rows else None
     return Fit(thresholds=thresholds, fitted=score(thresholds, training, target),
                held_back=score(thresholds, testing, target), oracle=oracle,
-               fit_pairs=len({r.pair for r in training}), held_back_pairs=len({r.pair for r in testing}))
+               fit_pairs=len({r.pair for r in training}), held_back_pairs=len({r.pair for r in testing}),
+               met_target=met_target)
 
 
-def _search(resumes: list[Resume], target: QualityTarget) -> ProbeThresholds:
+def _search(resumes: list[Resume], target: QualityTarget) -> tuple[ProbeThresholds, bool]:
+    """The best rule on `resumes` and whether it meets the target (else it is the strictest, accepting nothing)."""
     shipped = ProbeThresholds()
     if not resumes:
-        return shipped
+        return shipped, True
     depth = np.array([r.depth for r in resumes])[:, None, None, None]
     good = np.array([target.good(r.psnr_db, r.ssim) for r in resumes])[:, None, None, None]
     structure = STRUCTURE_GRID[None, :, None, None]
@@ -107,11 +111,11 @@ def _search(resumes: list[Resume], target: QualityTarget) -> ProbeThresholds:
                                )[None, :, None]
     if not feasible.any():  # nothing good can be accepted at the target: the strictest rule, which accepts nothing
         return ProbeThresholds(structure=1.0, structure_slope=float(SLOPE_GRID[-1]), guidance=1.0,
-                               guidance_slope=float(SLOPE_GRID[-1]))
+                               guidance_slope=float(SLOPE_GRID[-1])), False
     recall = np.where(feasible, good_accepted, -1)
     best = recall.max()
     candidates = np.argwhere(recall == best)
     # the strictest of the best: highest structure, then slope, then guidance threshold
     i, j, k = max(candidates, key=lambda c: (STRUCTURE_GRID[c[0]], SLOPE_GRID[c[2]], GUIDANCE_GRID[c[1]]))
     return ProbeThresholds(structure=float(STRUCTURE_GRID[i]), structure_slope=float(SLOPE_GRID[k]),
-                           guidance=float(GUIDANCE_GRID[j]), guidance_slope=float(SLOPE_GRID[k]))
+                           guidance=float(GUIDANCE_GRID[j]), guidance_slope=float(SLOPE_GRID[k])), True

@@ -69,6 +69,13 @@ class Calibrated:
                  f"{_share(held.recall)}" + (f"; by the demo oracle: precision {_share(self.result.oracle.precision)}"
                                              f", recall {_share(self.result.oracle.recall)}" if self.result.oracle
                                              else "")]
+        if not self.result.met_target:
+            target = self.profile.target
+            lines.append(f"no rule kept {target.precision:.0%} of the resumes it accepts within {target.psnr_db:g} dB "
+                         f"and SSIM {target.ssim:g} of plain ({self.result.fitted.good} of the fitted pairs' resumes "
+                         "are): this profile accepts no resume, so on this model and schedule Carnator borrows "
+                         "attention masks only. To resume here, calibrate on more pairs or loosen the target (PSNR, "
+                         "SSIM or precision).")
         if self.location is not None:
             lines.append(f"filed as {self.profile.describe()} in the store at {self.location}")
         return lines
@@ -104,7 +111,8 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
                       cfg=float(session.fingerprints.get("cfg", 1.0)))
     (plan.out / "profile.json").write_text(profile.to_json())
     written = plots(measured, profile, plan.out)
-    summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "resumes": len(measured),
+    summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "met_target": result.met_target,
+               "resumes": len(measured),
                "skipped_pairs": session.skipped, "plots": [str(p) for p in written]}
     (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
     location = None

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from carnator_core.calibration.fit import Resume, accepts, fit
+from carnator_core.calibration.job import Calibrated
 from carnator_core.calibration.pairs import Pair, parse_pairs
-from carnator_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, QualityTarget
+from carnator_core.calibration.profile import MAX_PROFILE_BYTES, THRESHOLD_RANGES, Profile, ProfileError, QualityTarget
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.prompt_file import PromptFileError, prompt_lines
@@ -173,7 +174,7 @@ def _resumes(pairs: int) -> list[Resume]:
 
 def test_the_fit_accepts_what_meets_the_target_and_holds_on_held_back_pairs():
     result = fit(_resumes(12), QualityTarget(psnr_db=30.0, ssim=0.95, precision=0.95))
-    assert (result.fit_pairs, result.held_back_pairs) == (8, 4)
+    assert (result.fit_pairs, result.held_back_pairs) == (8, 4) and result.met_target
     assert result.fitted.precision == 1.0 and result.fitted.recall == 1.0
     assert result.held_back.precision == 1.0 and result.oracle.precision == 1.0
     assert result.thresholds.guidance == ProbeThresholds().guidance  # no CFG in these runs: left as shipped
@@ -186,7 +187,13 @@ def test_a_fit_with_nothing_good_to_accept_accepts_nothing():
     bad = [Resume(pair=p, depth=0.5, screen_structure=0.99, screen_guidance=None, structure=0.99, guidance=None,
                   psnr_db=10.0, ssim=0.2) for p in range(6)]
     result = fit(bad, QualityTarget())
-    assert result.fitted.accepted == 0 and result.held_back.accepted == 0
+    assert result.fitted.accepted == 0 and result.held_back.accepted == 0 and not result.met_target
+    profile = Profile(model="m", schedule="s", name="chaotic", thresholds={name: getattr(result.thresholds, name) for name in THRESHOLD_RANGES},
+                      target=QualityTarget(), fit_pairs=result.fit_pairs, held_back_pairs=result.held_back_pairs,
+                      held_back=result.held_back, oracle=None)
+    said = Calibrated(profile=profile, result=result, resumes=len(bad), table=[], location=None, plots=[],
+                      minutes=1.0).lines()
+    assert any("this profile accepts no resume" in line and "loosen the target" in line for line in said)
 
 
 def test_pairs_are_split_by_a_tab_or_by_an_arrow_and_a_line_that_is_no_pair_is_named():
