@@ -62,11 +62,11 @@ class Calibrated:
     def lines(self) -> list[str]:
         """What the command prints and the node reports when it is done."""
         t = self.result.thresholds
-        held = self.result.held_back
+        held, held_pairs = self.result.held_back, self.result.held_back_pairs
         lines = [f"{self.resumes} resumes measured in {self.minutes:.1f} min", *self.table,
                  f"fitted: structure {t.structure:.3f}, guidance {t.guidance:.2f}, slope {t.structure_slope:.2f}",
-                 f"held back ({self.result.held_back_pairs} pairs): precision {_share(held.precision)}, recall "
-                 f"{_share(held.recall)}" + (f"; by the demo oracle: precision {_share(self.result.oracle.precision)}"
+                 f"held back ({held_pairs} pair{'' if held_pairs == 1 else 's'}): precision "
+                 f"{_share(held.precision)}, recall {_share(held.recall)}" + (f"; by the demo oracle: precision {_share(self.result.oracle.precision)}"
                                              f", recall {_share(self.result.oracle.recall)}" if self.result.oracle
                                              else "")]
         if not self.result.met_target:
