@@ -136,7 +136,7 @@ class Session:
     skipped: dict[str, str] = field(default_factory=dict)
     # the model and schedule fingerprints and the guidance scale the runs were made with
     fingerprints: dict[str, str | float] = field(default_factory=dict)
-    _started_at: float = field(default=0.0, init=False)  # when `run` began: the time left is read off the wall clock
+    _durations: list[float] = field(default_factory=list)
     _total_runs: int = field(default=0, init=False)
     _runs_done: int = field(default=0, init=False)
 
@@ -180,7 +180,6 @@ class Session:
         # a pair whose plain clip is kept has its donor recorded too: only its resumes are left
         self._total_runs = len(left) + 2 * sum(not self._plain_path(i).exists() for i in {i for i, _ in left})
         self._runs_done = 0
-        self._started_at = time.perf_counter()
         try:
             for index, pair in enumerate(self.pairs):
                 if all(self._done(index, d) for d in self.depths):
@@ -274,12 +273,11 @@ class Session:
         graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix)
         started = time.perf_counter()
         run = self.client.run(graph)
-        finished = time.perf_counter()
+        self._durations.append(time.perf_counter() - started)
         self._runs_done += 1
-        # wall time per run so far, not the runs' own durations: reading the clips and scoring them between runs
-        # takes as long as a short resume does
-        eta = (finished - self._started_at) / self._runs_done * max(0, self._total_runs - self._runs_done)
-        line = (f"[pair {index + 1}/{len(self.pairs)}] {label:<11} {finished - started:5.1f} s   "
+        left = max(0, self._total_runs - self._runs_done)
+        eta = float(np.median(self._durations) * left)
+        line = (f"[pair {index + 1}/{len(self.pairs)}] {label:<11} {self._durations[-1]:5.1f} s   "
                 f"{self._runs_done}/{self._total_runs} runs, about {_minutes(eta)} left")
         self.echo(line)
         if self.on_progress is not None:
