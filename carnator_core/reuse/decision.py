@@ -252,19 +252,18 @@ class Decider:
                 self._screened[entry_id] = (signals, difference if guidance_new is None
                                             else difference.without_prediction())
         kept = []
-        for target in targets:
-            if target.meta.entry_id in ruled_out:
+        for planned in targets:
+            if planned.meta.entry_id in ruled_out:
                 continue
-            if isinstance(target, ScreenOnly):  # passed: now its state is read
-                target = target.load() if target.meta.entry_id in starts else None
-            if target is None:
-                continue
-            if target.meta.entry_id in self._screened:  # confirmed at step 0: no anchor to confirm a deep pass on
-                target = replace(target, anchor=None)
-                difference = self._difference(target)
-                if difference is not None:  # probed, and resumed, at its state corrected
-                    target = difference.corrected(target)
-            kept.append(target)
+            loaded = [planned] if isinstance(planned, ProbeTarget) else \
+                planned.load() if planned.meta.entry_id in starts else []  # a screen-only donor passed: read it
+            for target in loaded:
+                if target.meta.entry_id in self._screened:  # confirmed at step 0: no anchor to confirm a deep pass on
+                    target = replace(target, anchor=None)
+                    difference = self._difference(target)
+                    if difference is not None:  # probed, and resumed, at its state corrected
+                        target = difference.corrected(target)
+                kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
 
     def _forced(self, pending: list[ProbeTarget], evaluate: Evaluate) -> Decision | None:

@@ -8,7 +8,7 @@ depth) and hands the sampler a short, ordered list.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -138,8 +138,10 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
                 same_noise_only: bool, max_probes: int, fallback_fraction: float | None = None,
                 fallback_targets: int = 1) -> tuple[list[ProbeTarget | ScreenOnly], dict[str, int]]:
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
-    plus skip reasons. With `fallback_fraction`, if none of them lies that shallow, up to `fallback_targets`
-    of the deepest checkpoints that do are appended, for the run's last probe call (`Decider.decide`).
+    plus skip reasons. With `fallback_fraction`, if none of them lies that shallow, checkpoints that do are
+    appended for the run's last probe call (`Decider.decide`): the deepest such checkpoint of each donor the targets
+    hold, since the step-0 screen may rule any of them out before that call, then of other donors, up to
+    `fallback_targets` in all where the donors are fewer.
 
     Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one, while a better donor ranked second would have passed at the first depth. Checkpoints
@@ -151,45 +153,59 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     offers = donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only)
     remaining = iter(offers)
     targets = _collect(reads, remaining, max_probes)
-    if fallback_fraction is not None:
-        fallback_step = facts.max_step(fallback_fraction)
-        if not any(t.step <= fallback_step for t in targets):
-            targets += _collect(reads, (offer for offer in remaining if offer.step <= fallback_step), fallback_targets)
-    return targets + _screen_only(reads, offers, targets), reads.skipped
+    fallback_step = None if fallback_fraction is None else facts.max_step(fallback_fraction)
+    if fallback_step is not None and not any(t.step <= fallback_step for t in targets):
+        planned = {t.meta.entry_id for t in targets}
+        shallow = _deepest_of_each_donor(offer for offer in remaining if offer.step <= fallback_step)
+        shallow.sort(key=lambda offer: offer.meta.entry_id not in planned)  # stable: depth and rank order kept
+        targets += _collect(reads, iter(shallow), max(fallback_targets, len(planned)))
+    return targets + _screen_only(reads, offers, targets, fallback_step), reads.skipped
 
 
 @dataclass
 class ScreenOnly:
     """A same-noise donor beyond the probe budget, offered to the step-0 screen only. Only its step-0 record is read
-    while planning; its deepest state (`load`) is read once the screen passes it, so screening many donors reads a
+    while planning; its states (`load`) are read once the screen passes it, so screening many donors reads a
     step-0 record each, not their checkpoints."""
 
     candidate: Candidate
     meta: EntryMeta
     start: StartPrediction
-    step: int
-    sigma: float
+    # (step, sigma) of the states it would be probed at: its deepest within the mode's depth and, where that lies
+    # beyond the run's fallback depth (fast), its deepest within that, for the run's last probe call
+    states: tuple[tuple[int, float], ...]
     _reads: _Reads = field(repr=False)
 
-    def load(self) -> ProbeTarget | None:
-        """The donor's deepest state within the mode's depth, to resume from; None (a skip) when unusable."""
-        return _load_target(self._reads, self.step, self.sigma, self.candidate, self.meta, anchored=False)
+    def load(self) -> list[ProbeTarget]:
+        """The donor's states to probe and resume from, deepest first; those unusable are skipped."""
+        loaded = (_load_target(self._reads, step, sigma, self.candidate, self.meta, anchored=False)
+                  for step, sigma in self.states)
+        return [target for target in loaded if target is not None]
 
 
-def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ScreenOnly]:
+def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget],
+                 fallback_step: int | None) -> list[ScreenOnly]:
     """Each same-noise donor that `targets` leave out and that recorded its step 0: the step-0 screen judges all of
     them in the one call the request makes anyway. None of them costs a probe call unless the screen passes it."""
     have = {target.meta.entry_id for target in targets}
+    within_fallback = {} if fallback_step is None else {
+        offer.meta.entry_id: offer for offer in _deepest_of_each_donor(o for o in offers if o.step <= fallback_step)}
     extra = []
-    for step, _, sigma, candidate, meta in offers:  # deepest first: a donor's first offer is its deepest
-        if meta.entry_id in have or not candidate.same_noise or meta.noise_fingerprint != reads.facts.noise_fingerprint:
+    for deepest in _deepest_of_each_donor(offers):
+        meta = deepest.meta
+        if meta.entry_id in have or not deepest.candidate.same_noise or \
+                meta.noise_fingerprint != reads.facts.noise_fingerprint:
             continue
-        have.add(meta.entry_id)
         start = _start_for(reads, meta)
         if start is None:
             reads.skip("no step-0 record to screen", meta)
             continue
-        extra.append(ScreenOnly(candidate=candidate, meta=meta, start=start, step=step, sigma=sigma, _reads=reads))
+        states = [(deepest.step, deepest.sigma)]
+        shallow = within_fallback.get(meta.entry_id)
+        if shallow is not None and shallow.step < deepest.step:
+            states.append((shallow.step, shallow.sigma))
+        extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start, states=tuple(states),
+                                _reads=reads))
     return extra
 
 
@@ -253,6 +269,14 @@ def _resumable_checkpoints(meta: EntryMeta, max_step: int) -> tuple[list[dict], 
     if not within:
         return [], "no checkpoint within the mode's depth"
     return [], "its checkpoints hold a step cache's extrapolation, not the model's"
+
+
+def _deepest_of_each_donor(offers: Iterable[Offer]) -> list[Offer]:
+    """The first offer of each donor in `offers` (ordered deepest first: its deepest checkpoint among them)."""
+    firsts: dict[str, Offer] = {}
+    for offer in offers:
+        firsts.setdefault(offer.meta.entry_id, offer)
+    return list(firsts.values())
 
 
 def _collect(reads: _Reads, pool: Iterator[Offer], limit: int) -> list[ProbeTarget]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from carnator_core.lookup.fingerprint import noise_fingerprint
@@ -57,9 +58,9 @@ def _probed(states: States, x: torch.Tensor) -> tuple[tuple[str, int], torch.Ten
     return key, x0
 
 
-def _run(store: ReuseStore, mode: str = "balanced") -> ReuseRun:
-    """A 10-step run of `mode` with three probe calls, against `store`."""
-    return ReuseRun(settings=ReuseSettings(mode=mode, max_probes=3), store=store, hard_key=KEY, latent_shape=SHAPE,
+def _run(store: ReuseStore, mode: str = "balanced", max_probes: int = 3) -> ReuseRun:
+    """A 10-step run of `mode` with `max_probes` probe calls, against `store`."""
+    return ReuseRun(settings=ReuseSettings(mode=mode, max_probes=max_probes), store=store, hard_key=KEY, latent_shape=SHAPE,
                     noise_fingerprint="noise", cond_vector=torch.ones(256), sigmas=[1 - s / 10 for s in range(11)],
                     cfg=1.0, seed=0)
 
@@ -234,11 +235,14 @@ class _CountingStore(ReuseStore):
 X0_5 = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))  # every recorded donor's prediction at step 5
 
 
-def _recorded_donor(store: ReuseStore, name: str, start: torch.Tensor, x0_start: torch.Tensor) -> Candidate:
-    """A same-noise donor recorded as a run records one (`RunRecorder.blobs`): step 0 from `start`, step 5."""
-    recorder = RunRecorder({0, 5})
+def _recorded_donor(store: ReuseStore, name: str, start: torch.Tensor, x0_start: torch.Tensor,
+                    steps: tuple[int, ...] = (5,)) -> Candidate:
+    """A same-noise donor recorded as a run records one (`RunRecorder.blobs`): step 0 from `start`, then `steps`,
+    each at the state full of its step number, predicting X0_5."""
+    recorder = RunRecorder({0, *steps})
     recorder.capture_start(1.0, noise_fingerprint(start), x0_start, None)
-    recorder.capture(5, 0.5, torch.full(SHAPE, 5.0), X0_5, None)
+    for step in steps:
+        recorder.capture(step, 1 - step / 10, torch.full(SHAPE, float(step)), X0_5, None)
     listing, blobs = recorder.blobs()
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name, latent_shape=SHAPE,
                      noise_fingerprint="noise", total_steps=10, checkpoints=listing)
@@ -273,6 +277,39 @@ def test_the_screen_reads_a_step_0_record_per_donor_and_states_only_of_those_it_
     assert store.read == [("third", "checkpoints")]  # the screen ruled the others out on what it had read
     assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [
         ("first", 0, False), ("second", 0, False), ("third", 0, True), ("third", 5, True)]
+
+
+@pytest.mark.parametrize(("max_probes", "passed", "planned"), [
+    (3, "second", [("first", 8), ("second", 8), ("third", 8), ("first", 5), ("second", 5), ("third", 5)]),
+    (2, "third", [("first", 8), ("second", 8), ("first", 5), ("second", 5), ("third", None)]),
+])
+def test_fast_keeps_its_last_probe_for_balanced_depth_of_a_donor_the_screen_passed(tmp_path, max_probes, passed,
+                                                                                  planned):
+    """Deep checkpoints of the donors fill fast's budget and the screen rules all but one out, a planned donor or
+    one beyond the budget (screen-only): that one fails deep and is probed at balanced's limit, where it resumes, as
+    a balanced run would."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    predictions = {name: torch.randn(SHAPE, generator=torch.Generator().manual_seed(i + 2)).half().float()
+                   for i, name in enumerate(("first", "second", "third"))}
+    donors = [_recorded_donor(store, name, start, x0, steps=(5, 8)) for name, x0 in predictions.items()]
+    targets, _ = plan_probes(store, donors, FACTS, max_fraction=0.8, same_noise_only=True, max_probes=max_probes,
+                             fallback_fraction=0.5)
+    assert [(t.candidate.prompt, None if isinstance(t, ScreenOnly) else t.step) for t in targets] == planned
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        """The live prompt predicts what `passed` did at step 0, and agrees with it half-way but not at step 8."""
+        if xs[0] is start:
+            return [(predictions[passed], None)]
+        return [(X0_5.half().float() if float(xs[0].flatten()[0]) == 5.0 else -X0_5, None)]
+
+    run = _run(store, mode="fast", max_probes=max_probes)
+    run.start_state = start
+    decision = run.decide(targets, evaluate)
+    assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [
+        (name, 0, name == passed) for name in predictions] + [(passed, 8, False), (passed, 5, True)]
+    assert decision is not None and decision.target.candidate.prompt == passed and decision.step == 5
+    assert run.decider.model_calls == 3  # the screen (the request's own step 0) and two probes
 
 
 def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_step_0_difference(tmp_path):
