@@ -62,13 +62,13 @@ class Calibrated:
     def lines(self) -> list[str]:
         """What the command prints and the node reports when it is done."""
         t = self.result.thresholds
-        held, held_pairs = self.result.held_back, self.result.held_back_pairs
+        held, held_pairs, oracle = self.result.held_back, self.result.held_back_pairs, self.result.oracle
+        by_oracle = (f"; by the demo oracle: precision {_share(oracle.precision)}, recall {_share(oracle.recall)}"
+                     if oracle else "")
         lines = [f"{self.resumes} resumes measured in {self.minutes:.1f} min", *self.table,
                  f"fitted: structure {t.structure:.3f}, guidance {t.guidance:.2f}, slope {t.structure_slope:.2f}",
-                 f"held back ({held_pairs} pair{'' if held_pairs == 1 else 's'}): precision "
-                 f"{_share(held.precision)}, recall {_share(held.recall)}" + (f"; by the demo oracle: precision {_share(self.result.oracle.precision)}"
-                                             f", recall {_share(self.result.oracle.recall)}" if self.result.oracle
-                                             else "")]
+                 f"held back ({held_pairs} pair{'' if held_pairs == 1 else 's'}): precision {_share(held.precision)}, "
+                 f"recall {_share(held.recall)}{by_oracle}"]
         if not self.result.met_target:
             target = self.profile.target
             lines.append(f"no rule kept {target.precision:.0%} of the resumes it accepts within {target.psnr_db:g} dB "
@@ -112,8 +112,7 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     (plan.out / "profile.json").write_text(profile.to_json())
     written = plots(measured, profile, plan.out)
     summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "met_target": result.met_target,
-               "resumes": len(measured),
-               "skipped_pairs": session.skipped, "plots": [str(p) for p in written]}
+               "resumes": len(measured), "skipped_pairs": session.skipped, "plots": [str(p) for p in written]}
     (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
     location = None
     if plan.install:

@@ -255,8 +255,10 @@ class Decider:
         for planned in targets:
             if planned.meta.entry_id in ruled_out:
                 continue
-            loaded = [planned] if isinstance(planned, ProbeTarget) else \
-                planned.load() if planned.meta.entry_id in starts else []  # a screen-only donor passed: read it
+            if isinstance(planned, ProbeTarget):
+                loaded = [planned]
+            else:  # a screen-only donor passed: now its states are read
+                loaded = planned.load() if planned.meta.entry_id in starts else []
             for target in loaded:
                 if target.meta.entry_id in self._screened:  # confirmed at step 0: no anchor to confirm a deep pass on
                     target = replace(target, anchor=None)
