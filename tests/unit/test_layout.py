@@ -4,6 +4,8 @@
   it (`carnator_core.client`, `queue`, `demo`, `bench`).
 - `carnator_core.kernels` imports nothing else of `carnator_core`: the attention math stands on its own.
 - Nothing under `carnator_core` imports ComfyUI: `nodes/` is the only place that does.
+- What the pack imports at run time is what the README's install (`requirements.txt`) installs, and pyproject's
+  dependencies list the same; only an optional extra's modules (triton, matplotlib) are left to the extras.
 
 Every import counts, at module level or inside a function (lazy imports included); relative imports are
 resolved against the importing module first.
@@ -12,12 +14,17 @@ resolved against the importing module first.
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 
-CORE = Path(__file__).resolve().parents[2] / "carnator_core"
+REPO = Path(__file__).resolve().parents[2]
+CORE = REPO / "carnator_core"
 ENGINE = ("store", "lookup", "reuse", "attention", "kernels")
 TOOLS = ("carnator_core.client", "carnator_core.queue", "carnator_core.prompt_file", "carnator_core.demo",
          "carnator_core.bench")
@@ -94,3 +101,35 @@ def test_the_kernels_import_nothing_else_of_carnator_core() -> None:
 
 def test_carnator_core_never_imports_comfyui() -> None:
     assert _offences(_sources(), lambda name: _within(name, COMFYUI)) == []
+
+
+OPTIONAL_EXTRAS = {"triton": "gpu", "matplotlib": "plot"}  # module -> the pyproject extra that installs it
+
+
+def _requirement_names(lines: list[str]) -> set[str]:
+    names = (re.split(r"[<>=!~;\[ ]", line.split("#")[0].strip(), maxsplit=1)[0] for line in lines)
+    return {name.lower().replace("_", "-") for name in names if name}
+
+
+def test_requirements_txt_and_pyproject_list_the_same_dependencies() -> None:
+    listed = [line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(listed) == sorted(declared)
+
+
+def test_every_module_the_pack_imports_is_installed_by_requirements_txt() -> None:
+    required = _requirement_names((REPO / "requirements.txt").read_text().splitlines())
+    distributions = importlib.metadata.packages_distributions()
+    missing = []
+    for path in _sources() + sorted((REPO / "nodes").rglob("*.py")):
+        for line, name in _imported(path):
+            top = name.split(".")[0]
+            if not top or top in sys.stdlib_module_names or _within(top, COMFYUI + ("carnator_core",)):
+                continue
+            if top in OPTIONAL_EXTRAS:
+                continue
+            provided_by = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+            if not provided_by & required:
+                missing.append(f"{path.relative_to(REPO)}:{line} imports {top}")
+    assert sorted(set(missing)) == []

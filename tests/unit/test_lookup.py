@@ -25,7 +25,7 @@ KEY = HardKey(model="model-a", grid=(5, 8, 8), schedule="schedule-a")
 
 def encode(texts: list[str]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Sentence vectors and per-token conditioning (MiniLM tokens zero-padded to Wan's width) in one pass."""
-    model = text_embedder()._load()
+    model = text_embedder().model()
     outputs = model.encode(texts, output_value=None, normalize_embeddings=True, show_progress_bar=False)
     sentences = torch.stack([o["sentence_embedding"].float().cpu() for o in outputs])
     # token rows of the prompt itself: a batch pads every prompt to its longest (attention_mask marks the padding)
