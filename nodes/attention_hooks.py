@@ -10,6 +10,9 @@
 - The engine takes joint text+video attention video first; for a model that puts the text
   first (HunyuanVideo's double and single blocks on newer hosts) the override moves the text
   behind the video for the call and the output back.
+
+An error of Carnator's own code (`nodes.fault_boundary`) in the sparse path turns that call and the rest of the run
+dense through the attention the host would have used; one while setting up leaves the run's attention dense.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from carnator_core.attention.sparse_attention import (
 from carnator_core.reuse.packed_latent import packed_shapes
 from carnator_core.reuse.report import RunReport
 
+from .fault_boundary import CarnatorFault, carnator_code
 from .host import (
     joint_attention_text_first,
     missing_hooks,
@@ -51,6 +55,7 @@ from .keys import (
     ATTENTION_SETTINGS_KEY,
     ATTENTION_WRAPPER_KEY,
     BLOCK_KEY,
+    PLAIN_RETRY_KEY,
     PREVIOUS_OVERRIDE_KEY,
     REUSE_KEY,
     TEXT_FIRST_KEY,
@@ -58,7 +63,6 @@ from .keys import (
 from .reports import publish
 
 log = logging.getLogger("carnator")
-
 
 
 def _block_lists(diffusion_model) -> list[tuple[str, int]]:
@@ -110,31 +114,49 @@ def attention_outer_sample(executor, *args, **kwargs):
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as options:
+        if options.get(PLAIN_RETRY_KEY):  # the run samples again plain after a Carnator error
+            return executor(*args, **kwargs)
         patcher = guider.model_patcher
-        reason = unsupported_latent(call)
-        grid, reason = (None, reason) if reason else video_token_grid(call, patch_size(patcher))
-        if grid is None:  # attention stays dense; the reuse wrapper, when there is one, reports the run
+        try:
+            with carnator_code("setting up sparse attention"):
+                run, reason = _open_attention_run(options, patcher, call)
+        except CarnatorFault as fault:
+            fault.log_once("attention stays dense")
+            run, reason = None, fault.line
+        if run is None:  # attention stays dense; the reuse wrapper, when there is one, reports the run
             if REUSE_KEY not in options:
                 log.warning("Carnator: dense attention for this run: %s", reason)
                 publish(RunReport.plain(f"attention/{options[ATTENTION_SETTINGS_KEY].source}", reason,
                                         steps_of(call["sigmas"]), 0, 0.0))
             return executor(*args, **kwargs)
-        sigmas = call["sigmas"]
-        run = SparseAttentionRun(settings=options[ATTENTION_SETTINGS_KEY], video_tokens=math.prod(grid),
-                                 first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
-                                 joint_tokens=packed_shapes(call.get("latent_shapes")) is None,
-                                 num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
-                                 total_steps=steps_of(sigmas), persistent=persistent_allocations())
-        donor = options.get(ATTENTION_DONOR_KEY)
-        if donor is not None:
-            run.borrowed = load_donor_masks(store_at(donor[0]), donor[1])
         options[ATTENTION_RUN_KEY] = run
         started = time.perf_counter()
         output = executor(*args, **kwargs)
-        settle(run, patcher)
-        if run.reports_itself:
-            publish(RunReport.of_sparse_attention(run, time.perf_counter() - started))
+        try:
+            with carnator_code("reporting sparse attention"):
+                settle(run, patcher)
+                if run.reports_itself:
+                    publish(RunReport.of_sparse_attention(run, time.perf_counter() - started))
+        except CarnatorFault as fault:
+            fault.log_once("the run's attention is not reported; its output is unaffected")
         return output
+
+
+def _open_attention_run(options: dict, patcher, call: dict) -> tuple[SparseAttentionRun | None, str]:
+    """The run's attention state, or None and why its attention stays dense."""
+    reason = unsupported_latent(call)
+    grid, reason = (None, reason) if reason else video_token_grid(call, patch_size(patcher))
+    if grid is None:
+        return None, reason
+    run = SparseAttentionRun(settings=options[ATTENTION_SETTINGS_KEY], video_tokens=math.prod(grid),
+                             first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
+                             joint_tokens=packed_shapes(call.get("latent_shapes")) is None,
+                             num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
+                             total_steps=steps_of(call["sigmas"]), persistent=persistent_allocations())
+    donor = options.get(ATTENTION_DONOR_KEY)
+    if donor is not None:
+        run.borrowed = load_donor_masks(store_at(donor[0]), donor[1])
+    return run, ""
 
 
 def settle(run: SparseAttentionRun, patcher) -> None:
@@ -214,12 +236,25 @@ def carnator_attention_override(func, *args, **kwargs):
     def dense():
         return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
-    if run is None or len(args) < 3 or not all(isinstance(t, torch.Tensor) for t in args[:3]):
+    if run is None or run.inactive or options.get(PLAIN_RETRY_KEY):
         return dense()
+    try:
+        with carnator_code("running sparse attention"):
+            out = _sparse_attention(run, options, args, kwargs)
+    except CarnatorFault as fault:
+        fault.log_once("this call and the rest of the run use dense attention")
+        run.inactive, out = f"dense attention: {fault.line}", None
+    return dense() if out is None else out
+
+
+def _sparse_attention(run: SparseAttentionRun, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The call's block-sparse attention in the layout the caller asked for, or None where it runs dense."""
+    if len(args) < 3 or not all(isinstance(t, torch.Tensor) for t in args[:3]):
+        return None
     if kwargs.get("enable_gqa", False) or kwargs.get("low_precision_attention", True) is False:
         # grouped key/value heads (the sparse path takes one per query head), or a caller that asks for attention
         # as exact as the host's own
-        return dense()
+        return None
     q, k, v = args[:3]
     token_axis = 2 if kwargs.get("skip_reshape", False) else 1
     if q.shape[token_axis] == k.shape[token_axis] >= run.video_tokens:
@@ -230,20 +265,18 @@ def carnator_attention_override(func, *args, **kwargs):
     if (q.shape[token_axis] != k.shape[token_axis]
             or not run.may_be_sparse(q.shape[token_axis], _block_index(options), step)):
         run.dense_calls += 1
-        return dense()
+        return None
     heads = args[3] if len(args) > 3 else kwargs.get("heads")
     if heads is None:
-        return dense()
+        return None
     if token_axis == 2:
         q4, k4, v4 = q, k, v
     else:
         q4, k4, v4 = (x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2) for x in (q, k, v))
     key_valid = _key_validity(kwargs.get("mask"), k4.shape[2])
     if key_valid is False:
-        return dense()
+        return None
     out = _attend_video_first(run, options, q4, k4, v4, heads, step, key_valid, kwargs.get("scale"))
-    if out is None:
-        return dense()
-    if kwargs.get("skip_output_reshape", False):
+    if out is None or kwargs.get("skip_output_reshape", False):
         return out
     return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)

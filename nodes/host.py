@@ -27,6 +27,8 @@ from carnator_core.store.fleet_config import SETTINGS_FILE, configured_store_url
 from carnator_core.store.location import open_store, resolve_store_location
 from carnator_core.store.reuse_store import ReuseStore
 
+from .fault_boundary import CarnatorFault, carnator_code
+
 log = logging.getLogger("carnator")
 
 _fingerprints: dict[tuple[int, str], str] = {}
@@ -145,6 +147,24 @@ def fingerprint(model_patcher) -> str:
     return value
 
 
+NOT_FINGERPRINTED = "model not fingerprinted"  # the clean-miss reason's prefix when the model cannot be fingerprinted
+
+
+def checked_fingerprint(model_patcher) -> str:
+    """`fingerprint`, or a FingerprintError "model not fingerprinted: <why>" whatever stopped it: a model whose
+    weights Carnator cannot read (a loader's own tensors, weights not materialised) is a clean miss, never a failed
+    prompt. An unexpected error is logged with its traceback."""
+    try:
+        with carnator_code("fingerprinting the model"):
+            return fingerprint(model_patcher)
+    except CarnatorFault as fault:
+        fault.log_once("the run samples plain")
+        why = fault.original
+        raise FingerprintError(" ".join(f"{NOT_FINGERPRINTED}: {type(why).__name__}: {why}".split())) from why
+    except FingerprintError as error:
+        raise FingerprintError(f"{NOT_FINGERPRINTED}: {error}") from error
+
+
 def patch_size(model_patcher) -> tuple[int, ...] | int:
     """Patchify size of the diffusion model (Wan/Hunyuan (1, 2, 2); LTX-Video 1 via its patchifier)."""
     diffusion_model = model_patcher.model.diffusion_model
@@ -173,7 +193,7 @@ def hard_key(model_patcher, latent: torch.Tensor, sigmas: torch.Tensor | None = 
     every part's grid in turn, so a donor with another audio length, or other video, never matches."""
     patch = patch_size(model_patcher)
     grid = sum((token_grid(shape, patch) for shape in packed), ()) if packed else token_grid(latent.shape, patch)
-    return HardKey(model=fingerprint(model_patcher), grid=grid, frame_rate=frame_rate,
+    return HardKey(model=checked_fingerprint(model_patcher), grid=grid, frame_rate=frame_rate,
                    schedule=schedule_fingerprint(sigmas) if sigmas is not None else "")
 
 

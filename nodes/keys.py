@@ -15,6 +15,8 @@ TEXT_FIRST_KEY = "carnator_text_first"  # the model's joint attention puts text 
 # Set for one sampling run and dropped in `finally`.
 ATTENTION_RUN_KEY = "carnator_attention_run"  # the run's SparseAttentionRun
 BLOCK_KEY = "carnator_block"  # the index of the transformer block being evaluated
+# Set when a Carnator error made the run sample again plain (`nodes.fault_boundary`): every Carnator hook passes through.
+PLAIN_RETRY_KEY = "carnator_plain_retry"
 
 # Keys of Carnator's sampling wrappers (`add_wrapper_with_key`).
 REUSE_WRAPPER_KEY = "carnator_reuse"

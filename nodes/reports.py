@@ -10,6 +10,8 @@ from comfy_execution.utils import get_executing_context
 
 from carnator_core.reuse.report import RunReport
 
+from .fault_boundary import CarnatorFault, carnator_code
+
 log = logging.getLogger("carnator")
 
 _reports: dict[str, list[dict[str, Any]]] = {}  # prompt_id -> reports of its sampling runs
@@ -18,7 +20,16 @@ _KEEP_PROMPTS = 64
 
 
 def publish(run_report: RunReport) -> None:
-    """Tag a run report with its prompt and node, keep it, log it, and send it to the frontend."""
+    """Tag a run report with its prompt and node, keep it, log it, and send it to the frontend; a report that cannot
+    be published is logged, never a failed prompt."""
+    try:
+        with carnator_code("publishing the run's report"):
+            _publish(run_report)
+    except CarnatorFault as fault:
+        fault.log_once("the run's report is not shown")
+
+
+def _publish(run_report: RunReport) -> None:
     context = get_executing_context()
     report = dict(run_report.as_dict(), prompt_id=context.prompt_id if context else None,
                   node=context.node_id if context else None)

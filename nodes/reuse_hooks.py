@@ -13,6 +13,11 @@ is made in carnator_core.
                   after the resume (or, without one, the probing's step-0 evaluation as step 0), counts model
                   calls, applies the optional guidance boost, and hands the run each prediction it records
 - CALC_COND_BATCH keeps cond - uncond where a probe or a checkpoint needs it
+
+Every one of them keeps Carnator's own code inside `nodes.fault_boundary` and the host's calls outside it: an error of
+Carnator's before sampling starts leaves the run plain, one in the recording stops the recording, and one after the
+run has left the plain path (a resume, a replay) samples the run again plain from the start (`sample_plain_again`).
+The report gives the error in one line; the host's own errors and interrupts pass through untouched.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import preview_png
 
 from .attention_hooks import install_sparse_attention, settle
+from .fault_boundary import CarnatorFault, carnator_code, host_code
 from .host import (
     conditioning_frame_rate,
     hard_key,
@@ -54,13 +60,11 @@ from .host import (
     store_at,
     unsupported_latent,
 )
-from .keys import ATTENTION_RUN_KEY, REUSE_KEY, REUSE_WRAPPER_KEY
+from .keys import ATTENTION_RUN_KEY, PLAIN_RETRY_KEY, REUSE_KEY, REUSE_WRAPPER_KEY
 from .noise_continuation import plain_noise_sampler, with_plain_noise
 from .reports import publish
 
 log = logging.getLogger("carnator")
-
-
 
 
 def install(model, settings: ReuseSettings, attention: SparseAttentionSettings | None = None):
@@ -106,6 +110,13 @@ class ReuseHolder:
         # EasyCache state of every single-state probe call, by the state it evaluated: the run adopts the one of the
         # call it continues from (the resumed probe, or the step-0 screen), not of any other call at that sigma.
         self.probe_step_caches: list[tuple[torch.Tensor, object | None]] = []
+        self.sampling_plain_again = False  # a Carnator error handed the run back to plain sampling
+        self.faults: list[str] = []  # Carnator errors the run survived (recording stopped), for its report
+
+    @property
+    def active(self) -> bool:
+        """Whether the run's hooks take part: a run's own holder that has not been handed back to plain sampling."""
+        return self.opened and not self.sampling_plain_again
 
     def step_cache_of(self, evaluated: torch.Tensor) -> object | None:
         return next((cache for x, cache in self.probe_step_caches if x is evaluated), None)
@@ -152,13 +163,17 @@ def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
     reason, notes = unsupported_latent(call), None
     if not reason:
         try:
-            run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
-                            call.get("denoise_mask"), call.get("seed"), call.get("latent_shapes"))
+            with carnator_code("opening the run", expected=(StoreError, ValueError)):
+                run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
+                                call.get("denoise_mask"), call.get("seed"), call.get("latent_shapes"))
             return ReuseHolder(settings, run, opened=True)
         except StoreError as error:
             reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
         except (FingerprintError, ValueError) as error:
             reason = str(error)
+        except CarnatorFault as fault:
+            fault.log_once("the run samples plain")
+            reason = fault.line
     log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
     return ReuseHolder(settings, None, reason, notes, opened=True)
 
@@ -179,11 +194,18 @@ def reuse_lifecycle(guider, state: ReuseHolder, sigmas: torch.Tensor, run_option
     started = time.perf_counter()
     try:
         yield
-        attention: SparseAttentionRun | None = run_options.get(ATTENTION_RUN_KEY)
-        if attention is not None:
-            settle(attention, guider.model_patcher)
-            attention.defer_report()
-        publish(_finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention))
+        try:
+            with carnator_code("recording the run"):
+                attention: SparseAttentionRun | None = run_options.get(ATTENTION_RUN_KEY)
+                if attention is not None:
+                    settle(attention, guider.model_patcher)
+                    attention.defer_report()
+                report = _finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention)
+        except CarnatorFault as fault:
+            fault.log_once("the run is not recorded; its output is unaffected")
+            report = RunReport.plain(state.settings.mode, fault.line, steps_of(sigmas), state.model_calls,
+                                     time.perf_counter() - started)
+        publish(report)
     finally:
         for options, held in holders:
             if held is None:
@@ -194,12 +216,42 @@ def reuse_lifecycle(guider, state: ReuseHolder, sigmas: torch.Tensor, run_option
 
 def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
             attention: SparseAttentionRun | None) -> RunReport:
-    """Record the run and return its report; without a ReuseRun, the plain run's report."""
+    """Record the run and return its report (with the errors it survived); without a ReuseRun, the plain run's
+    report."""
+    if state.run is None:
+        return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
+                               attention.summary() if attention is not None else None, state.plain_notes)
+    report = state.run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0, state.run.packed))
+    report.notes.extend(line for line in state.faults if line not in report.notes)
+    return report
+
+
+def _stop_recording(state: ReuseHolder, fault: CarnatorFault) -> None:
+    """After a Carnator error in the recording: the run records nothing more and samples on as it was (its output is
+    unaffected); the report notes the error."""
+    fault.log_once("recording stopped; the output is unaffected")
+    state.faults.append(fault.line)
+    state.checkpoint_sigmas = set()
     if state.run is not None:
-        return state.run.finish(state.model_calls, state.attention,
-                                thumbnail_png(guider, state.last_x0, state.run.packed))
-    return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
-                           attention.summary() if attention is not None else None, state.plain_notes)
+        state.run.stop_recording()
+
+
+def sample_plain_again(state: ReuseHolder, fault: CarnatorFault, consequence: str, *transformer_options: dict) -> None:
+    """Hand the run back to plain sampling after a Carnator error: from now on every Carnator hook of the run passes
+    through (`transformer_options` are the run's, where the hooks look) and its attention is dense, so the caller's
+    plain sampling with the arguments as given is the plain sampler's output, bit for bit. The report gives the
+    error as its reason."""
+    fault.log_once(consequence)
+    state.run, state.plain_reason, state.plain_notes = None, f"{fault.line} ({consequence})", None
+    state.sampling_plain_again = True
+    state.replay, state.cached_eval, state.capture_guidance = None, None, False
+    state.boost_sigmas, state.checkpoint_sigmas = set(), set()
+    for options in transformer_options:
+        options[PLAIN_RETRY_KEY] = fault.line
+        attention: SparseAttentionRun | None = options.get(ATTENTION_RUN_KEY)
+        if attention is not None:
+            attention.inactive = attention.inactive or f"dense attention: {fault.line}"
+            attention.defer_report()
 
 
 def outer_sample_wrapper(executor, *args, **kwargs):
@@ -209,9 +261,17 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     with per_run_options(guider) as transformer_options:
         state = open_run(guider, transformer_options[REUSE_KEY].settings, call)
         with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
-            output = executor(*args, **kwargs)
+            try:
+                output = executor(*args, **kwargs)
+            except CarnatorFault as fault:
+                sample_plain_again(state, fault, "sampled again plain from the start", transformer_options)
+                return executor(*args, **kwargs)
             if state.run is not None and state.run.hands_over and isinstance(output, torch.Tensor):
-                state.run.output_fingerprint = content_fingerprint(output)
+                try:
+                    with carnator_code("recording the stage's output"):
+                        state.run.output_fingerprint = content_fingerprint(output)
+                except CarnatorFault as fault:
+                    _stop_recording(state, fault)
             return output
 
 
@@ -287,7 +347,7 @@ def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tenso
 
 def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
     state: ReuseHolder | None = extra_args["model_options"]["transformer_options"].get(REUSE_KEY)
-    if state is None or state.run is None:
+    if state is None or state.run is None or not state.active:
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
     named = {**dict(zip(("latent_image", "denoise_mask", "disable_pbar"), args, strict=False)), **kwargs}
     return sample_with_run(executor, executor.class_obj, state, guider, sigmas, extra_args, callback, noise, **named)
@@ -296,7 +356,38 @@ def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise
 def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_args, callback, noise, latent_image=None,
                     denoise_mask=None, disable_pbar=False, match=None, **passed_on):
     """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording.
-    Arguments a newer host adds (`passed_on`) go to `sample` untouched."""
+    Arguments a newer host adds (`passed_on`) go to `sample` untouched.
+
+    A Carnator error before sampling starts leaves the run plain: `sample` with the arguments as given. One while
+    sampling raises a `CarnatorFault` to the entry point, which samples the run again plain.
+    """
+    try:
+        with carnator_code("probing donors"):
+            prepared = _prepare_sampling(sample, sampler, state, guider, sigmas, extra_args, callback, noise,
+                                         latent_image, match)
+    except CarnatorFault as fault:
+        sample_plain_again(state, fault, "sampled plain", extra_args["model_options"]["transformer_options"],
+                           guider.model_options["transformer_options"])
+        return sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar,
+                      **passed_on)
+    if isinstance(prepared, torch.Tensor):  # the stage is skipped whole: the donor's output
+        return prepared
+    sample, sigmas, noise, latent_image, step_callback = prepared
+    output = sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
+                    **passed_on)
+    if state.run is not None:
+        try:
+            with carnator_code("recording the run's output"):
+                state.run.observe_end(float(sigmas[-1]), output)
+        except CarnatorFault as fault:
+            _stop_recording(state, fault)
+    return output
+
+
+def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra_args, callback, noise, latent_image,
+                      match):
+    """Plan and probe, and set the run up for what was decided: the donor's output when the stage is skipped whole,
+    else (sample call, sigmas, noise, latent, step callback) for the sampler."""
     run = state.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
     batch_limit = probe_batch_limit(guider, noise, state.settings)
@@ -318,8 +409,9 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
             with fresh_step_cache(extra_args["model_options"], guider) as cache:
                 if len(states) == 1:
                     state.probe_step_caches.append((states[0], cache))
-                x0 = guider(x, torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype),
-                            model_options=extra_args["model_options"], seed=extra_args.get("seed"))
+                sigma_batch = torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype)
+                with host_code():
+                    x0 = guider(x, sigma_batch, model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
             state.capture_guidance = False
         guidance = state.last_guidance[1] if state.last_guidance is not None else None
@@ -350,11 +442,8 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
             state.cached_eval = CachedEvaluation(run.start_state, sigma_values[0], x0, guidance, exact=True)
 
     run.lend_masks(state.attention)
-    step_callback = _recording_callback(state, extra_args, callback, start, resumed, sigma_values)
-    output = sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
-                    **passed_on)
-    run.observe_end(sigma_values[-1], output)
-    return output
+    return sample, sigmas, noise, latent_image, _recording_callback(state, extra_args, callback, start, resumed,
+                                                                    sigma_values)
 
 
 def _resume_from(state: ReuseHolder, guider, extra_args: dict, resume: Decision, noise: torch.Tensor,
@@ -381,16 +470,20 @@ def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: i
 
     def step_callback(step, x0, x, total_steps):
         state.last_x0 = x0
-        absolute = start + step
-        if absolute >= resumed and run.wants_step(absolute):
-            guidance = None
-            if state.last_guidance is not None and same_sigma(state.last_guidance[0], sigma_values[absolute]):
-                guidance = state.last_guidance[1]
-            evaluated_at = x
-            if state.model_input is not None and same_sigma(state.model_input[0], sigma_values[absolute]):
-                evaluated_at = state.model_input[1]
-            run.observe_step(absolute, sigma_values[absolute], evaluated_at, x0, guidance,
-                             evaluated=not _step_cache_skipped(extra_args["model_options"]))
+        try:
+            with carnator_code("recording a step"):
+                absolute = start + step
+                if absolute >= resumed and run.wants_step(absolute):
+                    guidance = None
+                    if state.last_guidance is not None and same_sigma(state.last_guidance[0], sigma_values[absolute]):
+                        guidance = state.last_guidance[1]
+                    evaluated_at = x
+                    if state.model_input is not None and same_sigma(state.model_input[0], sigma_values[absolute]):
+                        evaluated_at = state.model_input[1]
+                    run.observe_step(absolute, sigma_values[absolute], evaluated_at, x0, guidance,
+                                     evaluated=not _step_cache_skipped(extra_args["model_options"]))
+        except CarnatorFault as fault:
+            _stop_recording(state, fault)
         if callback is not None:
             callback(step, x0, x, total_steps)
 
@@ -430,19 +523,25 @@ def _first_sigma(timestep) -> float:
 def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     model_options = args[0] if args else kwargs.get("model_options", {})
     state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
-    if state is None or not state.opened or state.capture_guidance:  # not a run's, or the run's own probe call
+    if state is None or not state.active or state.capture_guidance:  # not a run's, or the run's own probe call
         return executor(x, timestep, *args, **kwargs)
-    sigma = _first_sigma(timestep)
-    state.model_input = (sigma, x)
-    x0 = _sampler_prediction(state, executor, x, timestep, sigma, *args, **kwargs)
+    with carnator_code("answering the sampler from the donor"):
+        sigma = _first_sigma(timestep)
+        state.model_input = (sigma, x)
+        served = _served_prediction(state, x, sigma)
+    x0 = served if served is not None else _model_prediction(state, executor, x, timestep, sigma, *args, **kwargs)
     if state.run is not None:
-        state.run.observe_prediction(sigma, x0)
+        try:
+            with carnator_code("recording a prediction"):
+                state.run.observe_prediction(sigma, x0)
+        except CarnatorFault as fault:
+            _stop_recording(state, fault)
     return x0
 
 
-def _sampler_prediction(state: ReuseHolder, executor, x, timestep, sigma: float, *args, **kwargs):
-    """The prediction for one of the sampler's calls: replayed from the donor, served from the decision's evaluation,
-    or the model's (counted, with the guidance boost where it applies)."""
+def _served_prediction(state: ReuseHolder, x: torch.Tensor, sigma: float) -> torch.Tensor | None:
+    """The prediction for one of the sampler's calls that Carnator answers: replayed from the donor or served from the
+    decision's evaluation; None for the model to answer."""
     replayed = state.replay.answer(sigma) if state.replay is not None else None
     if replayed is not None:
         return replayed.to(device=x.device, dtype=x.dtype)
@@ -451,6 +550,11 @@ def _sampler_prediction(state: ReuseHolder, executor, x, timestep, sigma: float,
         if cached.guidance is not None:
             state.last_guidance = (sigma, cached.guidance)
         return cached.x0
+    return None
+
+
+def _model_prediction(state: ReuseHolder, executor, x, timestep, sigma: float, *args, **kwargs):
+    """The model's prediction for one of the sampler's calls, counted, with the guidance boost where it applies."""
     state.model_calls += 1
     guider = executor.class_obj
     if sigma in state.boost_sigmas and hasattr(guider, "cfg"):
@@ -466,10 +570,18 @@ def _sampler_prediction(state: ReuseHolder, executor, x, timestep, sigma: float,
 def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
     output = executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
-    if state is None or not state.opened or len(output) < 2 or output[1] is None or conds[1] is None:
+    if state is None or not state.active:
         return output
-    sigma = _first_sigma(timestep)
-    if state.capture_guidance or any(same_sigma(sigma, s) for s in state.checkpoint_sigmas):
-        state.last_guidance = (sigma, output[0] - output[1])
+    try:
+        with carnator_code("keeping the guidance"):
+            if len(output) < 2 or output[1] is None or conds[1] is None:
+                return output
+            sigma = _first_sigma(timestep)
+            if state.capture_guidance or any(same_sigma(sigma, s) for s in state.checkpoint_sigmas):
+                state.last_guidance = (sigma, output[0] - output[1])
+    except CarnatorFault as fault:
+        if state.capture_guidance:  # a probe's: the probing fails and the run samples plain
+            raise
+        _stop_recording(state, fault)
     return output
 

@@ -9,6 +9,7 @@ import comfy.samplers
 import nodes as comfy_nodes
 from comfy_api.latest import io
 
+from .fault_boundary import CarnatorFault
 from .host import missing_hooks, per_run_options
 from .keys import REUSE_KEY, REUSE_WRAPPER_KEY
 from .reuse_hooks import (
@@ -16,6 +17,7 @@ from .reuse_hooks import (
     open_run,
     predict_noise_wrapper,
     reuse_lifecycle,
+    sample_plain_again,
     sample_with_run,
 )
 from .reuse_nodes import (
@@ -103,7 +105,12 @@ class ReuseSampler(comfy.samplers.Sampler):
             with reuse_lifecycle(guider, state, sigmas, guider_options, model_options["transformer_options"]):
                 if state.run is None:
                     return self.inner.sample(*plain)
-                return sample_with_run(self.inner.sample, self.inner, state, *plain, match=self.match)
+                try:
+                    return sample_with_run(self.inner.sample, self.inner, state, *plain, match=self.match)
+                except CarnatorFault as fault:
+                    sample_plain_again(state, fault, "sampled again plain from the start", guider_options,
+                                       model_options["transformer_options"])
+                    return self.inner.sample(*plain)
 
 
 class CarnatorReuseSampler(io.ComfyNode):

@@ -292,6 +292,10 @@ class ReuseRun:
             self._start_fingerprint = noise_fingerprint(self.start_state)
         return self._start_fingerprint
 
+    def stop_recording(self) -> None:
+        """Record nothing more (an error in the recording): the run samples on and leaves no entry."""
+        self.recorder = None
+
     def wants_step(self, step: int) -> bool:
         return self.recorder is not None and self.recorder.wants(step)
 
