@@ -13,9 +13,14 @@ patches of Wan's self-attention): an object patch of every block's `self_attn.fo
 `optimized_attention_override` hook, as those patches do. `HarnessCountCalls` counts a model's diffusion-model
 forwards (`model_calls`, by label), so a test sees which model ran how often without trusting Carnator's own count.
 Both are ordinary V3 nodes loaded by ComfyUI's own custom-node loader, next to the Carnator pack.
+`CARNATOR_HARNESS_FAULT` ("module:Attribute.path" of a carnator_core function) makes that function raise
+`RuntimeError("injected fault")` in a server process, as monkeypatch does in-process (tests/server/test_fault_boundary_server.py).
 """
 
+import functools
 import hashlib
+import importlib
+import os
 
 import torch
 from comfy_api.latest import ComfyExtension, io
@@ -185,6 +190,25 @@ class HarnessCountCalls(io.ComfyNode):
         model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, f"harness_count_{label}",
                                    _counting_wrapper(label))
         return io.NodeOutput(model)
+
+
+INJECTED_FAULT = "injected fault"
+
+
+def _inject_fault(target: str) -> None:
+    """Replace the carnator_core function `target` names ("module:Attribute.path") by one that raises."""
+    module_name, _, path = target.partition(":")
+    *owners, name = path.split(".")
+    owner = functools.reduce(getattr, owners, importlib.import_module(module_name))
+
+    def injected(*args, **kwargs):
+        raise RuntimeError(INJECTED_FAULT)
+
+    setattr(owner, name, injected)
+
+
+if os.environ.get("CARNATOR_HARNESS_FAULT"):
+    _inject_fault(os.environ["CARNATOR_HARNESS_FAULT"])
 
 
 class HarnessExtension(ComfyExtension):
