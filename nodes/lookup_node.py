@@ -10,6 +10,7 @@ from carnator_core.lookup.fingerprint import FingerprintError
 from carnator_core.reuse.settings import input_default, input_range
 from carnator_core.store.backend import StoreError
 
+from .fault_boundary import CarnatorFault, carnator_code
 from .host import conditioning_frame_rate, conditioning_tensor, hard_key, store_at
 from .types import MatchType, StoreType
 
@@ -52,19 +53,22 @@ class CarnatorCompatibilityLookup(io.ComfyNode):
             store = store if store is not None else store_at()
         except StoreError as error:
             raise ValueError(f"Carnator Compatibility Lookup: {error}") from error
-        samples = latent["samples"]
-        notes = []
         try:
-            key = hard_key(model, samples, sigmas, frame_rate=conditioning_frame_rate(positive))
-            cond = condition_vector(conditioning_tensor(positive))
-        except (FingerprintError, ValueError) as error:
+            with carnator_code("looking up candidates", expected=(FingerprintError, ValueError)):
+                match = _lookup(store, model, latent["samples"], positive, sigmas, prompt or "", top_k, min_similarity)
+        except (FingerprintError, ValueError, CarnatorFault) as error:
+            if isinstance(error, CarnatorFault):
+                error.log_once("no lookup")
             match = Match(store_location=store.location, request=None, candidates=[],
                           notes=[f"no lookup (clean miss): {error}"])
-            return io.NodeOutput(match, match.report())
-        text_vector, note = embed_prompt(prompt or "")
-        if note:
-            notes.append(note)
-        request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt or "", text_vector=text_vector)
-        match = find_compatible(store, request, top_k=top_k, min_similarity=min_similarity)
-        match.notes.extend(notes)
         return io.NodeOutput(match, match.report())
+
+
+def _lookup(store, model, samples, positive, sigmas, prompt: str, top_k: int, min_similarity: float) -> Match:
+    key = hard_key(model, samples, sigmas, frame_rate=conditioning_frame_rate(positive))
+    cond = condition_vector(conditioning_tensor(positive))
+    text_vector, note = embed_prompt(prompt)
+    request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt, text_vector=text_vector)
+    match = find_compatible(store, request, top_k=top_k, min_similarity=min_similarity)
+    match.notes.extend([note] if note else [])
+    return match

@@ -207,3 +207,19 @@ def test_a_model_that_raises_still_fails_the_prompt_without_a_retry(comfy, tiny_
                         scheduler="simple", positive=positive, negative=positive, latent_image=latent, denoise=1.0)
     assert next(calls) == 2  # called once: no retry
 
+
+
+def test_a_lookup_that_raises_is_a_clean_miss(comfy, tiny_models, store_path, monkeypatch):
+    """CarnatorCompatibilityLookup reading a store that fails: no candidates and the error, never a failed node."""
+    lookup_node = sys.modules[f"{comfy.base_dir / 'custom_nodes' / PACK_NAME}.nodes.lookup_node"]
+    monkeypatch.setattr(lookup_node, "find_compatible", _raise)
+    store = comfy.call_node("CarnatorStore", path=store_path, size_limit_gb=1.0)[0]
+    model = comfy.call_node("UNETLoader", unet_name=tiny_models["wan"].name, weight_dtype="default")[0]
+    positive = comfy.call_node("HarnessTextConditioning", text="a red ball", family="wan")[0]
+    latent = comfy.call_node("EmptyHunyuanLatentVideo", width=64, height=64, length=5, batch_size=1)[0]
+    match, report = comfy.call_node("CarnatorCompatibilityLookup", model=model, positive=positive, latent=latent,
+                                    top_k=4, min_similarity=0.5, prompt="a red ball", store=store)
+    assert match.candidates == []
+    assert match.notes == [f"no lookup (clean miss): Carnator error while looking up candidates: RuntimeError: "
+                           f"{INJECTED}"]
+    assert INJECTED in report
