@@ -35,7 +35,7 @@ from carnator_core.attention.sparse_attention import (
 from carnator_core.reuse.packed_latent import packed_shapes
 from carnator_core.reuse.report import RunReport
 
-from .fault_boundary import CarnatorFault, carnator_code
+from .fault_boundary import CarnatorFault, carnator_code, fault_of
 from .host import (
     joint_attention_text_first,
     missing_hooks,
@@ -239,9 +239,11 @@ def carnator_attention_override(func, *args, **kwargs):
     if run is None or run.inactive or options.get(PLAIN_RETRY_KEY):
         return dense()
     try:
-        with carnator_code("running sparse attention"):
-            out = _sparse_attention(run, options, args, kwargs)
-    except CarnatorFault as fault:
+        out = _sparse_attention(run, options, args, kwargs)
+    except Exception as error:
+        fault = fault_of("running sparse attention", error)
+        if fault is None:
+            raise
         fault.log_once("this call and the rest of the run use dense attention")
         run.inactive, out = f"dense attention: {fault.line}", None
     return dense() if out is None else out

@@ -45,22 +45,26 @@ class CarnatorFault(Exception):
             log.error("%s; %s", self.line, consequence, exc_info=self.original)
 
 
-def _passes_through(error: Exception) -> bool:
-    return (isinstance(error, (CarnatorFault, comfy.model_management.InterruptProcessingException))
-            or getattr(error, _RAISED_BY_HOST, False))
+def fault_of(what: str, error: Exception, expected: tuple[type[Exception], ...] = ()) -> CarnatorFault | None:
+    """The `CarnatorFault` ("while <what>") for an exception Carnator's own code raised; None for one that passes
+    through: a fault already, an interrupt, the host's own error, or an `expected` one (which the caller turns into a
+    clean miss itself). The attention override's hot path uses it in a plain try/except."""
+    if (isinstance(error, (CarnatorFault, comfy.model_management.InterruptProcessingException, *expected))
+            or getattr(error, _RAISED_BY_HOST, False)):
+        return None
+    return CarnatorFault(what, error)
 
 
 @contextlib.contextmanager
 def carnator_code(what: str, expected: tuple[type[Exception], ...] = ()) -> Iterator[None]:
-    """Mark Carnator's own code: an exception from it is re-raised as a `CarnatorFault` ("while <what>"); faults,
-    interrupts, the host's own errors and the `expected` ones (which the caller turns into a clean miss itself) pass
-    through."""
+    """Mark Carnator's own code: an exception from it is re-raised as a `CarnatorFault` (`fault_of`)."""
     try:
         yield
     except Exception as error:
-        if _passes_through(error) or isinstance(error, expected):
+        fault = fault_of(what, error, expected)
+        if fault is None:
             raise
-        raise CarnatorFault(what, error) from error
+        raise fault from error
 
 
 @contextlib.contextmanager

@@ -160,20 +160,21 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
     """The holder of one sampling run, for the model wrapper and the reuse sampler alike: with its ReuseRun, or
     without one and why (it then samples plain and reports that)."""
-    reason, notes = unsupported_latent(call), None
-    if not reason:
-        try:
-            with carnator_code("opening the run", expected=(StoreError, ValueError)):
+    notes = None
+    try:
+        with carnator_code("opening the run", expected=(StoreError, ValueError)):
+            reason = unsupported_latent(call)
+            if not reason:
                 run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
                                 call.get("denoise_mask"), call.get("seed"), call.get("latent_shapes"))
-            return ReuseHolder(settings, run, opened=True)
-        except StoreError as error:
-            reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
-        except (FingerprintError, ValueError) as error:
-            reason = str(error)
-        except CarnatorFault as fault:
-            fault.log_once("the run samples plain")
-            reason = fault.line
+                return ReuseHolder(settings, run, opened=True)
+    except StoreError as error:
+        reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
+    except (FingerprintError, ValueError) as error:
+        reason = str(error)
+    except CarnatorFault as fault:
+        fault.log_once("the run samples plain")
+        reason = fault.line
     log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
     return ReuseHolder(settings, None, reason, notes, opened=True)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import sys
 
 import pytest
 import torch
-from support.comfy_host import PACK_NAME
+from support.comfy_host import PACK_NAME, captured_logs
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, hunyuan_video_t2v, wan_t2v
 
@@ -146,10 +147,13 @@ def test_a_failure_in_a_resumed_run_samples_it_again_plain(comfy, tiny_models, s
     plain, first = _sample(comfy, graph)
     assert not first[0]["hit"]
     monkeypatch.setattr(target, failing, _raise)
-    guarded, reports = _sample(comfy, graph)
+    with captured_logs(logging.ERROR) as logged:
+        guarded, reports = _sample(comfy, graph)
     assert torch.equal(plain, guarded)
     assert reports[0]["skipped_steps"] == 0
     _one_line_error(reports[0], where)
+    tracebacks = [line for line in logged if "Traceback" in line]
+    assert len(tracebacks) == 1 and INJECTED in tracebacks[0], logged
     monkeypatch.undo()
     _, unguarded = _sample(comfy, graph)  # the same request without the failure does resume from that donor
     assert unguarded[0]["skipped_steps"] > 0, json.dumps(unguarded[0])
