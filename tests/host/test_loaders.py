@@ -146,3 +146,14 @@ def test_torch_compile_before_the_reuse_node(comfy):
 
 def test_torch_compile_after_the_reuse_node(comfy):
     _check_loader(comfy, lambda graph: graph, compile_after=True)
+
+
+def test_a_q8_0_donor_never_serves_the_q4_model_of_the_same_weights(comfy, gguf_loader):
+    """Another quantization is another model: the Q4_0 file finds no candidate in a store of Q8_0 generations, even
+    for the very prompt and seed the Q8_0 model recorded (the hard key differs)."""
+    store = f"stores/loaders-{next(_stores)}"
+    q8, q4 = _gguf(gguf_loader, "Q8_0"), _gguf(gguf_loader, "Q4_0")
+    _run(comfy, with_reuse(q8(_plain(SCENE)), store, "", **OPTIONS))
+    _, report = _run(comfy, with_reuse(q4(_plain(SCENE)), store, "", **OPTIONS))
+    assert not report["hit"] and report["reason"] == "no candidate", json.dumps(report)
+    assert report["candidates"] == [] and report["probes"] == [], json.dumps(report)
