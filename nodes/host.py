@@ -20,7 +20,13 @@ import comfy.patcher_extension
 import folder_paths
 import torch
 
-from carnator_core.lookup.fingerprint import FingerprintError, model_fingerprint, schedule_fingerprint, token_grid
+from carnator_core.lookup.fingerprint import (
+    FingerprintError,
+    StoredWeight,
+    model_fingerprint,
+    schedule_fingerprint,
+    token_grid,
+)
 from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, packing_error
 from carnator_core.store.entry import HardKey
 from carnator_core.store.fleet_config import SETTINGS_FILE, configured_store_url
@@ -112,18 +118,45 @@ def _first_tensor(value) -> torch.Tensor | None:
     return None
 
 
-def _unpatched_weights(model_patcher) -> Iterator[tuple[str, torch.Tensor]]:
-    """Diffusion-model weights as loaded, even while ComfyUI has a LoRA applied in place."""
+def _stored_weight(name: str, weight: torch.Tensor) -> StoredWeight:
+    """A weight as its loader stores it, read only through plain views of the stored data, never dequantized.
+
+    city96's GGUF layers keep the file's blocks in a GGMLTensor (`tensor_type`: the GGUF quantization type) and
+    dequantize in their forward; ComfyUI's quantized layers keep a QuantizedTensor's packed data and layout
+    parameters (`_qdata`, `_layout_cls`, `_params`: fp8 scaled and mixed-precision checkpoints); every other weight
+    is a plain tensor of its dtype. The format's name goes into the fingerprint, so Q8_0, Q4_0 and fp16 files of
+    one model are three models.
+    """
+    quantization = getattr(weight, "tensor_type", None)
+    if quantization is not None:
+        layout = f"gguf:{getattr(quantization, 'name', quantization)}"
+        return StoredWeight(name, layout, tuple(weight.shape), (weight.as_subclass(torch.Tensor),))
+    packed = getattr(weight, "_qdata", None)
+    if isinstance(packed, torch.Tensor):
+        params = getattr(getattr(weight, "_params", None), "__dict__", {})
+        scales = tuple(value for _, value in sorted(params.items()) if isinstance(value, torch.Tensor))
+        layout = f"{getattr(weight, '_layout_cls', type(weight).__name__)}:{packed.dtype}"
+        return StoredWeight(name, layout, tuple(weight.shape), (packed, *scales))
+    return StoredWeight(name, str(weight.dtype), tuple(weight.shape), (weight.as_subclass(torch.Tensor),))
+
+
+def _unpatched_weights(model_patcher) -> Iterator[StoredWeight]:
+    """Diffusion-model weights as loaded, even while ComfyUI has a LoRA applied in place.
+
+    Read from the parameters themselves: a layer's state_dict may hold placeholders (city96's GGUF layers save meta
+    tensors there, for memory estimates).
+    """
     backup = getattr(model_patcher, "backup", {}) or {}
-    for name, tensor in model_patcher.model.state_dict().items():
+    for name, weight in model_patcher.model.named_parameters():
         if not name.startswith("diffusion_model."):
             continue
         original = backup.get(name)
-        yield name, original.weight if original is not None else tensor
+        yield _stored_weight(name, original.weight if original is not None else weight)
 
 
 def fingerprint(model_patcher) -> str:
-    """Fingerprint of the model as the sampler will run it (weights + LoRAs and their strengths).
+    """Fingerprint of the model as the sampler will run it (stored weights, the ops' fp8 optimisations, LoRAs and
+    their strengths); a model whose weights cannot be read raises FingerprintError "model not fingerprinted: ...".
 
     Memoised per underlying model and patch set: ComfyUI renews `patches_uuid` whenever the
     patches change, so a cached value can never describe another patch set.
@@ -132,17 +165,27 @@ def fingerprint(model_patcher) -> str:
         base_model = model_patcher.model
         memo_key = (id(base_model), str(model_patcher.patches_uuid))
     except AttributeError as error:
-        raise FingerprintError(f"not a ComfyUI model patcher: {type(model_patcher).__name__}") from error
+        raise FingerprintError(
+            f"model not fingerprinted: not a ComfyUI model patcher: {type(model_patcher).__name__}") from error
     cached = _fingerprints.get(memo_key)
     if cached is not None:
         return cached
-    config = getattr(getattr(base_model, "model_config", None), "unet_config", None) or {}
+    model_config = getattr(base_model, "model_config", None)
+    config = dict(getattr(model_config, "unet_config", None) or {})
+    optimizations = getattr(model_config, "optimizations", None)
+    if optimizations:
+        config["carnator.optimizations"] = dict(optimizations)
     patches = []
     for key, entries in model_patcher.patches.items():
         for entry in entries:
             strength_patch, patch, strength_model = entry[0], entry[1], entry[2]
             patches.append((key, float(strength_patch), float(strength_model), _first_tensor(patch)))
-    value = model_fingerprint(type(base_model).__name__, config, _unpatched_weights(model_patcher), patches)
+    try:
+        value = model_fingerprint(type(base_model).__name__, config, _unpatched_weights(model_patcher), patches)
+    except FingerprintError as error:
+        raise FingerprintError(f"model not fingerprinted: {error}") from error
+    except Exception as error:  # a weight Carnator cannot read is a miss, whatever the loader's tensor raised
+        raise FingerprintError(f"model not fingerprinted: {type(error).__name__}: {error}") from error
     _fingerprints[memo_key] = value
     return value
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +23,18 @@ class FingerprintError(ValueError):
     """The model could not be fingerprinted; reuse must be skipped for it."""
 
 
+@dataclass(frozen=True)
+class StoredWeight:
+    """One weight as its loader stores it: the plain tensors that hold its data (a quantized weight's packed blocks
+    and its scales) and the storage format's name (dtype, GGUF quantization type, quantized layout), so that two
+    quantizations of one model never share a fingerprint, whatever their sampled values."""
+
+    name: str
+    layout: str
+    shape: tuple[int, ...]
+    parts: tuple[torch.Tensor, ...]
+
+
 def _digest(hasher: hashlib._Hash) -> str:
     return hasher.hexdigest()[:_DIGEST_CHARS]
 
@@ -32,6 +45,8 @@ def tensor_sample(tensor: torch.Tensor, count: int = _SAMPLES_PER_TENSOR) -> byt
     A handful of evenly spaced elements per tensor tells two checkpoints apart at a tiny
     fraction of the cost of hashing billions of weights.
     """
+    if tensor.is_meta:
+        raise FingerprintError("a weight is a meta tensor (it holds no data)")
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return b""
@@ -54,21 +69,22 @@ def _canonical(value: Any) -> Any:
 
 
 def model_fingerprint(model_class: str, config: Mapping[str, Any],
-                      weights: Iterable[tuple[str, torch.Tensor]],
+                      weights: Iterable[StoredWeight],
                       patches: Iterable[tuple[str, float, float, torch.Tensor | None]] = ()) -> str:
-    """Hash of the model class, its config, a weight sample and the applied weight patches.
+    """Hash of the model class, its config, a sample of the stored weights and the applied weight patches.
 
-    `weights` are the *unpatched* weights; `patches` are (key, strength_patch, strength_model,
+    `weights` are the *unpatched* weights as stored; `patches` are (key, strength_patch, strength_model,
     patch weight sample) so that a LoRA, and any change of its strength, yields another fingerprint.
     """
     hasher = hashlib.sha256()
     hasher.update(model_class.encode())
     hasher.update(json.dumps(_canonical(dict(config)), sort_keys=True).encode())
     count = 0
-    for name, tensor in sorted(weights, key=lambda item: item[0]):
-        hasher.update(name.encode())
-        hasher.update(str(tuple(tensor.shape)).encode())
-        hasher.update(tensor_sample(tensor))
+    for weight in sorted(weights, key=lambda item: item.name):
+        hasher.update(f"{weight.name}:{weight.layout}:{weight.shape}".encode())
+        for part in weight.parts:
+            hasher.update(str(tuple(part.shape)).encode())
+            hasher.update(tensor_sample(part))
         count += 1
     if count == 0:
         raise FingerprintError(f"{model_class} exposes no weights to fingerprint")

@@ -77,3 +77,22 @@ def test_hard_key_parts(comfy, tiny_models, host):
 def test_unfingerprintable_model_is_a_clear_error(host):
     with pytest.raises(FingerprintError, match="not a ComfyUI model patcher"):
         host.fingerprint(object())
+
+
+def test_model_whose_weights_cannot_be_read_is_not_fingerprinted(comfy, tiny_models, host, monkeypatch):
+    """A weight without data (a meta tensor) or one whose read raises is "model not fingerprinted", never a crash."""
+    model = _unet(comfy, tiny_models["wan"].name)
+    host._fingerprints.clear()
+    weight = model.model.diffusion_model.blocks[0].self_attn.q.weight
+    monkeypatch.setattr(model.model.diffusion_model.blocks[0].self_attn.q, "weight",
+                        torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False))
+    with pytest.raises(FingerprintError, match="^model not fingerprinted: .*meta tensor"):
+        host.fingerprint(model)
+
+    def unreadable(tensor, count=16):
+        raise RuntimeError("Cannot copy out of meta tensor; no data!")
+
+    monkeypatch.undo()
+    monkeypatch.setattr(sys.modules["carnator_core.lookup.fingerprint"], "tensor_sample", unreadable)
+    with pytest.raises(FingerprintError, match="^model not fingerprinted: RuntimeError: Cannot copy out of meta"):
+        host.fingerprint(model)
