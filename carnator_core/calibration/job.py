@@ -146,8 +146,9 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
 
 
 def distinct_pairs(pairs: list[Pair], echo: Callable[[str], None]) -> list[Pair]:
-    """The pairs less repeats and pairs of one prompt twice (each named); NoPairs where fewer than a calibration
-    needs are left: every third pair is held back to decide whether the profile is put in force."""
+    """The pairs less repeats and pairs of one prompt twice (each named); NoPairs where none is left. Fewer than a
+    profile needs are calibrated (the measurements are kept) with a line saying that no profile will be put in
+    force: every third pair is held back to decide that."""
     kept: list[Pair] = []
     for number, pair in enumerate(pairs, 1):
         if pair.earlier == pair.new:
@@ -156,10 +157,13 @@ def distinct_pairs(pairs: list[Pair], echo: Callable[[str], None]) -> list[Pair]
             echo(f"pair {number} ({pair.earlier[:40]!r} -> {pair.new[:40]!r}) repeats an earlier pair: skipped")
         else:
             kept.append(pair)
+    given = f"{len(kept)} distinct pair{'' if len(kept) == 1 else 's'} of {len(pairs)} given"
+    if not kept:
+        raise NoPairs(f"{given}: nothing to calibrate on")
     if len(kept) < HELD_BACK_EVERY:
-        raise NoPairs(f"{len(kept)} distinct pair{'' if len(kept) == 1 else 's'} of {len(pairs)} given: a calibration "
-                      f"needs at least {HELD_BACK_EVERY} distinct pairs (every {HELD_BACK_EVERY}rd is held back to "
-                      "decide whether the profile is put in force), and a stable fit far more; no profile was made")
+        echo(f"{given}: no profile will be put in force, since that takes at least {HELD_BACK_EVERY} distinct pairs "
+             f"(every {HELD_BACK_EVERY}rd is held back to test the fit) and a stable fit far more; calibrate on more "
+             "pairs")
     return kept
 
 

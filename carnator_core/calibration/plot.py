@@ -53,6 +53,7 @@ def calibration_plots(measured: list[Measured], profile: Profile, out: Path) -> 
         axes.grid(True, alpha=0.3)
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         figure.tight_layout()
+        out.mkdir(parents=True, exist_ok=True)
         path = out / f"plot-{signal}.png"
         figure.savefig(path)
         plt.close(figure)

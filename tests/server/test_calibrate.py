@@ -100,9 +100,10 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     workflow, pairs = _files(tmp_path, _graph())
     out = tmp_path / "out"
     started = time.monotonic()
-    run = _calibrate(server.url, workflow, pairs, out)
+    run = _calibrate(server.url, workflow, pairs, out, "--force")  # one held-back pair: forced to see it judge
     output, _ = run.communicate(timeout=900)
     assert run.returncode == 0, output
+    assert output.splitlines()[-1].endswith("(in force)") and "pairs used 3; a stable fit here" in output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
     assert "12/12 runs" in output and "left" in output  # progress with an estimate of the time left
     assert "depth  resumes  good  accepted by the fitted rule" in output
@@ -230,7 +231,8 @@ def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_jud
             first = node["inputs"]["add_noise"] == "enable"
             node["inputs"].update(steps=8, start_at_step=0 if first else 4, end_at_step=4 if first else 10000)
     workflow, pairs = _files(tmp_path, graph, pairs=2)
-    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--text-node", "89", "--depths", "0.5,0.8")
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--text-node", "89", "--depths", "0.5,0.8",
+                     "--force")  # two pairs hold none back: forced to see it judge
     output, _ = run.communicate(timeout=600)
     assert run.returncode == 0, output
     rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]

@@ -321,16 +321,18 @@ def test_few_resumes_never_loosen_the_shipped_rule_and_enough_of_them_may():
     assert many.lower_bound >= 0.95 and many.held_back.precision == 1.0
 
 
-def test_one_pair_or_identical_pairs_make_no_profile_with_a_clear_message():
+def test_one_pair_or_identical_pairs_say_so_and_put_no_profile_in_force():
     said: list[str] = []
-    with pytest.raises(NoPairs, match="1 distinct pair of 4 given: a calibration needs at least 3 distinct pairs"):
-        distinct_pairs([Pair("a", "b")] * 3 + [Pair("c", "c")], said.append)
+    assert distinct_pairs([Pair("a", "b")] * 3 + [Pair("c", "c")], said.append) == [Pair("a", "b")]
     assert "pair 2 ('a' -> 'b') repeats an earlier pair: skipped" in said
     assert "pair 4 ('c') has the same prompt twice: skipped" in said
-    with pytest.raises(NoPairs, match="1 distinct pair of 1 given"):
-        distinct_pairs([Pair("a", "b")], said.append)
-    assert distinct_pairs([Pair("a", "b"), Pair("a", "c"), Pair("b", "c")], said.append) == \
-        [Pair("a", "b"), Pair("a", "c"), Pair("b", "c")]
+    assert said[-1].startswith("1 distinct pair of 4 given: no profile will be put in force")
+    with pytest.raises(NoPairs, match="0 distinct pairs of 1 given: nothing to calibrate on"):
+        distinct_pairs([Pair("c", "c")], said.append)
+    said.clear()
+    assert len(distinct_pairs([Pair("a", "b"), Pair("a", "c"), Pair("b", "c")], said.append)) == 3 and not said
+    one_pair = verdict(fit(_resumes(1), QualityTarget()), QualityTarget(), pairs_used=1)
+    assert not one_pair.in_force and "no pair was held back" in one_pair.reason
 
 
 def test_the_calibration_plot_with_matplotlib_and_one_line_without(tmp_path, monkeypatch):
