@@ -135,6 +135,7 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
 
 
 def test_a_hand_edited_profile_is_refused_at_import_naming_the_field(server):
+    server.client.run({"1": {"class_type": "CarnatorStoreInfo", "inputs": {}}})  # the default store, opened
     profile = Profile(model="abc", schedule="def", name="edited", thresholds={
         "structure": 0.9, "structure_slope": 0.0, "guidance": 0.5, "guidance_slope": 0.0}).as_dict()
     profile["thresholds"]["structure"] = 7
@@ -143,7 +144,9 @@ def test_a_hand_edited_profile_is_refused_at_import_naming_the_field(server):
     in_force = {**profile, "in_force": True, "forced": True, "thresholds": {**profile["thresholds"], "structure": -0.3}}
     answer = server.post("/carnator/store/profiles", json=in_force)
     assert answer.status_code == 400 and "'structure' must be a number between 0.0 and 1.0" in answer.json()["error"]
-    answer = server.post("/carnator/store/profiles", json={k: v for k, v in in_force.items() if k != "reason"})
+    no_reason = {k: v for k, v in in_force.items() if k != "reason"} | {"thresholds": profile["thresholds"] | {
+        "structure": 0.9}}
+    answer = server.post("/carnator/store/profiles", json=no_reason)
     assert answer.status_code == 400 and "'reason' must be a non-empty string" in answer.json()["error"]
     answer = server.post("/carnator/store/profiles", data=b"{" + b" " * 70_000 + b"}")
     assert answer.status_code == 413
