@@ -32,7 +32,8 @@ def verdict(result: Fit, target: QualityTarget, pairs_used: int, force: bool = F
 
 
 def pairs_line(result: Fit, pairs_used: int) -> str:
-    needed = "cannot be told here (no good resume passes the shipped rule)" if result.pairs_needed is None \
+    needed = "cannot be told here (no good resume passes the shipped rule, or the target precision is 1)" \
+        if result.pairs_needed is None \
         else f"needs about {result.pairs_needed}"
     return f"pairs used {pairs_used}; a stable fit here {needed}"
 
@@ -40,7 +41,8 @@ def pairs_line(result: Fit, pairs_used: int) -> str:
 def settle(result: Fit, pairs_used: int) -> str:
     """About how many more pairs would settle whether the profile holds."""
     if result.pairs_needed is None:
-        return "no good resume passes the shipped rule here, so no count of pairs can be told to settle it"
+        return "no count of pairs can be told to settle it (no good resume passes the shipped rule here, or the " \
+               "target precision is 1)"
     more = result.pairs_needed - pairs_used
     if more > 0:
         return f"about {more} more pairs ({result.pairs_needed} in all) would settle it"
