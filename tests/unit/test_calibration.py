@@ -212,9 +212,16 @@ def test_a_fit_with_nothing_good_to_accept_accepts_nothing():
     profile = Profile(model="m", schedule="s", name="chaotic", thresholds={name: getattr(result.thresholds, name) for name in THRESHOLD_RANGES},
                       target=QualityTarget(), fit_pairs=result.fit_pairs, held_back_pairs=result.held_back_pairs,
                       held_back=result.held_back, oracle=None)
-    said = Calibrated(profile=profile, result=result, resumes=len(bad), table=[], location=None, plots=[],
-                      minutes=1.0).lines()
+    decided = verdict(result, QualityTarget(), pairs_used=6)
+    profile = dataclasses.replace(profile, in_force=decided.in_force, reason=decided.reason)
+    said = Calibrated(profile=profile, result=result, resumes=len(bad), table=[], location="here", plots=[],
+                      minutes=1.0, pairs_used=6).lines()
     assert any("this profile accepts no resume" in line and "loosen the target" in line for line in said)
+    # first what it means for the user's runs, in one line, then how many pairs were used of those needed
+    # the shipped rule takes these bad resumes: the profile that resumes nothing is the safer one, so in force
+    assert said[0] == decided.reason and said[0].startswith("in force: no rule keeps the target here and the "
+                                                            "shipped rule's held-back precision is 0.00")
+    assert said[1].startswith("pairs used 6; a stable fit here") and said[-1].endswith("(in force)")
 
 
 def test_pairs_are_split_by_a_tab_or_by_an_arrow_and_a_line_that_is_no_pair_is_named():
