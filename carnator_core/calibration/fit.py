@@ -4,7 +4,8 @@ Each `Resume` is one forced resume of a calibration pair: the signals the engine
 and the probe at the resume depth) and how close its clip came to the new prompt's plain clip. A rule
 (`ProbeThresholds`) accepts a resume when the screen passes at depth 0 and the probe at its depth, as the engine
 decides for a same-noise donor. The fit searches a grid of structure and guidance thresholds and a shared depth
-slope and takes, of the admissible rules, the one with the highest recall (ties: the strictest).
+slope and takes, of the admissible rules, the one with the highest recall (ties: the shipped rule where it is among
+them, else the strictest).
 
 Why a margin: a rule picked for its precision on a few dozen resumes is picked partly for luck, so a rule may loosen
 the shipped one only where a one-sided Clopper-Pearson lower bound (`CONFIDENCE`) on its precision over the fitted
@@ -200,8 +201,13 @@ def _search(resumes: list[Resume], target: QualityTarget) -> tuple[ProbeThreshol
     recall = np.where(feasible, good_accepted, -1)
     best = recall.max()
     candidates = np.argwhere(recall == best)
-    # the strictest of the best: highest structure, then slope, then guidance threshold
-    i, j, k = max(candidates, key=lambda c: (STRUCTURE_GRID[c[0]], SLOPE_GRID[c[2]], GUIDANCE_GRID[c[1]]))
+    as_shipped = (int(np.abs(STRUCTURE_GRID - shipped.structure).argmin()),
+                  int(np.abs(GUIDANCE_GRID - shipped.guidance).argmin()),
+                  int(np.abs(SLOPE_GRID - shipped.structure_slope).argmin()))
+    if recall[as_shipped] == best:  # the data asks for no change: tightening would only cost recall on unseen pairs
+        i, j, k = as_shipped
+    else:  # the strictest of the best: highest structure, then slope, then guidance threshold
+        i, j, k = max(candidates, key=lambda c: (STRUCTURE_GRID[c[0]], SLOPE_GRID[c[2]], GUIDANCE_GRID[c[1]]))
     return ProbeThresholds(structure=float(STRUCTURE_GRID[i]), structure_slope=float(SLOPE_GRID[k]),
                            guidance=float(GUIDANCE_GRID[j]), guidance_slope=float(SLOPE_GRID[k])), True, \
         bool(with_margin[i, j, k])

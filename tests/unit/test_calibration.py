@@ -351,3 +351,11 @@ def test_the_calibration_plot_with_matplotlib_and_one_line_without(tmp_path, mon
     monkeypatch.setattr("carnator_core.calibration.plot.pyplot", lambda: None)
     assert calibration_plots(measured, _profile(), tmp_path / "none") == (
         [], "no calibration plot: matplotlib is not installed; pip install 'carnator[plot]' (matplotlib)")
+
+
+def test_without_the_margin_a_fit_the_shipped_rule_already_meets_keeps_the_shipped_rule():
+    """Tightening where the data asks for no change would only lose good resumes on pairs the fit never saw."""
+    agreeing = [Resume(pair=pair, depth=0.5, screen_structure=0.99, screen_guidance=None, structure=0.99,
+                       guidance=None, psnr_db=40.0, ssim=0.99) for pair in range(12)]
+    result = fit(agreeing, QualityTarget())
+    assert result.thresholds == ProbeThresholds() and result.met_target and not result.margin_met
