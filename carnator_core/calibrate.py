@@ -12,9 +12,11 @@ otherwise; with the demo model, the demo world's oracle too).
 
 It then fits the thresholds that accept the most resumes whose clip meets the target (`--psnr`, `--ssim`) while
 keeping at least `--precision` of accepted resumes on target, scores them on held-back pairs, writes
-`DIR/profile.json`, `DIR/summary.json` and a plot per signal, and files the profile in the store the workflow's reuse
-node reads: from then on that node, with its thresholds left at their defaults (auto), judges this model and
-schedule by it, and its report says so.
+`DIR/profile.json`, `DIR/summary.json` and a plot per signal (with matplotlib, the `plot` extra), and files the
+profile in the store the workflow's reuse node reads. It is put in force only where its precision on the held-back
+pairs meets the target and is not below the shipped rule's on them (`--force` puts it in force anyway): from then on
+that node, with its thresholds left at their defaults (auto), judges this model and schedule by it, and its report
+says so. The first line printed says whether it is in force and why.
 
 `--pairs FILE`: one pair per line, the two prompts separated by a tab. `--from-store`: pairs drawn from the store's
 own history (successive prompts of one model, schedule and seed). Run again with the same arguments to resume an
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="the profile's name (default: the workflow file's name)")
     parser.add_argument("--text-node", default=None, help="node id holding the prompt text, where it is ambiguous")
     parser.add_argument("--no-install", action="store_true", help="write profile.json only; do not file it")
+    parser.add_argument("--force", action="store_true",
+                        help="put the profile in force even where its held-back pairs do not support it; every report "
+                             "it judges then says so")
     args = parser.parse_args(argv)
     try:
         workflow = Workflow.load(args.workflow, args.text_node)
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = CalibrationPlan(workflow=CalibrationWorkflow.prepare(workflow, client.object_info()), pairs=pairs,
                                    out=args.out, name=args.name or args.workflow.stem, depths=args.depths,
                                    target=QualityTarget(psnr_db=args.psnr, ssim=args.ssim, precision=args.precision),
-                                   max_pairs=args.max_pairs, install=not args.no_install)
+                                   max_pairs=args.max_pairs, install=not args.no_install, force=args.force)
             calibrated = calibrate(client, plan)
         except (WorkflowError, NothingToCalibrate) as error:
             print(f"error: {error}", file=sys.stderr)

@@ -66,8 +66,10 @@ class CarnatorCalibrate(io.ComfyNode):
                         "queue once: the graph runs as usual, and the calibration's runs (per pair: both prompts "
                         "plain, then the new one resumed at five depths) queue behind it. Progress shows on the node "
                         "and in the Carnator panel, which can stop it; queueing again "
-                        "resumes. When done, the fitted profile is filed in the store the reuse node reads, and "
-                        "that node's thresholds left at their defaults (auto) judge by it.",
+                        "resumes. When done, the fitted profile is filed in the store the reuse node reads; where its "
+                        "held-back pairs support it, it is put in force and that node's thresholds left at their "
+                        "defaults (auto) judge by it. The node says in one line whether it is in force, why, and "
+                        "about how many pairs would settle it.",
             is_output_node=True,
             not_idempotent=True,
             inputs=[

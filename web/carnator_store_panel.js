@@ -179,7 +179,10 @@ class StorePanel {
         element("div", { class: "carnator-info" },
           element("div", { class: "carnator-prompt" }, profile.description),
           element("div", { class: "carnator-facts" },
-            `structure ${t.structure.toFixed(3)} + ${t.structure_slope.toFixed(2)}×depth · guidance ${t.guidance.toFixed(2)} · ${score}`)),
+            `structure ${t.structure.toFixed(3)} + ${t.structure_slope.toFixed(2)}×depth · guidance ${t.guidance.toFixed(2)} · ${score}`),
+          // in force or not, and why, in one line (the shipped thresholds judge while it is not in force)
+          element("div", { class: `carnator-facts${profile.in_force ? "" : " carnator-refused"}`, "data-in-force": String(profile.in_force) },
+                  profile.reason)),
         element("div", { class: "carnator-actions" },
           element("button", { class: "carnator-icon-button", title: "Export as JSON", "aria-label": "Export",
                                onclick: () => this.exportProfile(profile) }, element("i", { class: "pi pi-download" })),

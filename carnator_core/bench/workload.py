@@ -513,8 +513,10 @@ def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], d
     points = [(c["name"], c["speedup"], c["adherence"] if c["adherence"] is not None else c["ssim"])
               for c in result["configs"]]
     quality = "oracle adherence" if all(c["adherence"] is not None for c in result["configs"]) else "SSIM vs plain"
-    plot.scatter(points, paths[2], f"Carnator workload '{result['stream']}': speed vs quality",
-                 "speedup vs plain (median time)", quality)
+    if plot.scatter(points, paths[2], f"Carnator workload '{result['stream']}': speed vs quality",
+                    "speedup vs plain (median time)", quality) is None:
+        print(plot.plot_unavailable("speed-quality scatter"))
+        return paths[:2]
     return paths
 
 

@@ -92,8 +92,8 @@ class BackgroundCalibration:
                 calibrated = calibrate(client, plan, echo=lambda line: log.info("Carnator calibration: %s", line),
                                        on_progress=self._progress, should_stop=self._stop.is_set)
             lines = calibrated.lines()
-            self._update(phase="done", line=lines[-1], summary=lines, profile=calibrated.profile.describe(),
-                         seconds_left=0)
+            self._update(phase="done", line=calibrated.profile.reason, summary=lines,
+                         profile=calibrated.profile.describe(), in_force=calibrated.profile.in_force, seconds_left=0)
         except CalibrationInterrupted as error:
             if self._stop.is_set():
                 self._update(phase="stopped", line="stopped in the Carnator panel; queue the Calibrate node again "

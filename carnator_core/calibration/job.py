@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from carnator_core.bench.plot import scatter
-from carnator_core.calibration.fit import Fit, accepts, fit
+from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit, accepts, fit
 from carnator_core.calibration.pairs import Pair, pairs_from_history
+from carnator_core.calibration.plot import calibration_plots
 from carnator_core.calibration.profile import THRESHOLD_RANGES, Profile, QualityTarget
 from carnator_core.calibration.session import Measured, Progress, Session
+from carnator_core.calibration.verdict import pairs_line, verdict
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
 from carnator_core.reuse.settings import FORCED_DEPTHS
@@ -45,6 +46,7 @@ class CalibrationPlan:
     target: QualityTarget = field(default_factory=QualityTarget)
     max_pairs: int = 12
     install: bool = True
+    force: bool = False  # put the profile in force whatever its held-back pairs say
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Calibrated:
     location: str | None
     plots: list[Path]
     minutes: float
+    pairs_used: int = 0
+    plot_note: str = ""  # why there is no plot, where there is none
 
     def lines(self) -> list[str]:
         """What the command prints and the node reports when it is done."""
@@ -65,10 +69,17 @@ class Calibrated:
         held, held_pairs, oracle = self.result.held_back, self.result.held_back_pairs, self.result.oracle
         by_oracle = (f"; by the demo oracle: precision {_share(oracle.precision)}, recall {_share(oracle.recall)}"
                      if oracle else "")
-        lines = [f"{self.resumes} resumes measured in {self.minutes:.1f} min", *self.table,
-                 f"fitted: structure {t.structure:.3f}, guidance {t.guidance:.2f}, slope {t.structure_slope:.2f}",
+        shipped = self.result.shipped_held_back
+        by_shipped = f"; shipped rule on them: precision {_share(shipped.precision)}" if shipped else ""
+        bound = "n/a" if self.result.lower_bound is None else f"{self.result.lower_bound:.2f}"
+        margin = "meets" if self.result.margin_met else "misses"
+        lines = [self.profile.reason, pairs_line(self.result, self.pairs_used),
+                 f"{self.resumes} resumes measured in {self.minutes:.1f} min", *self.table,
+                 f"fitted: structure {t.structure:.3f}, guidance {t.guidance:.2f}, slope {t.structure_slope:.2f} "
+                 f"(95% lower bound on its fitted precision {bound}: {margin} the target"
+                 f"{'' if self.result.margin_met else ', so it is no looser than the shipped rule'})",
                  f"held back ({held_pairs} pair{'' if held_pairs == 1 else 's'}): precision {_share(held.precision)}, "
-                 f"recall {_share(held.recall)}{by_oracle}"]
+                 f"recall {_share(held.recall)}{by_oracle}{by_shipped}"]
         if not self.result.met_target:
             target = self.profile.target
             lines.append(f"no rule kept {target.precision:.0%} of the resumes it accepts within {target.psnr_db:g} dB "
@@ -76,8 +87,11 @@ class Calibrated:
                          "are): this profile accepts no resume, so on this model and schedule Carnator borrows "
                          "attention masks only. To resume here, calibrate on more pairs or loosen the target (PSNR, "
                          "SSIM or precision).")
+        if self.plot_note:
+            lines.append(self.plot_note)
         if self.location is not None:
-            lines.append(f"filed as {self.profile.describe()} in the store at {self.location}")
+            state = "in force" if self.profile.in_force else "not in force: shipped thresholds judge"
+            lines.append(f"filed as {self.profile.describe()} in the store at {self.location} ({state})")
         return lines
 
 
@@ -93,8 +107,7 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     if pairs is None:
         pairs, note = history_pairs(client, plan.workflow, plan.max_pairs)
         echo(note)
-    if not pairs:
-        raise NoPairs("no pairs to calibrate on")
+    pairs = distinct_pairs(pairs, echo)
     session = Session(client, plan.workflow, pairs, list(plan.depths), plan.out, echo=echo, on_progress=on_progress,
                       should_stop=should_stop)
     echo(f"calibrating on {len(pairs)} pairs x {len(plan.depths)} depths "
@@ -104,14 +117,20 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     if not measured or not session.fingerprints:
         raise NothingToCalibrate("no resume could be measured (each run's line says why)")
     result = fit([m.resume for m in measured], plan.target)
+    pairs_used = len({m.resume.pair for m in measured})
+    decided = verdict(result, plan.target, pairs_used, plan.force)
     profile = Profile(model=str(session.fingerprints["model"]), schedule=str(session.fingerprints["schedule"]),
                       name=plan.name, thresholds={name: getattr(result.thresholds, name) for name in THRESHOLD_RANGES},
                       target=plan.target, fit_pairs=result.fit_pairs, held_back_pairs=result.held_back_pairs,
                       held_back=result.held_back, oracle=result.oracle,
-                      cfg=float(session.fingerprints.get("cfg", 1.0)))
+                      cfg=float(session.fingerprints.get("cfg", 1.0)), in_force=decided.in_force,
+                      reason=decided.reason, forced=decided.forced)
     (plan.out / "profile.json").write_text(profile.to_json())
-    written = plots(measured, profile, plan.out)
+    written, plot_note = calibration_plots(measured, profile, plan.out)
     summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "met_target": result.met_target,
+               "margin_met": result.margin_met, "fitted_lower_bound": result.lower_bound,
+               "shipped_held_back": None if result.shipped_held_back is None else result.shipped_held_back.__dict__,
+               "pairs_used": pairs_used, "pairs_needed": result.pairs_needed,
                "resumes": len(measured), "skipped_pairs": session.skipped, "plots": [str(p) for p in written]}
     (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
     location = None
@@ -122,7 +141,30 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
             raise ComfyError(f"the profile could not be filed in the store ({error}); it is in "
                              f"{plan.out / 'profile.json'}") from None
     return Calibrated(profile=profile, result=result, resumes=len(measured), table=depth_table(measured, result, plan),
-                      location=location, plots=written, minutes=(time.monotonic() - started) / 60)
+                      location=location, plots=written, minutes=(time.monotonic() - started) / 60,
+                      pairs_used=pairs_used, plot_note=plot_note)
+
+
+def distinct_pairs(pairs: list[Pair], echo: Callable[[str], None]) -> list[Pair]:
+    """The pairs less repeats and pairs of one prompt twice (each named); NoPairs where none is left. Fewer than a
+    profile needs are calibrated (the measurements are kept) with a line saying that no profile will be put in
+    force: every third pair is held back to decide that."""
+    kept: list[Pair] = []
+    for number, pair in enumerate(pairs, 1):
+        if pair.earlier == pair.new:
+            echo(f"pair {number} ({pair.earlier[:60]!r}) has the same prompt twice: skipped")
+        elif pair in kept:
+            echo(f"pair {number} ({pair.earlier[:40]!r} -> {pair.new[:40]!r}) repeats an earlier pair: skipped")
+        else:
+            kept.append(pair)
+    given = f"{len(kept)} distinct pair{'' if len(kept) == 1 else 's'} of {len(pairs)} given"
+    if not kept:
+        raise NoPairs(f"{given}: nothing to calibrate on")
+    if len(kept) < HELD_BACK_EVERY:
+        echo(f"{given}: no profile will be put in force, since that takes at least {HELD_BACK_EVERY} distinct pairs "
+             f"(every {HELD_BACK_EVERY}rd is held back to test the fit) and a stable fit far more; calibrate on more "
+             "pairs")
+    return kept
 
 
 def depth_table(measured: list[Measured], result: Fit, plan: CalibrationPlan) -> list[str]:
@@ -148,25 +190,6 @@ def history_pairs(client: ComfyClient, workflow: CalibrationWorkflow, limit: int
         offset += HISTORY_PAGE
         if offset >= int(page.get("total") or 0):
             return pairs_from_history(entries, limit)
-
-
-def plots(measured: list[Measured], profile: Profile, out: Path) -> list[Path]:
-    """One scatter per signal: each resume's signal against its PSNR to plain, one colour per depth, with the target
-    PSNR (horizontal) and the fitted threshold at each depth (vertical) as guides."""
-    written = []
-    for signal in ("structure", "guidance"):
-        ordered = sorted((m for m in measured if getattr(m.resume, signal) is not None), key=lambda m: m.resume.depth)
-        points = [(f"{m.resume.depth:.0%}", getattr(m.resume, signal), m.resume.psnr_db) for m in ordered]
-        if points:
-            threshold, slope = profile.thresholds[signal], profile.thresholds[signal + "_slope"]
-            bars = tuple(sorted({round(min(1.0, threshold + slope * m.resume.depth), 4) for m in ordered}))
-            title = (f"{signal} agreement vs PSNR to plain, coloured by resume depth; fitted threshold "
-                     f"{threshold:.3f} + {slope:.2f} x depth (vertical), target {profile.target.psnr_db:.0f} dB "
-                     f"(horizontal)")
-            written.append(scatter(points, out / f"plot-{signal}.png", title, f"{signal} agreement at the resume",
-                                   "PSNR to plain (dB)", x_lines=bars, y_lines=(profile.target.psnr_db,),
-                                   colour_by_label=True))
-    return written
 
 
 def _share(value: float | None) -> str:

@@ -6,6 +6,10 @@ document larger than `MAX_PROFILE_BYTES`. A profile applies to the model fingerp
 strengths) and the sigma schedule fingerprint (step count, scheduler, shift) it was measured on, at the guidance
 scale it was measured at, and to no other: thresholds are a property of the model's trajectories over that
 schedule.
+
+A profile judges runs only while `in_force`: calibration puts it in force where its held-back pairs support it
+(`reason` says why or why not), or `forced` where the user puts it in force anyway. A document that claims to be in
+force without held-back support, and is not marked forced, is refused like any other inconsistent field.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from typing import Any
 from carnator_core.reuse.probe import ProbeThresholds
 
 PROFILE_FORMAT = "carnator-calibration-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 MAX_PROFILE_BYTES = 64 * 1024
 # the fitted `ProbeThresholds` fields and the range each may take
-THRESHOLD_RANGES = {"structure": (-1.0, 1.0), "structure_slope": (0.0, 1.0),
-                    "guidance": (-1.0, 1.0), "guidance_slope": (0.0, 1.0)}
+THRESHOLD_RANGES = {"structure": (0.0, 1.0), "structure_slope": (0.0, 1.0),
+                    "guidance": (0.0, 1.0), "guidance_slope": (0.0, 1.0)}
+MAX_REASON = 500
+FORCED_NOTE = "put in force without held-back support"
 
 
 class ProfileError(ValueError):
@@ -75,6 +81,9 @@ class Profile:
     oracle: Score | None = None  # held-back resumes judged by the demo world's oracle, where the demo model ran
     cfg: float = 1.0  # the guidance scale it was measured at: trajectories under another scale are not its
     created_at: float = field(default_factory=time.time)
+    in_force: bool = False  # whether it judges runs (the shipped thresholds do otherwise)
+    reason: str = "not decided"  # one line: why it is in force or not
+    forced: bool = False  # put in force by the user (`--force`) whatever its held-back pairs say
 
     @property
     def key(self) -> str:
@@ -86,10 +95,20 @@ class Profile:
         values.update(self.thresholds)
         return ProbeThresholds(**values)
 
+    def supported(self) -> bool:
+        """Whether its held-back pairs support putting it in force: their precision meets the target, or it accepted
+        none of them and is nowhere looser than the shipped rule (a profile that resumes nothing)."""
+        held = self.held_back
+        if held.precision is not None:
+            return held.precision >= self.target.precision
+        shipped = asdict(ProbeThresholds())
+        return held.accepted == 0 and all(value >= shipped[name] for name, value in self.thresholds.items())
+
     def describe(self) -> str:
         """How the report and the store panel name it."""
         day = time.strftime("%Y-%m-%d", time.gmtime(self.created_at))
-        return f"profile {self.name!r} ({day}, {self.fit_pairs + self.held_back_pairs} pairs)"
+        forced = f" ({FORCED_NOTE})" if self.forced else ""
+        return f"profile {self.name!r} ({day}, {self.fit_pairs + self.held_back_pairs} pairs){forced}"
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -122,7 +141,7 @@ class Profile:
             raise ProfileError(f"thresholds must hold exactly {sorted(THRESHOLD_RANGES)}, got {sorted(thresholds)}")
         target = _mapping(data, "target")
         oracle = data.get("oracle")
-        return cls(
+        profile = cls(
             model=_text(data, "model", 64), schedule=_text(data, "schedule", 64), name=_text(data, "name", 200),
             thresholds={name: _number(thresholds, name, *limits) for name, limits in THRESHOLD_RANGES.items()},
             target=QualityTarget(psnr_db=_number(target, "psnr_db", 0.0, 100.0), ssim=_number(target, "ssim", -1.0, 1.0),
@@ -131,7 +150,15 @@ class Profile:
             held_back_pairs=int(_number(data, "held_back_pairs", 0, 10_000)),
             held_back=_score(_mapping(data, "held_back"), "held_back"),
             oracle=None if oracle is None else _score(oracle, "oracle"), cfg=_number(data, "cfg", 0.0, 100.0),
-            created_at=_number(data, "created_at", 0.0, 1e11))
+            created_at=_number(data, "created_at", 0.0, 1e11), in_force=_flag(data, "in_force"),
+            reason=_text(data, "reason", MAX_REASON), forced=_flag(data, "forced"))
+        if profile.in_force and not profile.forced and not profile.supported():
+            raise ProfileError("profile field 'in_force' is true but its held-back precision "
+                               f"({profile.held_back.precision}) does not meet its target ({profile.target.precision}): "
+                               "put it in force with --force, which marks it 'forced'")
+        if profile.forced and not profile.in_force:
+            raise ProfileError("profile field 'forced' is true but 'in_force' is false")
+        return profile
 
 
 def profile_key(model: str, schedule: str) -> str:
@@ -154,6 +181,13 @@ def _text(data: dict, name: str, limit: int) -> str:
     value = data.get(name)
     if not isinstance(value, str) or not value or len(value) > limit:
         raise ProfileError(f"profile field {name!r} must be a non-empty string of at most {limit} characters")
+    return value
+
+
+def _flag(data: dict, name: str) -> bool:
+    value = data.get(name)
+    if not isinstance(value, bool):
+        raise ProfileError(f"profile field {name!r} must be true or false, got {value!r}")
     return value
 
 

@@ -154,9 +154,18 @@ class Session:
 
     @property
     def key(self) -> str:
-        """Names this calibration's stores on the server: the same output directory and pairs find them again."""
-        text = json.dumps([str(self.out.resolve()), [asdict(p) for p in self.pairs]])
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        """Names this calibration's stores on the server: the same output directory finds them again, also when
+        the calibration is resumed with more pairs (each pair's store is named by its prompts too)."""
+        return hashlib.sha256(str(self.out.resolve()).encode()).hexdigest()[:12]
+
+    def _store(self, index: int, pair: Pair) -> str:
+        prompts = hashlib.sha256(json.dumps(asdict(pair)).encode()).hexdigest()[:8]
+        return f"{STORE_ROOT}/{self.key}/pair-{index:03d}-{prompts}"
+
+    def _of_these_pairs(self, measured: Measured) -> bool:
+        index = measured.resume.pair
+        return index < len(self.pairs) and (measured.earlier, measured.new) == (self.pairs[index].earlier,
+                                                                                self.pairs[index].new)
 
     def _read_json(self, name: str) -> dict:
         path = self.out / name
@@ -172,10 +181,13 @@ class Session:
         (self.out / "skipped.json").write_text(json.dumps(self.skipped, indent=2))
 
     def _done(self, index: int, depth: float) -> bool:
-        return any(m.resume.pair == index and abs(m.requested_depth - depth) < 1e-9 for m in self.measured)
+        return any(m.resume.pair == index and abs(m.requested_depth - depth) < 1e-9 and self._of_these_pairs(m)
+                   for m in self.measured)
 
     def run(self) -> list[Measured]:
-        """Every pair not yet done; CalibrationInterrupted when the server goes away."""
+        """Every pair not yet done, then every measured resume of these pairs (those of an earlier run with more or
+        fewer pairs in the same directory are kept on disk, not fitted); CalibrationInterrupted when the server goes
+        away."""
         left = [(i, d) for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d)]
         # a pair whose plain clip is kept has its donor recorded too: only its resumes are left
         self._total_runs = len(left) + 2 * sum(not self._plain_path(i).exists() for i in {i for i, _ in left})
@@ -194,10 +206,10 @@ class Session:
             self._save_state()
             raise
         self._save_state()
-        return self.measured
+        return [m for m in self.measured if self._of_these_pairs(m)]
 
     def _pair(self, index: int, pair: Pair) -> None:
-        store = f"{STORE_ROOT}/{self.key}/pair-{index:03d}"
+        store = self._store(index, pair)
         plain_path = self._plain_path(index)
         try:
             location = self._donor(index, pair, store)

@@ -383,7 +383,8 @@ def import_profile(store: ReuseStore | None, body: dict[str, Any]) -> dict[str, 
     except ProfileError as error:
         raise ApiError(400, str(error)) from None
     profiles.save_profile(store, profile)
-    return {"key": profile.key, "description": profile.describe()}
+    return {"key": profile.key, "description": profile.describe(), "in_force": profile.in_force,
+            "reason": profile.reason}
 
 
 @_on_store("changed")

@@ -58,6 +58,8 @@ def profile_for(store: ReuseStore, model: str, schedule: str, cfg: float) -> tup
     key = profile_key(model, schedule)
     if key in usable:
         profile = usable[key]
+        if not profile.in_force:
+            return None, f"{profile.describe()} is not in force ({profile.reason}): shipped thresholds"
         if abs(profile.cfg - cfg) > CFG_TOLERANCE:
             return None, f"{profile.describe()} was measured at cfg {profile.cfg:g}, this run samples at cfg " \
                          f"{cfg:g}: shipped thresholds"
@@ -71,7 +73,9 @@ def profile_for(store: ReuseStore, model: str, schedule: str, cfg: float) -> tup
 
 
 def save_profile(store: ReuseStore, profile: Profile) -> None:
-    """File `profile` under its model and schedule, replacing the one there; unusable entries are dropped."""
+    """File `profile` under its model and schedule, replacing the one there; unusable entries are dropped. A profile
+    that fails its checks (`Profile.from_dict`) is refused with ProfileError, whoever made it."""
+    Profile.from_dict(json.loads(json.dumps(profile.as_dict())))
     usable, _ = stored_profiles(store)
     usable[profile.key] = profile
     if len(usable) > MAX_PROFILES:

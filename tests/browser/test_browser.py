@@ -246,7 +246,8 @@ def test_demo_workflow_badges_and_store_panel(page, server, tiny_models):
 
 def test_a_calibration_profile_is_imported_listed_exported_and_deleted_in_the_store_panel(page, server, tmp_path):
     profile = Profile(model="c0ffee", schedule="beef", name="browser", fit_pairs=8, held_back_pairs=4,
-                      held_back=Score(accepted=5, good=5, precision=1.0, recall=0.8),
+                      held_back=Score(accepted=5, good=5, precision=1.0, recall=0.8), in_force=True,
+                      reason="in force: held-back precision 1.00 (5 of 5 accepted resumes good) meets the target 0.95",
                       thresholds={"structure": 0.82, "structure_slope": 0.03, "guidance": 0.8, "guidance_slope": 0.03})
     path = tmp_path / "profile.json"
     path.write_text(profile.to_json())
@@ -255,6 +256,7 @@ def test_a_calibration_profile_is_imported_listed_exported_and_deleted_in_the_st
     page.locator(".carnator-profiles summary").click()
     row = page.locator(".carnator-profile")
     assert "profile 'browser'" in row.inner_text() and "100% precision, 80% recall held back" in row.inner_text()
+    assert profile.reason in row.inner_text()  # in force or not, and why, in one line
     assert [p["name"] for p in server.get("/carnator/store/profiles").json()["profiles"]] == ["browser"]
     _shot(page, "09_calibration_profile")
     with page.expect_download() as download:

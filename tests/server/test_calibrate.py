@@ -100,9 +100,10 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     workflow, pairs = _files(tmp_path, _graph())
     out = tmp_path / "out"
     started = time.monotonic()
-    run = _calibrate(server.url, workflow, pairs, out)
+    run = _calibrate(server.url, workflow, pairs, out, "--force")  # one held-back pair: forced to see it judge
     output, _ = run.communicate(timeout=900)
     assert run.returncode == 0, output
+    assert output.splitlines()[-1].endswith("(in force)") and "pairs used 3; a stable fit here" in output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
     assert "12/12 runs" in output and "left" in output  # progress with an estimate of the time left
     assert "depth  resumes  good  accepted by the fitted rule" in output
@@ -134,11 +135,19 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
 
 
 def test_a_hand_edited_profile_is_refused_at_import_naming_the_field(server):
+    server.client.run({"1": {"class_type": "CarnatorStoreInfo", "inputs": {}}})  # the default store, opened
     profile = Profile(model="abc", schedule="def", name="edited", thresholds={
         "structure": 0.9, "structure_slope": 0.0, "guidance": 0.5, "guidance_slope": 0.0}).as_dict()
     profile["thresholds"]["structure"] = 7
     answer = server.post("/carnator/store/profiles", json=profile)
-    assert answer.status_code == 400 and "'structure' must be a number between -1.0 and 1.0" in answer.json()["error"]
+    assert answer.status_code == 400 and "'structure' must be a number between 0.0 and 1.0" in answer.json()["error"]
+    in_force = {**profile, "in_force": True, "forced": True, "thresholds": {**profile["thresholds"], "structure": -0.3}}
+    answer = server.post("/carnator/store/profiles", json=in_force)
+    assert answer.status_code == 400 and "'structure' must be a number between 0.0 and 1.0" in answer.json()["error"]
+    no_reason = {k: v for k, v in in_force.items() if k != "reason"} | {"thresholds": profile["thresholds"] | {
+        "structure": 0.9}}
+    answer = server.post("/carnator/store/profiles", json=no_reason)
+    assert answer.status_code == 400 and "'reason' must be a non-empty string" in answer.json()["error"]
     answer = server.post("/carnator/store/profiles", data=b"{" + b" " * 70_000 + b"}")
     assert answer.status_code == 413
     assert server.post("/carnator/store/profiles", data=b"NaN").status_code == 400
@@ -230,7 +239,8 @@ def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_jud
             first = node["inputs"]["add_noise"] == "enable"
             node["inputs"].update(steps=8, start_at_step=0 if first else 4, end_at_step=4 if first else 10000)
     workflow, pairs = _files(tmp_path, graph, pairs=2)
-    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--text-node", "89", "--depths", "0.5,0.8")
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--text-node", "89", "--depths", "0.5,0.8",
+                     "--force")  # two pairs hold none back: forced to see it judge
     output, _ = run.communicate(timeout=600)
     assert run.returncode == 0, output
     rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
