@@ -198,13 +198,15 @@ def checked_fingerprint(model_patcher) -> str:
     weights Carnator cannot read (a loader's own tensors, weights not materialised) is a clean miss, never a failed
     prompt. An unexpected error is logged with its traceback."""
     try:
-        with carnator_code("fingerprinting the model"):
+        with carnator_code("fingerprinting the model", expected=(FingerprintError,)):
             return fingerprint(model_patcher)
     except CarnatorFault as fault:
         fault.log_once("the run samples plain")
         why = fault.original
         raise FingerprintError(" ".join(f"{NOT_FINGERPRINTED}: {type(why).__name__}: {why}".split())) from why
     except FingerprintError as error:
+        if str(error).startswith(NOT_FINGERPRINTED):
+            raise
         raise FingerprintError(f"{NOT_FINGERPRINTED}: {error}") from error
 
 

@@ -155,5 +155,6 @@ def test_a_q8_0_donor_never_serves_the_q4_model_of_the_same_weights(comfy, gguf_
     q8, q4 = _gguf(gguf_loader, "Q8_0"), _gguf(gguf_loader, "Q4_0")
     _run(comfy, with_reuse(q8(_plain(SCENE)), store, "", **OPTIONS))
     _, report = _run(comfy, with_reuse(q4(_plain(SCENE)), store, "", **OPTIONS))
-    assert not report["hit"] and report["reason"] == "no candidate", json.dumps(report)
+    assert not report["hit"] and report["reason"].startswith("no candidate"), json.dumps(report)
+    assert report["filtered"] == {"other model": 1}, json.dumps(report)  # the Q8_0 entry, seen and refused
     assert report["candidates"] == [] and report["probes"] == [], json.dumps(report)
