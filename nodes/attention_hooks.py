@@ -154,7 +154,7 @@ def _open_attention_run(options: dict, patcher, call: dict) -> tuple[SparseAtten
                              num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
                              total_steps=steps_of(call["sigmas"]), persistent=persistent_allocations())
     donor = options.get(ATTENTION_DONOR_KEY)
-    if donor is not None:
+    if donor is not None and not run.inactive:
         run.borrowed = load_donor_masks(store_at(donor[0]), donor[1])
     return run, ""
 

@@ -82,6 +82,10 @@ class CarnatorSparseAttention(io.ComfyNode):
                                optional=True,
                                tooltip="A layer whose mask keeps more than this share of key blocks runs dense: "
                                        "block-sparse attention is not faster there. 1.0 runs every mask sparse."),
+                io.Int.Input("min_tokens", default=ATTENTION.min_tokens, min=0, max=1_000_000, optional=True,
+                             tooltip="Below this many video tokens attention runs dense and no mask is estimated, "
+                                     "borrowed or recorded: short clips gain less than the masks cost. 0 lets any "
+                                     "clip run sparse."),
             ],
             outputs=[io.Model.Output(display_name="model")],
         )

@@ -31,6 +31,7 @@ log = logging.getLogger("carnator.attention")
 MASK_SOURCES = ("own", "borrowed", "borrowed+own")
 MASKS_TOO_FULL = "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"
 INACTIVE = "sparse attention inactive: attention is patched by {}"
+TOO_FEW_TOKENS = "dense attention: {} video tokens, fewer than min_tokens ({})"
 # The attention a run's masks belong to, as its recorded masks name it: the video's self-attention (with text in a
 # joint block), never audio, text or cross-attention.
 MASKED_ATTENTION = "video self-attention"
@@ -49,6 +50,10 @@ class SparseAttentionSettings:
     # reach a fraction of the ideal 1/density speedup, and per-call overhead lowers the break-even on short
     # sequences; docs/measurements.md has the attention benchmark).
     dense_above: float = 0.6
+    # Below this many video tokens every layer runs dense and no mask is estimated, borrowed or recorded: a short
+    # sequence holds too few blocks for a mask to leave many out, and attention is too small a share of a step for
+    # what it leaves out to pay for estimating it (docs/measurements.md, "What a miss costs").
+    min_tokens: int = 1024
     dense_fraction: float = 0.25  # first share of steps stays dense
     dense_first_blocks: int = 1
     dense_last_blocks: int = 1
@@ -95,7 +100,9 @@ class SparseAttentionRun:
     dense_calls: int = 0
     borrowed_sparse_calls: int = 0  # sparse calls that used a donor's mask for at least one head: a masks hit
     self_attention_calls: int = 0  # video self-attention calls that reached the override, sparse or dense
-    inactive: str = ""  # why no video self-attention reached the override (another patch replaced it), if so
+    # why no video self-attention runs sparse (another patch replaced it, too few tokens, an error), if so: every call
+    # is dense and no mask is estimated, borrowed or recorded
+    inactive: str = ""
     _report_deferred: bool = field(default=False, init=False, repr=False)  # see `defer_report`
     # The last model evaluation's (host's sigma tensor, step index): a memo that maps the sigma object every attention
     # call of one evaluation shares to its sampling step, computed once per evaluation (nodes/attention_hooks.py).
@@ -106,6 +113,8 @@ class SparseAttentionRun:
 
     def __post_init__(self) -> None:
         self.hysteresis = HeadHysteresis(self.settings.enter_recall, self.settings.exit_recall)
+        if self.video_tokens < self.settings.min_tokens and not self.inactive:
+            self.inactive = TOO_FEW_TOKENS.format(self.video_tokens, self.settings.min_tokens)
 
     # ------------------------------------------------------------------ decisions
     def first_sparse_step(self) -> int:
@@ -117,7 +126,8 @@ class SparseAttentionRun:
     def may_be_sparse(self, tokens: int, layer: int | None, step: int) -> bool:
         """Whether a self-attention call over `tokens` at this layer and step can be sparse at all."""
         video = tokens == self.video_tokens or (self.joint_tokens and tokens > self.video_tokens)
-        return video and layer is not None and step >= self.first_sparse_step() and not self.layer_is_dense(layer)
+        return video and not self.inactive and layer is not None and step >= self.first_sparse_step() \
+            and not self.layer_is_dense(layer)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int | None, step: int,
                key_valid: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor | None:
@@ -228,7 +238,7 @@ class SparseAttentionRun:
     @property
     def wants_donor_masks(self) -> bool:
         """Whether a donor's masks would be used and none are borrowed yet."""
-        return self.settings.source != "own" and not self.borrowed
+        return self.settings.source != "own" and not self.borrowed and not self.inactive
 
     def summary(self) -> dict[str, Any]:
         densities = [s.density for s in self.layers.values()]

@@ -104,9 +104,9 @@ HEAVY_STEPS = 8
 # Random weights attend almost uniformly (no structure to find), so the mask density is capped: the
 # configuration measures what a given density buys end to end, not whether the masks are right. A 2-layer
 # model has no interior layers, so the dense edge blocks (2 of 30 in Wan 1.3B) are switched off here.
-# own-masks and any-donor-masks measure the masks themselves, so every mask runs sparse however full it is
-# (the node's default runs masks fuller than 0.6 dense, which at the demo size is all of them).
-MASKS_ALWAYS_SPARSE = {"dense_above": 1.0}
+# own-masks and any-donor-masks measure the masks themselves, so every mask runs sparse however full it is and
+# however few the tokens (the node's defaults run masks fuller than 0.6 dense, and the demo's 320 tokens dense whole).
+MASKS_ALWAYS_SPARSE = {"dense_above": 1.0, "min_tokens": 0}
 HEAVY_ATTENTION = {"max_density": 0.25, "dense_first_blocks": 0, "dense_last_blocks": 0}
 
 

@@ -112,7 +112,7 @@ def test_a_mask_estimate_that_raises_turns_attention_dense(comfy, tiny_models, m
     graph = wan_t2v(tiny_models["wan"].name, steps=4, seed=4, **size)
     graph["sparse"] = {"class_type": "CarnatorSparseAttention", "inputs": {
         "model": graph[SAMPLER]["inputs"]["model"], "source": "own", "dense_fraction": 0.0, "dense_first_blocks": 0,
-        "dense_last_blocks": 0, "dense_above": 1.0}}
+        "dense_last_blocks": 0, "dense_above": 1.0, "min_tokens": 0}}
     graph[SAMPLER]["inputs"]["model"] = ["sparse", 0]
     monkeypatch.setattr(sparse_attention, "estimate_block_mass", _raise)
     guarded, reports = _sample(comfy, with_report(graph))

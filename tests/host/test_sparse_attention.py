@@ -26,7 +26,7 @@ def _graph(tiny_models, family: str, **attention) -> dict:
             "model": upstream, "source": "own", "block_size": "64", "tau": 0.9, "min_density": 0.05,
             "max_density": 1.0, "dense_fraction": 0.0, "dense_first_blocks": 0, "dense_last_blocks": 0,
             "refresh_every": 2, "recheck_every": 2, "enter_recall": 0.9, "exit_recall": 0.75, "backend": "auto",
-            "dense_above": 1.0, **attention}}
+            "dense_above": 1.0, "min_tokens": 0, **attention}}
         graph[consumer]["inputs"]["model"] = ["sparse", 0]
         graph["carnator_report"] = {"class_type": "CarnatorReport", "inputs": {"samples": [SAMPLER, 0]}}
     return graph
@@ -68,7 +68,8 @@ def test_sparse_masks_change_the_result_by_a_bounded_amount(comfy, tiny_models):
 def _controller(**overrides) -> SparseAttentionRun:
     """Every step and block may go sparse, even under full masks (unless `dense_above` is given)."""
     overrides = {"dense_above": 1.0, **overrides}
-    settings = SparseAttentionSettings(dense_fraction=0.0, dense_first_blocks=0, dense_last_blocks=0, **overrides)
+    settings = SparseAttentionSettings(dense_fraction=0.0, dense_first_blocks=0, dense_last_blocks=0, min_tokens=0,
+                                       **overrides)
     return SparseAttentionRun(settings=settings, video_tokens=256, first_frame_tokens=64, num_layers=4, total_steps=10)
 
 
@@ -79,7 +80,7 @@ def test_controller_leaves_cross_attention_short_sequences_and_dense_steps_alone
     assert run.attend(q, text, text, 4, layer=1, step=5) is None  # cross-attention
     assert run.attend(text, text, text, 4, layer=1, step=5) is None  # text refiner: fewer tokens than the video
     assert run.attend(q, q, q, 4, layer=None, step=5) is None  # block unknown
-    late = SparseAttentionRun(settings=SparseAttentionSettings(dense_fraction=0.5, dense_above=1.0), video_tokens=256,
+    late = SparseAttentionRun(settings=SparseAttentionSettings(dense_fraction=0.5, dense_above=1.0, min_tokens=0), video_tokens=256,
                               first_frame_tokens=64, num_layers=4, total_steps=10)
     assert late.attend(q, q, q, 4, layer=1, step=4) is None  # dense first half of the steps
     assert late.attend(q, q, q, 4, layer=0, step=8) is None  # dense first block
@@ -179,7 +180,7 @@ def test_dense_calls_chain_to_an_existing_attention_override(comfy, tiny_models)
     patched = comfy.call_node(
         "CarnatorSparseAttention", model=model, source="own", block_size="64", tau=0.9, min_density=0.05,
         max_density=1.0, dense_fraction=0.0, dense_first_blocks=0, dense_last_blocks=0, refresh_every=2,
-        recheck_every=2, enter_recall=0.9, exit_recall=0.75, backend="auto", dense_above=1.0)[0]
+        recheck_every=2, enter_recall=0.9, exit_recall=0.75, backend="auto", dense_above=1.0, min_tokens=0)[0]
     positive = comfy.call_node("HarnessTextConditioning", text="a red ball", family="wan")[0]
     negative = comfy.call_node("HarnessTextConditioning", text="blurry", family="wan")[0]
     latent = comfy.call_node("EmptyHunyuanLatentVideo", width=256, height=256, length=5, batch_size=1)[0]

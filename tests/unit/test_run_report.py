@@ -116,7 +116,7 @@ def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
 
 
 def test_a_sparse_attention_only_run_reports_the_attention_fields_only():
-    attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed"), video_tokens=256,
+    attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed", min_tokens=0), video_tokens=256,
                                    first_frame_tokens=64, num_layers=4, total_steps=10)
     data = RunReport.of_sparse_attention(attention, elapsed=1.5).as_dict()
     assert set(data) == set(ATTENTION_FIELDS)
@@ -202,7 +202,7 @@ def test_the_json_rebuilds_the_same_report(changes):
 
 
 def test_the_json_of_a_sparse_attention_only_run_rebuilds_it():
-    attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed"), video_tokens=256,
+    attention = SparseAttentionRun(settings=SparseAttentionSettings(source="borrowed", min_tokens=0), video_tokens=256,
                                    first_frame_tokens=64, num_layers=4, total_steps=10)
     attention.borrowed_sparse_calls = 4
     data = RunReport.of_sparse_attention(attention, elapsed=1.5).as_dict()
