@@ -29,6 +29,15 @@ def attention_choice_input(default: str) -> io.Input:
                 "estimated online from this request. borrowed+own: donor masks, own masks for heads that do not fit.")
 
 
+def min_tokens_input() -> io.Input:
+    """The video token count below which attention stays dense; optional, after every older input (saved workflows
+    hold widget values by position)."""
+    return io.Int.Input("min_tokens", **advanced_input(), default=ATTENTION.min_tokens, min=0, max=1_000_000,
+                        optional=True,
+                        tooltip="Below this many video tokens attention runs dense and no mask is estimated, borrowed "
+                                "or recorded: short clips gain less than the masks cost. 0 lets any clip run sparse.")
+
+
 def recall_inputs() -> list[io.Input]:
     return [
         io.Float.Input("enter_recall", **advanced_input(), default=ATTENTION.enter_recall, min=0.0, max=1.0, step=0.01,
@@ -82,10 +91,7 @@ class CarnatorSparseAttention(io.ComfyNode):
                                optional=True,
                                tooltip="A layer whose mask keeps more than this share of key blocks runs dense: "
                                        "block-sparse attention is not faster there. 1.0 runs every mask sparse."),
-                io.Int.Input("min_tokens", default=ATTENTION.min_tokens, min=0, max=1_000_000, optional=True,
-                             tooltip="Below this many video tokens attention runs dense and no mask is estimated, "
-                                     "borrowed or recorded: short clips gain less than the masks cost. 0 lets any "
-                                     "clip run sparse."),
+                min_tokens_input(),
             ],
             outputs=[io.Model.Output(display_name="model")],
         )

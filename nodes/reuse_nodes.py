@@ -10,7 +10,7 @@ from carnator_core.lookup.prompt_text import find_prompt_text
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import MODES, SEED_POLICIES, VERIFICATIONS, ReuseSettings, input_default, input_range
 
-from .attention_node import attention_choice_input, attention_settings, recall_inputs
+from .attention_node import ATTENTION, attention_choice_input, attention_settings, min_tokens_input, recall_inputs
 from .reports import reports_for
 from .reuse_hooks import install
 from .types import StoreType, advanced_input
@@ -31,8 +31,7 @@ def reuse_inputs() -> list[io.Input]:
                                 "where the graph does not say, matching uses the conditioning tensor alone."),
         io.Combo.Input("mode", options=list(MODES), default=input_default("mode"),
                        tooltip="safe: borrow attention masks only. balanced: also resume from a verified donor "
-                               "state up to half-way. fast: resume up to 80% of the way (its last probe tries half-way "
-                               "if every deeper one failed)."),
+                               "state up to half-way. fast: resume up to 80% of the way."),
         io.Combo.Input("seed_policy", options=list(SEED_POLICIES), default=input_default("seed_policy"),
                        tooltip="same-noise: resume only from donors with identical initial noise (same seed), the "
                                "prompt-editing loop. serving: any compatible donor (throughput first)."),
@@ -41,8 +40,8 @@ def reuse_inputs() -> list[io.Input]:
                        tooltip="Candidates below this prompt/conditioning cosine similarity are not considered."),
         io.Int.Input("max_probes", **advanced_input(), **_setting("max_probes"),
                      tooltip="Most probe calls per run; each is one model evaluation (of up to probe_batch donor "
-                             "states). Not counted here: the step-0 check of same-seed donors (the run's own first "
-                             "step) and, for other donors, one call confirming a pass at their earliest checkpoint."),
+                             "states). A call that passes nothing ends probing, so a miss costs at most one. Not "
+                             "counted: the step-0 check of same-seed donors, which is the run's own first step."),
         io.Float.Input("structure_threshold", **advanced_input(), **_setting("structure_threshold"), step=0.01,
                        tooltip="Structure agreement (layout and motion, appearance removed) a donor state needs "
                                "at depth 0; rises with depth by depth_slope. Left at its default it is auto: the "
@@ -70,7 +69,8 @@ def reuse_inputs() -> list[io.Input]:
 
 
 def probe_batch_input() -> io.Input:
-    """Last input of every reuse node: saved workflows hold widget values by position, so it stays last."""
+    """After every other reuse input (saved workflows hold widget values by position, so inputs added later go last:
+    a model-level node's `min_tokens` follows it)."""
     return io.Int.Input("probe_batch", **advanced_input(), **_setting("probe_batch"), optional=True,
                         tooltip="Donor states probed in one model call (other donors' checkpoints at the same "
                                 "step). 0 = auto: as many as fit in free GPU memory, up to 4; 1 on CPU, where a "
@@ -117,12 +117,15 @@ def graph_prompt_fingerprint() -> str:
 
 def model_level_inputs() -> list[io.Input]:
     """Reuse options plus the attention patch, for nodes that see the model (not a bare SAMPLER)."""
-    return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs() + [probe_batch_input()]
+    return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs() + [probe_batch_input(),
+                                                                                       min_tokens_input()]
 
 
-def install_from_inputs(model, sparse_attention: str, enter_recall: float, exit_recall: float, **options):
+def install_from_inputs(model, sparse_attention: str, enter_recall: float, exit_recall: float,
+                        min_tokens: int = ATTENTION.min_tokens, **options):
     """The model patched for reuse (and sparse attention unless 'off') from a node's inputs."""
-    attention = attention_settings(sparse_attention, enter_recall=enter_recall, exit_recall=exit_recall)
+    attention = attention_settings(sparse_attention, enter_recall=enter_recall, exit_recall=exit_recall,
+                                   min_tokens=min_tokens)
     return install(model, settings_from_inputs(**options), attention)
 
 

@@ -347,21 +347,27 @@ def score_samples(prompts: list[str], samples: dict[str, list[Sample]]) -> None:
                               "adherence": result.adherence, "observed": result.observed}
 
 
+def _mask_donor_graph(base: dict, store: str, donor: str) -> dict:
+    """The arbitrary donor's run, recording its own masks into `store` whatever its token count (any-donor-masks
+    borrows them)."""
+    return graphs.with_reuse(graphs.with_sparse_attention(base, "own", **MASKS_ALWAYS_SPARSE), store, donor,
+                             mode="safe", sparse_attention="off")
+
+
 def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
                seed_policy: str, progress: Callable[[str], None]) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
     donor = donor_prompt_for(prompts)
     warm_base = graphs.base_graph(unet, WARMUP_PROMPT, seed=1, steps=WARMUP_STEPS, cfg=cfg)
-    warm_donor = graphs.with_reuse(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=WARMUP_STEPS, cfg=cfg),
-                                   _store_dir("any-donor-masks", "warmup"), donor, mode="safe",
-                                   sparse_attention="own")
+    warm_donor = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=WARMUP_STEPS, cfg=cfg),
+                                   _store_dir("any-donor-masks", "warmup"), donor)
     bench.run(graphs.with_save_latent(warm_donor, "bench/warmup"))
     bench.wait_for_entries(_store_dir("any-donor-masks", "warmup"), 1)
     for name in CONFIGS:
         progress(f"warm-up: {name}")
         bench.sample(name, config_graph(name, warm_base, WARMUP_PROMPT, donor, "warmup"), WARMUP_STEPS)
     progress(f"recording the arbitrary donor's masks: {donor!r}")
-    donor_graph = graphs.with_reuse(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=steps, cfg=cfg),
-                                    _store_dir("any-donor-masks"), donor, mode="safe", sparse_attention="own")
+    donor_graph = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=steps, cfg=cfg),
+                                    _store_dir("any-donor-masks"), donor)
     bench.run(graphs.with_save_latent(donor_graph, "bench/donor"))
     bench.wait_for_entries(_store_dir("any-donor-masks"), 1)
     samples: dict[str, list[Sample]] = {name: [] for name in CONFIGS}

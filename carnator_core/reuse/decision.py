@@ -9,8 +9,9 @@ and returns a `Decision`. Its contract:
 - a same-noise donor the step-0 screen passed is probed, and resumed, at its state corrected by the step-0
   difference (`carnator_core.reuse.start_difference`), so an edit keeps the donor's trajectory only where the prompts
   agree; with CFG guidance only a difference of first states is corrected for (runs from an input);
-- at most `max_probes` probe calls, one more per deep pass confirmed at the donor's shallowest checkpoint, and one
-  step-0 screen that is the request's own first evaluation (it serves the sampler's first call on a miss);
+- at most `max_probes` probe calls, and one step-0 screen that is the request's own first evaluation (it serves the
+  sampler's first call on a miss); a miss costs at most one probe call, since a call that passes nothing ends
+  probing unless an earlier one passed;
 - every call asked is one `ProbeRecord`, in the order asked, so the report shows each verdict and its signals.
 """
 
@@ -135,10 +136,8 @@ class Decider:
         Each call takes the next unprobed target together with up to `batch_limit - 1` later ones at the same step
         (other donors' checkpoints), so one evaluation probes several candidates. A call with a pass ends probing
         and resumes from its first passing target: all targets of a call share one depth, and later calls are only
-        shallower or lower-ranked. A donor that misses the structure threshold by more than `give_up_margin` gets
-        no further probe. In fast mode the last call goes to targets no deeper than balanced's limit when no
-        earlier call was that shallow. A pass deeper than the donor's shallowest checkpoint is confirmed there with
-        one more call (`ProbeTarget.anchor`), unless the donor was already confirmed at step 0 by the screen.
+        shallower or lower-ranked. A donor the screen did not confirm at step 0 is asked at its shallowest checkpoint
+        first (`ProbeTarget.anchor`) and, where that passes, deeper (`_probe`).
         """
         pending = [target for target in targets if isinstance(target, ProbeTarget)]
         if self.settings.verification == "text-only":
@@ -154,40 +153,45 @@ class Decider:
         return self._probe(pending, evaluate, batch_limit)
 
     def _probe(self, pending: list[ProbeTarget], evaluate: Evaluate, batch_limit: int) -> Decision | None:
-        """The probe calls of `decide`, deepest target first, within the budget."""
+        """The probe calls of `decide`, deepest target first, within the budget; a miss costs at most one of them.
+
+        A target is asked at its anchor first, where the prompt still decides layout and motion, unless its donor's
+        step-0 screen cleared the target's own depth bar by the give-up margin (`_enters_deep`); a pass at the
+        anchor is held (the request may resume at it) and only then is the donor asked deeper, at most to the
+        budget, resuming at the deepest pass. A call that passes nothing ends probing: a request that holds nothing
+        is a miss at the cost of that one call, and one that holds a pass resumes there.
+        """
         thresholds = self.settings.thresholds
-        fallback = self.settings.fallback_resume_fraction
-        fallback_step = None if fallback is None else self.facts.max_step(fallback)
-        for call_index in range(self.settings.max_probes):
-            if fallback_step is not None and call_index == self.settings.max_probes - 1 and not any(
-                    p.step <= fallback_step and not p.confirms_deeper for p in self.probes):
-                pending = [t for t in pending if t.step <= fallback_step] or pending
+        held: Decision | None = None
+        for _ in range(self.settings.max_probes):
             if not pending:
                 break
-            call = [t for t in pending if t.step == pending[0].step][:max(1, batch_limit)]
+            first = pending[0]
+            if held is None and first.anchor is not None and not self._enters_deep(first):
+                held = self._ask_anchor(first, evaluate)
+                if held is None:
+                    return None
+                # only the held donor's deeper states are worth a call now: others would need their own anchor
+                pending = [replace(t, anchor=None) for t in pending
+                           if t.meta.entry_id == first.meta.entry_id and t.step > held.step]
+                continue
+            call = [t for t in pending if t.step == first.step][:max(1, batch_limit)]
             pending = [t for t in pending if not any(t is c for c in call)]
             results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1
-            hopeless: set[str] = set()
             decision = None
             for target, (x0_new, guidance_new) in zip(call, results, strict=True):
                 signals = self._signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance,
                                         corrected=target.corrected)
                 passed = thresholds.passes(signals)
-                given_up = not passed and thresholds.donor_hopeless(signals)
-                self._record(target.meta, target.step, signals, passed, given_up, batched_with=len(call) - 1)
-                if passed and decision is None and target.anchor is not None:
-                    passed = self._confirm(target.anchor, evaluate)  # a failed confirmation rules out the donor
-                    given_up = not passed
-                if given_up:
-                    hopeless.add(target.meta.entry_id)
+                self._record(target.meta, target.step, signals, passed, not passed and thresholds.donor_hopeless(signals),
+                             batched_with=len(call) - 1)
                 if passed and decision is None:
                     decision = Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new,
                                         difference=self._difference(target))
-            pending = [t for t in pending if t.meta.entry_id not in hopeless]
-            if decision is not None:
+            if decision is not None or held is None:
                 return decision
-        return None
+        return held
 
     def _skip_stage(self, screened: list[ProbeTarget]) -> Decision | None:
         """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's
@@ -260,11 +264,10 @@ class Decider:
             else:  # a screen-only donor passed: now its states are read
                 loaded = planned.load() if planned.meta.entry_id in starts else []
             for target in loaded:
-                if target.meta.entry_id in self._screened:  # confirmed at step 0: no anchor to confirm a deep pass on
-                    target = replace(target, anchor=None)
-                    difference = self._difference(target)
-                    if difference is not None:  # probed, and resumed, at its state corrected
-                        target = difference.corrected(target)
+                difference = self._difference(target)
+                if difference is not None:  # screened: probed, and resumed, at its states corrected
+                    anchor = target.anchor and difference.corrected(target.anchor)
+                    target = replace(difference.corrected(target), anchor=anchor)
                 kept.append(target)
         return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
 
@@ -288,15 +291,33 @@ class Decider:
         screened = self._screened.get(target.meta.entry_id)
         return screened[1] if screened is not None else None
 
-    def _confirm(self, anchor: ProbeTarget, evaluate: Evaluate) -> bool:
-        """One more model call at the donor's shallowest checkpoint, where the prompt still decides layout and
-        motion: a deep pass counts only if the donor's trajectory is one the new prompt would have taken there."""
+    def _enters_deep(self, target: ProbeTarget) -> bool:
+        """Whether to ask `target` before its anchor: its donor's step-0 screen passed at the target's depth with the
+        give-up margin to spare. Why: a deep pass asked first costs no anchor call (a hit's cost is its steps and
+        one call), but a deep miss ends probing, so only a donor the screen says is nearly certain goes first deep;
+        the others climb from the anchor, where a one-word edit still passes."""
+        screened = self._screened.get(target.meta.entry_id)
+        if screened is None:
+            return False
+        thresholds, signals = self.settings.thresholds, replace(screened[0], depth=target.depth)
+        return thresholds.passes(signals) and \
+            signals.weakest_structure >= thresholds.needed_structure(target.depth) + thresholds.give_up_margin
+
+    def _ask_anchor(self, target: ProbeTarget, evaluate: Evaluate) -> Decision | None:
+        """One call at the target donor's shallowest checkpoint, where the prompt still decides layout and motion: a
+        deeper pass counts only if the donor's trajectory is one the new prompt would have taken there. Returns the
+        resume it allows there, or None when it fails."""
+        anchor = target.anchor
         [(x0_new, guidance_new)] = evaluate([anchor.x], anchor.sigma)
         self.model_calls += 1
-        signals = self._signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance)
+        signals = self._signals(anchor.depth, anchor.x, x0_new, anchor.x0, guidance_new, anchor.guidance,
+                                corrected=anchor.corrected)
         confirmed = self.settings.thresholds.passes(signals)
         self._record(anchor.meta, anchor.step, signals, confirmed, not confirmed, batched_with=0, confirms=True)
-        return confirmed
+        if not confirmed:
+            return None
+        return Decision(target=anchor, signals=signals, x0=x0_new, guidance=guidance_new,
+                        difference=self._difference(target))
 
     def check_boundary(self, boundary: StartPrediction, x: torch.Tensor, x0: torch.Tensor,
                        guidance: torch.Tensor | None) -> None:

@@ -85,8 +85,8 @@ class ProbeTarget:
     # The donor's shallowest checkpoint, when shallower than this one (for a donor that itself resumed, its own
     # donor's: see `_anchor_for`). Early in the schedule the prompt still decides layout and motion; later the
     # model mostly follows the state it is given, so a deeper probe can agree with a donor whose trajectory the
-    # new prompt would not have taken (a motion word's opposite can pass half-way). Decider.decide confirms a
-    # deep pass here, unless `start` already did.
+    # new prompt would not have taken (a motion word's opposite can pass half-way). Decider asks here first, and
+    # deeper only after a pass, unless the donor's step-0 screen makes a deep pass nearly certain.
     anchor: ProbeTarget | None = None
     start: StartPrediction | None = None  # the donor's step 0, for Decider._screen
     end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
@@ -135,13 +135,9 @@ class _Reads:
 
 
 def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
-                same_noise_only: bool, max_probes: int, fallback_fraction: float | None = None,
-                fallback_targets: int = 1) -> tuple[list[ProbeTarget | ScreenOnly], dict[str, int]]:
+                same_noise_only: bool, max_probes: int) -> tuple[list[ProbeTarget | ScreenOnly], dict[str, int]]:
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
-    plus skip reasons. With `fallback_fraction`, if none of them lies that shallow, checkpoints that do are
-    appended for the run's last probe call (`Decider.decide`): the deepest such checkpoint of each donor the targets
-    hold, since the step-0 screen may rule any of them out before that call, then of other donors, up to
-    `fallback_targets` in all where the donors are fewer.
+    plus skip reasons.
 
     Depth before donor: probing one donor at every depth first would spend the whole budget on it when it is
     the wrong one, while a better donor ranked second would have passed at the first depth. Checkpoints
@@ -151,15 +147,8 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     """
     reads = _Reads(store, facts)
     offers = donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only)
-    remaining = iter(offers)
-    targets = _collect(reads, remaining, max_probes)
-    fallback_step = None if fallback_fraction is None else facts.max_step(fallback_fraction)
-    if fallback_step is not None and not any(t.step <= fallback_step for t in targets):
-        planned = {t.meta.entry_id for t in targets}
-        shallow = _deepest_of_each_donor(offer for offer in remaining if offer.step <= fallback_step)
-        shallow.sort(key=lambda offer: offer.meta.entry_id not in planned)  # stable: depth and rank order kept
-        targets += _collect(reads, iter(shallow), max(fallback_targets, len(planned)))
-    return targets + _screen_only(reads, offers, targets, fallback_step), reads.skipped
+    targets = _collect(reads, iter(offers), max_probes)
+    return targets + _screen_only(reads, offers, targets), reads.skipped
 
 
 @dataclass
@@ -171,25 +160,20 @@ class ScreenOnly:
     candidate: Candidate
     meta: EntryMeta
     start: StartPrediction
-    # (step, sigma) of the states it would be probed at: its deepest within the mode's depth and, where that lies
-    # beyond the run's fallback depth (fast), its deepest within that, for the run's last probe call
+    # (step, sigma) of the state it would be probed at: its deepest within the mode's depth
     states: tuple[tuple[int, float], ...]
     _reads: _Reads = field(repr=False)
 
     def load(self) -> list[ProbeTarget]:
         """The donor's states to probe and resume from, deepest first; those unusable are skipped."""
-        loaded = (_load_target(self._reads, step, sigma, self.candidate, self.meta, anchored=False)
-                  for step, sigma in self.states)
+        loaded = (_load_target(self._reads, step, sigma, self.candidate, self.meta) for step, sigma in self.states)
         return [target for target in loaded if target is not None]
 
 
-def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget],
-                 fallback_step: int | None) -> list[ScreenOnly]:
+def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ScreenOnly]:
     """Each same-noise donor that `targets` leave out and that recorded its step 0: the step-0 screen judges all of
     them in the one call the request makes anyway. None of them costs a probe call unless the screen passes it."""
     have = {target.meta.entry_id for target in targets}
-    within_fallback = {} if fallback_step is None else {
-        offer.meta.entry_id: offer for offer in _deepest_of_each_donor(o for o in offers if o.step <= fallback_step)}
     extra = []
     for deepest in _deepest_of_each_donor(offers):
         meta = deepest.meta
@@ -200,12 +184,8 @@ def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget],
         if start is None:
             reads.skip("no step-0 record to screen", meta)
             continue
-        states = [(deepest.step, deepest.sigma)]
-        shallow = within_fallback.get(meta.entry_id)
-        if shallow is not None and shallow.step < deepest.step:
-            states.append((shallow.step, shallow.sigma))
-        extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start, states=tuple(states),
-                                _reads=reads))
+        extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start,
+                                states=((deepest.step, deepest.sigma),), _reads=reads))
     return extra
 
 
@@ -293,9 +273,9 @@ def _collect(reads: _Reads, pool: Iterator[Offer], limit: int) -> list[ProbeTarg
     return collected
 
 
-def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, meta: EntryMeta,
-                 anchored: bool = True) -> ProbeTarget | None:
-    """The probe target of one offer, with its start prediction and (`anchored`) its anchor; None (a skip) when its
+def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate,
+                 meta: EntryMeta) -> ProbeTarget | None:
+    """The probe target of one offer, with its start prediction and its anchor; None (a skip) when its
     checkpoint blob or the tensors at that step are unusable."""
     tensors = _checkpoints_of(reads, meta)
     if tensors is None:
@@ -304,7 +284,7 @@ def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate, m
     if target is None:
         reads.skip("checkpoint of another shape, or NaN", meta)
         return None
-    target.anchor = _anchor_for(reads, meta, step, candidate) if anchored else None
+    target.anchor = _anchor_for(reads, meta, step, candidate)
     target.start = _start_for(reads, meta)
     target.end = stage_end_of(meta, tensors, reads.facts.latent_shape)
     return target

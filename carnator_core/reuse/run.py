@@ -187,9 +187,7 @@ class ReuseRun:
             return []
         targets, self.skipped = plan_probes(self.store, self.match.candidates, self.facts, self.resume_limit,
                                             same_noise_only=self.settings.seed_policy == "same-noise",
-                                            max_probes=self.settings.max_probes * max(1, batch_limit),
-                                            fallback_fraction=self.settings.fallback_resume_fraction,
-                                            fallback_targets=max(1, batch_limit))
+                                            max_probes=self.settings.max_probes * max(1, batch_limit))
         return targets
 
     def _judge_by_profile(self) -> None:
@@ -222,9 +220,7 @@ class ReuseRun:
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
             return []
         targets, self.skipped = plan_probes(self.store, candidates, self.facts, self.resume_limit,
-                                            same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
-                                            fallback_fraction=self.settings.fallback_resume_fraction,
-                                            fallback_targets=max(1, batch_limit))
+                                            same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit))
         continued = []
         for target in targets:
             if isinstance(target, ProbeTarget):

@@ -137,16 +137,6 @@ class ReuseSettings:
         forced = self.forced_resume_fraction
         return RESUME_LIMITS[self.mode] if forced is None else forced
 
-    @property
-    def fallback_resume_fraction(self) -> float | None:
-        """Where a run's last probe goes when none has been as shallow yet: balanced's limit, for fast.
-
-        Why: a one-word colour edit fails deep probes (appearance is settled there) yet may pass half-way, so a
-        fast run that spent its whole budget deep would sample in full what balanced resumes.
-        """
-        balanced = RESUME_LIMITS["balanced"]
-        return balanced if self.max_resume_fraction > balanced and self.forced_resume_fraction is None else None
-
     def probe_batch_limit(self, on_cpu: bool, fits: Callable[[int], bool]) -> int:
         """Donor states per probe call: the user's number, else (auto) the most, up to MAX_AUTO_PROBE_BATCH, that
         `fits` (the host's memory check for a call of that many states) allows. On CPU auto is 1: a batched call

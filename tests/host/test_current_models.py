@@ -85,14 +85,15 @@ def test_the_loader_detects_the_models_config_class(comfy, current_model, family
 def test_a_plain_video_latent_resumes_from_the_same_prompt_and_seed(comfy, current_model, store_path, family):
     graph = _graph(current_model, family, seed=7)
     plain, _ = _sample(comfy, graph)
-    first, first_reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    # every clip may run sparse (min_tokens 0), so the override must see its video self-attention
+    first, first_reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT, min_tokens=0))
     channels = current_model(family).spec.latent_channels
     assert tuple(first.shape) == (1, channels, 2, 4, 4)  # 64 x 64 x 5 frames, 16x spatial, 4x temporal
     assert not first_reports[0]["hit"] and torch.equal(first, plain)
     attention = first_reports[0]["attention"]
     assert attention["self_attention_calls"] > 0 and not attention["inactive"], attention  # the override sees video
 
-    second, reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT))
+    second, reports = _sample(comfy, with_reuse(graph, store_path, prompt=PROMPT, min_tokens=0))
     report = reports[0]
     assert report["hit"] and report["skipped_steps"] == 5, json.dumps(report)
     assert report["model_calls"] == STEPS - 5 + 1 < first_reports[0]["model_calls"] == STEPS
@@ -261,7 +262,7 @@ def test_ltx2_through_the_reuse_sampler_records_and_resumes_the_same(comfy, curr
 SPARSE_EVERYWHERE = {
     "source": "own", "block_size": "64", "tau": 0.5, "min_density": 0.1, "max_density": 0.5, "dense_fraction": 0.0,
     "dense_first_blocks": 0, "dense_last_blocks": 0, "refresh_every": 2, "recheck_every": 2, "enter_recall": 0.9,
-    "exit_recall": 0.75, "backend": "auto", "dense_above": 1.0,
+    "exit_recall": 0.75, "backend": "auto", "dense_above": 1.0, "min_tokens": 0,
 }
 
 

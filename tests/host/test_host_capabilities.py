@@ -114,14 +114,14 @@ def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, ti
     graph["bypass"] = {"class_type": "HarnessBypassAttentionOverride",
                        "inputs": {"model": graph[SAMPLER]["inputs"]["model"]}}
     graph[SAMPLER]["inputs"]["model"] = ["bypass", 0]
-    _, reports = _run(comfy, with_reuse(graph, "stores/bypass", prompt="a red ball", sparse_attention="own"))
+    _, reports = _run(comfy, with_reuse(graph, "stores/bypass", prompt="a red ball", sparse_attention="own", min_tokens=0))
     attention = reports[0]["attention"]
     assert attention["self_attention_calls"] == 0 and attention["sparse_calls"] == 0
     assert attention["inactive"] == "sparse attention inactive: attention is patched by carnator_harness"
     assert attention["inactive"] in reports[0]["notes"]
     _, plain_attention = _run(comfy, with_reuse(wan_t2v(tiny_models["wan"].name, steps=4, seed=3,
                                                         sampler_name="euler"), "stores/bypass", prompt="a red ball",
-                                                sparse_attention="own", top_k=5))
+                                                sparse_attention="own", top_k=5, min_tokens=0))
     assert plain_attention[0]["attention"]["self_attention_calls"] > 0 and not plain_attention[0]["attention"]["inactive"]
 
 

@@ -86,9 +86,9 @@ def test_checkpoints_holding_a_step_cache_extrapolation_are_never_offered(tmp_pa
     assert skipped == {"its checkpoints hold a step cache's extrapolation, not the model's": 1}
 
 
-def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
-    """A clear miss at one depth is a miss at every depth (calibration), so the budget goes to the next donor:
-    the right donor, ranked second and offered only shallower, is reached with the second call."""
+def test_a_call_that_passes_nothing_ends_probing(tmp_path):
+    """A miss costs at most one probe call: the first donor's call fails, and the lower-ranked donor that would have
+    passed is not asked (a failed call is a model call the request pays on top of its own steps)."""
     store = ReuseStore(str(tmp_path / "store"))
     states = _random_states({"wrong": (3, 5), "right": (3,)}, seed=0)
     wrong, right = _donor(store, "wrong", [3, 5], _blob(states, "wrong")), _donor(store, "right", [3], _blob(states, "right"))
@@ -101,62 +101,37 @@ def test_a_donor_that_misses_by_far_gets_no_shallower_probe(tmp_path):
         return [(x0 if owner == "right" else -x0, None)]
 
     run = _run(store)
-    resume = run.decide(targets, evaluate)
-    assert resume is not None and resume.target.candidate.prompt == "right" and run.decider.model_calls == 2
-    assert [(p.donor_prompt, p.step, p.passed, p.donor_given_up) for p in run.probes] == [
-        ("wrong", 5, False, True), ("right", 3, True, False)]
+    assert run.decide(targets, evaluate) is None and run.decider.model_calls == 1
+    assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [("wrong", 3, False)]  # asked at its anchor
 
 
-def test_fast_keeps_its_last_probe_for_balanced_depth(tmp_path):
-    """Deep checkpoints of two donors fill fast's budget; the plan still ends at balanced's limit (step 5 of 10),
-    and after two failed deep calls the third goes there: a colour edit fails deep but can pass half-way."""
+@pytest.mark.parametrize(("agrees_at", "calls", "resumed_at"), [
+    ({2, 5}, 2, 5),  # asked at its anchor, then deeper: resumes at the deeper pass
+    ({2}, 2, 2),  # the deeper call fails: resumes at the anchor it holds
+    ({5}, 1, None),  # the anchor fails: a miss after one call, the deep pass never asked
+])
+def test_a_donor_the_screen_did_not_confirm_is_asked_at_its_shallowest_checkpoint_first(tmp_path, agrees_at, calls,
+                                                                                          resumed_at):
+    """Early in the schedule the prompt still picks the trajectory, later the model follows the state it is given: a
+    donor without a step-0 screen is asked at its shallowest checkpoint first, and only after a pass there deeper.
+    Every plan target carries its donor's shallowest checkpoint."""
     store = ReuseStore(str(tmp_path / "store"))
-    steps = {"edited": (5, 6, 8), "resumed": (8,)}
-    states = _random_states(steps, seed=1)
-    generator = torch.Generator().manual_seed(2)
-    edited, resumed = (_donor(store, name, list(donor_steps), _blob(states, name)) for name, donor_steps in steps.items())
-    deep_only, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3)
-    deep = [("edited", 8), ("resumed", 8), ("edited", 6)]
-    assert [(t.candidate.prompt, t.step) for t in deep_only] == deep
-    targets, _ = plan_probes(store, [edited, resumed], FACTS, max_fraction=0.8, same_noise_only=True, max_probes=3,
-                             fallback_fraction=0.5)
-    assert [(t.candidate.prompt, t.step) for t in targets] == deep + [("edited", 5)]
+    states = _random_states({"donor": (2, 5)}, seed=3)
+    donor = _donor(store, "donor", [2, 5], _blob(states, "donor"))
+    targets, _ = plan_probes(store, [donor], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    assert [(t.step, t.anchor and t.anchor.step) for t in targets] == [(5, 2), (2, None)]
+    assert torch.equal(targets[0].anchor.x, states[("donor", 2)][0])
 
     def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
-        """Agrees with a donor half-way (step 5); deeper it misses the threshold, though by less than the give-up margin."""
         (_, step), x0 = _probed(states, xs[0])
-        return [(x0 if step <= 5 else 0.9 * x0 + 0.1 * torch.randn(SHAPE, generator=generator), None)]
-
-    run = _run(store, mode="fast")
-    resume = run.decide(targets, evaluate)
-    assert [(p.step, p.passed) for p in run.probes] == [(8, False), (8, False), (5, True)]
-    assert resume is not None and resume.target.step == 5 and run.decider.model_calls == 3
-
-
-def test_a_deep_pass_counts_only_if_the_donor_agrees_at_its_shallowest_checkpoint(tmp_path):
-    """The live model agrees with both donors half-way (step 5), where it follows the state it is given, but only
-    with one at step 2, where the prompt still picks the trajectory: the other is ruled out after one more call,
-    the confirmed one resumes from step 5, and every plan target carries its donor's shallowest checkpoint."""
-    store = ReuseStore(str(tmp_path / "store"))
-    steps = {"opposite way": (2, 5), "same way": (2, 5)}
-    states = _random_states(steps, seed=3)
-    opposite, same = (_donor(store, name, list(s), _blob(states, name)) for name, s in steps.items())
-    targets, _ = plan_probes(store, [opposite, same], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
-    assert [(t.candidate.prompt, t.step, t.anchor and t.anchor.step) for t in targets] == [
-        ("opposite way", 5, 2), ("same way", 5, 2), ("opposite way", 2, None)]
-    assert torch.equal(targets[0].anchor.x, states[("opposite way", 2)][0])
-
-    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
-        (owner, step), x0 = _probed(states, xs[0])
-        return [(-x0 if owner == "opposite way" and step == 2 else x0, None)]
+        return [(x0 if step in agrees_at else -x0, None)]
 
     run = _run(store)
     resume = run.decide(targets, evaluate)
-    assert [(p.donor_prompt, p.step, p.passed, p.confirms_deeper) for p in run.probes] == [
-        ("opposite way", 5, True, False), ("opposite way", 2, False, True),
-        ("same way", 5, True, False), ("same way", 2, True, True)]
-    assert resume is not None and resume.target.candidate.prompt == "same way" and resume.target.step == 5
-    assert run.decider.model_calls == 4  # two probe calls, each confirmed once
+    asked = [(2, 2 in agrees_at, True)] + ([(5, 5 in agrees_at, False)] if 2 in agrees_at else [])
+    assert [(p.step, p.passed, p.confirms_deeper) for p in run.probes] == asked
+    assert run.decider.model_calls == calls
+    assert (resume and resume.target.step) == resumed_at
 
 
 def test_a_donor_that_resumed_is_confirmed_on_its_own_donors_early_checkpoint(tmp_path):
@@ -216,7 +191,7 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
     run = _run(store)
     run.start_state = start
     run.decide([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
-    assert run.start_evaluation is None and calls[2] == ("other seed", 5)  # nothing to screen: no call at the start
+    assert run.start_evaluation is None and calls[2] == ("other seed", 2)  # nothing to screen: its anchor first
 
 
 class _CountingStore(ReuseStore):
@@ -279,39 +254,6 @@ def test_the_screen_reads_a_step_0_record_per_donor_and_states_only_of_those_it_
         ("first", 0, False), ("second", 0, False), ("third", 0, True), ("third", 5, True)]
 
 
-@pytest.mark.parametrize(("max_probes", "passed", "planned"), [
-    (3, "second", [("first", 8), ("second", 8), ("third", 8), ("first", 5), ("second", 5), ("third", 5)]),
-    (2, "third", [("first", 8), ("second", 8), ("first", 5), ("second", 5), ("third", None)]),
-])
-def test_fast_keeps_its_last_probe_for_balanced_depth_of_a_donor_the_screen_passed(tmp_path, max_probes, passed,
-                                                                                  planned):
-    """Deep checkpoints of the donors fill fast's budget and the screen rules all but one out, a planned donor or
-    one beyond the budget (screen-only): that one fails deep and is probed at balanced's limit, where it resumes, as
-    a balanced run would."""
-    store = ReuseStore(str(tmp_path / "store"))
-    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
-    predictions = {name: torch.randn(SHAPE, generator=torch.Generator().manual_seed(i + 2)).half().float()
-                   for i, name in enumerate(("first", "second", "third"))}
-    donors = [_recorded_donor(store, name, start, x0, steps=(5, 8)) for name, x0 in predictions.items()]
-    targets, _ = plan_probes(store, donors, FACTS, max_fraction=0.8, same_noise_only=True, max_probes=max_probes,
-                             fallback_fraction=0.5)
-    assert [(t.candidate.prompt, None if isinstance(t, ScreenOnly) else t.step) for t in targets] == planned
-
-    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
-        """The live prompt predicts what `passed` did at step 0, and agrees with it half-way but not at step 8."""
-        if xs[0] is start:
-            return [(predictions[passed], None)]
-        return [(X0_5.half().float() if float(xs[0].flatten()[0]) == 5.0 else -X0_5, None)]
-
-    run = _run(store, mode="fast", max_probes=max_probes)
-    run.start_state = start
-    decision = run.decide(targets, evaluate)
-    assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [
-        (name, 0, name == passed) for name in predictions] + [(passed, 8, False), (passed, 5, True)]
-    assert decision is not None and decision.target.candidate.prompt == passed and decision.step == 5
-    assert run.decider.model_calls == 3  # the screen (the request's own step 0) and two probes
-
-
 def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_step_0_difference(tmp_path):
     """A one-attribute edit: the request's step-0 prediction differs from the donor's in one region. The donor passes
     the screen, is probed at x_5 + (1 - sigma_5 / sigma_0) x difference against its own prediction moved by the
@@ -351,6 +293,34 @@ def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_st
 
     run, _ = asked(carries_edit=False)
     assert run.decision is None and [p.passed for p in run.probes] == [True, False]
+
+
+@pytest.mark.parametrize(("screen_gap", "asked_steps"), [
+    (0.0, [0, 5]),  # the screen agrees fully: the deep state first, no anchor call
+    (0.1, [0, 2, 5]),  # it passes, but not by the margin at depth 0.5: the anchor first, then deeper
+])
+def test_a_screened_donor_is_asked_deep_first_only_when_its_screen_clears_that_depth_by_the_margin(
+        tmp_path, screen_gap, asked_steps):
+    """A deep call that fails ends probing, so only a donor whose step-0 agreement clears the deep bar by the give-up
+    margin is asked deep first; one that passes the screen by less climbs from its anchor and resumes as deep."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    donor = _recorded_donor(store, "donor", start, x0_start, steps=(2, 5))
+    noise = torch.randn(SHAPE, generator=torch.Generator().manual_seed(3))
+    gap = screen_gap * (x0_start - start).norm() / noise.norm() * noise  # structure agreement about 1 - screen_gap
+    moved = (x0_start + gap).half().float() - x0_start  # what the request's step 0 differs by, as stored
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        """The request predicts the donor's step 0 off by `gap`, and the donor's later predictions moved alike."""
+        return [(x0_start + gap if x is start else X0_5.half().float() + moved, None) for x in xs]
+
+    run = _run(store)
+    run.start_state = start
+    targets, _ = plan_probes(store, [donor], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+    decision = run.decide(targets, evaluate)
+    assert [p.step for p in run.probes] == asked_steps and all(p.passed for p in run.probes)
+    assert decision is not None and decision.step == 5 and run.decider.model_calls == len(asked_steps)
 
 
 def test_with_cfg_guidance_a_screened_donor_resumes_at_its_own_state_without_a_confirmation_call(tmp_path):
