@@ -9,7 +9,8 @@ plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verificatio
 prompt similarity, no probe, NIRVANA/Chorus style) · own-masks (CarnatorSparseAttention, online masks) ·
 any-donor-masks (CarnatorSparseAttention borrowed+own, masks of an unrelated donor prompt via a
 CarnatorCompatibilityLookup fed that prompt's conditioning) · safe · balanced · fast (CarnatorReuse modes,
-node defaults) · balanced+easycache.
+node defaults) · balanced+easycache. A hit is a request that skipped steps (resumed, or a stage skipped);
+`masks_only_rate` is the share that borrowed a donor's attention masks and sampled every step.
 
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
 (other processes on a shared CPU) spreads over all configurations. A configuration's time is the wall time
@@ -70,7 +71,8 @@ from carnator_core.store.reuse_store import ReuseStore
 
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")
-FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
+FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_density", "psnr", "ssim", "adherence",
+          "bytes_per_entry")
 # Plain's median server CPU time / this configuration's (None where unknown); the mean model calls and the speedup
 # (plain's median time / the hits' median time) of the requests that resumed (None without one); the mean model calls
 # per request of each stage, in stage order (two-expert graph: first and second expert; else the one sampler).
@@ -167,7 +169,12 @@ class Sample:
 
     @property
     def hit(self) -> bool:
-        return self.verdict is not Verdict.MISS
+        """Whether the request skipped steps: what a reuse hit saves is model calls, which borrowed masks do not."""
+        return self.verdict.skips_steps
+
+    @property
+    def masks_only(self) -> bool:
+        return self.verdict is Verdict.MASKS_BORROWED
 
 
 class Bench:
@@ -276,7 +283,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
     rows = []
     for name, runs in samples.items():
         cpu = _median([s.cpu_seconds for s in runs if s.cpu_seconds is not None])
-        hits = [s for s in runs if s.verdict.skips_steps]
+        hits = [s for s in runs if s.hit]
         first_expert = _mean([s.first_expert_calls for s in runs])
         calls = sum(s.model_calls for s in runs) / len(runs)
         rows.append({
@@ -285,6 +292,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "cpu_speedup": round(plain_cpu / cpu, 3) if plain_cpu > 0 and cpu > 0 else None,  # NaN: unknown
             "model_calls": round(calls, 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
+            "masks_only_rate": round(sum(s.masks_only for s in runs) / len(runs), 3),
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
             "psnr": _psnr(runs),
             "ssim": round(_mean([s.quality["ssim"] for s in runs]), 4),
@@ -461,13 +469,13 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     lines = [f"### Workload `{result['stream']}` ({len(result['prompts'])} prompts, {settings['steps']} steps, "
              f"seed {settings['seed']}, cfg {settings['cfg']})", "",
              "| config | speedup | CPU speedup | model calls | first-expert calls | hit rate | calls per hit | "
-             "speedup per hit | attention density | PSNR (dB) | SSIM | adherence | bytes/entry |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "speedup per hit | masks-only rate | attention density | PSNR (dB) | SSIM | adherence | bytes/entry |",
+             "|---" * 14 + "|"]
     for c in result["configs"]:
         lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {_shown(c.get('cpu_speedup'), '{:.2f}x')} | "
                      f"{c['model_calls']:.1f} | {_first_expert(c)} | {c['hit_rate']:.2f} | "
                      f"{_shown(c.get('hit_model_calls'), '{:.1f}')} | {_shown(c.get('hit_speedup'), '{:.2f}x')} | "
-                     f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
+                     f"{c['masks_only_rate']:.2f} | {c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
                      f"{_shown(c['adherence'], '{:.3f}')} | {c['bytes_per_entry']:,} |")
     if result.get("per_kind"):
         kinds = list(next(iter(result["per_kind"].values())))
@@ -490,7 +498,8 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                       f"{heavy['attention_density']} -> {heavy['speedup']:.2f}x end to end."]
     lines += ["", "PSNR: of all the stream's clips together (mean squared error over prompts) against the same-seed "
                   f"plain clips, {PSNR_IDENTICAL:.0f} dB when identical; SSIM: mean over prompts; adherence over the prompts the oracle can score; bytes/entry 0: "
-                  "the configuration records nothing. Dense attention: PyTorch SDPA (ComfyUI "
+                  "the configuration records nothing. Hits: requests that skipped steps; masks-only: requests that "
+                  "sampled every step on a donor's attention masks. Dense attention: PyTorch SDPA (ComfyUI "
                   f"{' '.join(settings['comfyui_args'])}). Machine: {settings['machine']}"]
     return "\n".join(lines) + "\n"
 
