@@ -9,23 +9,33 @@ plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verificatio
 prompt similarity, no probe, NIRVANA/Chorus style) · own-masks (CarnatorSparseAttention, online masks) ·
 any-donor-masks (CarnatorSparseAttention borrowed+own, masks of an unrelated donor prompt via a
 CarnatorCompatibilityLookup fed that prompt's conditioning) · safe · balanced · fast (CarnatorReuse modes,
-node defaults) · balanced+easycache.
+node defaults) · balanced+easycache · plain-<n>: plain at n = steps // 2, steps // 3 and steps // 4 steps (same seed,
+sampler and scheduler), named by their step count (plain-15, plain-10, plain-7 at 30 steps). A fraction whose step
+count is 0 or one a larger fraction already runs has no configuration (a progress line says so): `--steps 2` runs
+plain-1 alone, `--steps 4` plain-2 and plain-1.
+
+Every other configuration's `equal_quality_speedup` weighs it against the cheapest of those fewer-steps runs
+(fewest model calls) that is as good: its clips at least as close to full plain (PSNR) and its adherence no lower
+(within ADHERENCE_TOLERANCE; PSNR alone where the oracle scores no prompt), else against full plain: that run's mean
+model calls and median time over the configuration's. Below 1, just taking fewer steps gets as close for less, and
+the markdown says so under its table. A hit is a request that skipped steps (resumed, or a stage skipped);
+`masks_only_rate` is the share that borrowed a donor's attention masks and sampled every step.
 
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
 (other processes on a shared CPU) spreads over all configurations. A configuration's time is the wall time
 of the nodes it adds plus the sampler's (per-node times from ComfyUI's websocket); text encoding, model
 loading and file saving are the same everywhere and left out. Every configuration first runs once on a
-throwaway prompt (2 steps, separate stores) so that no timed run pays for loading a model or a kernel. After
-a run that records, the benchmark waits until the server's background writer has stored the entry, so the
-write neither overlaps the next timed run nor is missed by the next lookup. Quality: PSNR/SSIM of the
+throwaway prompt (2 steps, plain-<n> its n; separate stores) so that no timed run pays for loading a model or a
+kernel. After a run that records, the benchmark waits until the server's background writer has stored the entry,
+so the write neither overlaps the next timed run nor is missed by the next lookup. Quality: PSNR/SSIM of the
 decoded clip against the same prompt's plain clip (same seed), and the demo oracle's adherence (share of
 shape, colour, motion and background that match the prompt; prompts it cannot parse are left out).
 
 `--graph two-expert` runs the stream on the Wan 2.2 14B template's shape instead: the demo model as both experts,
 each loader -> ModelSamplingSD3 -> (CarnatorReuse) -> KSamplerAdvanced, the first sampling to the half-way boundary
-with leftover noise and the second continuing; configurations plain, safe, balanced and fast, and the first
-expert's calls per request reported apart. Every table also gives the calls and the speedup of the requests that
-resumed; `edit-loop` adds which kinds of edit resumed and how deep.
+with leftover noise and the second continuing; configurations plain, its plain-<n> (the boundary at n // 2, at
+least 1), safe, balanced and fast, and the first expert's calls per request reported apart. Every table also gives
+the calls and the speedup of the requests that resumed; `edit-loop` adds which kinds of edit resumed and how deep.
 
 `--attention-heavy` adds a timing-only configuration: a random-weight Wan 2.1 model on >= 4k video tokens,
 where attention dominates a step as in full-size models, plain versus CarnatorSparseAttention with own masks.
@@ -34,6 +44,7 @@ where attention dominates a step as in full-size models, plain versus CarnatorSp
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -70,11 +81,18 @@ from carnator_core.store.reuse_store import ReuseStore
 
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")
-FIELDS = ("speedup", "model_calls", "hit_rate", "attention_density", "psnr", "ssim", "adherence", "bytes_per_entry")
+FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_density", "psnr", "ssim", "adherence",
+          "bytes_per_entry")
 # Plain's median server CPU time / this configuration's (None where unknown); the mean model calls and the speedup
 # (plain's median time / the hits' median time) of the requests that resumed (None without one); the mean model calls
-# per request of each stage, in stage order (two-expert graph: first and second expert; else the one sampler).
-EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "stage_model_calls")
+# per request of each stage, in stage order (two-expert graph: first and second expert; else the one sampler); the
+# configuration against the cheapest plain run of as good a quality (`equal_quality_speedup`; None for plain runs).
+EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "stage_model_calls", "equal_quality_speedup")
+# Plain at 1/2, 1/3 and 1/4 of the steps, named `plain-<its steps>`: what taking fewer steps alone buys, the yardstick
+# of `equal_quality_speedup`.
+FEWER_STEPS_DIVISORS = (2, 3, 4)
+FEWER_STEPS_NAME = re.compile(r"plain-(\d+)")
+ADHERENCE_TOLERANCE = 0.005  # how much less adherence still counts as the same in `equal_quality_speedup`
 # The two-expert graph (`--graph two-expert`, the Wan 2.2 14B template's shape): plain and the reuse modes, one
 # CarnatorReuse on each expert.
 TWO_EXPERT_CONFIGS = ("plain", "safe", "balanced", "fast")
@@ -114,9 +132,48 @@ def _store_dir(name: str, prefix: str = "stores") -> str:
     return f"{prefix}/{re.sub('[^a-z0-9]+', '_', name)}"
 
 
+def fewer_steps(steps: int) -> tuple[list[str], list[str]]:
+    """The plain-at-fewer-steps configurations of a `steps`-step stream, and a line for each fraction that has none:
+    0 steps, or a step count a larger fraction already runs."""
+    names: list[str] = []
+    skipped: list[str] = []
+    for divisor in FEWER_STEPS_DIVISORS:
+        count = steps // divisor
+        name = f"plain-{count}"
+        if count == 0:
+            skipped.append(f"plain at 1/{divisor} of {steps} steps skipped: that is 0 steps")
+        elif name in names:
+            skipped.append(f"plain at 1/{divisor} of {steps} steps skipped: {_steps(count)}, as {name} already runs")
+        else:
+            names.append(name)
+    return names, skipped
+
+
+def _steps(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
+
+
+def fewer_steps_count(name: str) -> int | None:
+    """The steps of a plain-at-fewer-steps configuration (`plain-<steps>`); None for every other configuration."""
+    match = FEWER_STEPS_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def expert_boundary(steps: int) -> int:
+    """The two-expert graph's hand-over step: half-way, and after the one step of a 1-step run (a first expert
+    that ends at step 0 would hand over its latent without the noise)."""
+    return max(1, steps // 2)
+
+
 def config_graph(name: str, base: dict, prompt: str, donor_prompt: str, store_prefix: str = "stores",
                  seed_policy: str = "same-noise") -> dict:
-    """The base demo graph with configuration `name` spliced in front of its sampler."""
+    """The base demo graph with configuration `name` spliced in front of its sampler (plain at fewer steps: the
+    base graph with its sampler's steps lowered)."""
+    steps = fewer_steps_count(name)
+    if steps is not None:
+        graph = copy.deepcopy(base)
+        graph[graphs.SAMPLER]["inputs"]["steps"] = steps
+        return graph
     store = _store_dir(name, store_prefix)
 
     def reuse(graph: dict, **options) -> dict:
@@ -167,7 +224,12 @@ class Sample:
 
     @property
     def hit(self) -> bool:
-        return self.verdict is not Verdict.MISS
+        """Whether the request skipped steps: what a reuse hit saves is model calls, which borrowed masks do not."""
+        return self.verdict.skips_steps
+
+    @property
+    def masks_only(self) -> bool:
+        return self.verdict is Verdict.MASKS_BORROWED
 
 
 class Bench:
@@ -269,31 +331,63 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def _mean_calls(runs: list[Sample]) -> float:
+    return sum(s.model_calls for s in runs) / len(runs)
+
+
+def _adherence(runs: list[Sample]) -> float | None:
+    return _mean([s.quality["adherence"] for s in runs])
+
+
+def equal_quality_speedup(runs: list[Sample], plain: list[Sample],
+                          fewer: dict[str, list[Sample]]) -> dict[str, Any]:
+    """`runs` against the cheapest plain run that is as good: of the plain-at-fewer-steps runs in `fewer` whose clips
+    are at least as close to full plain (PSNR) and that keep the adherence (within ADHERENCE_TOLERANCE; PSNR alone
+    where either has none), the one of fewest model calls, else full `plain`. A reuse configuration that saves fewer
+    calls than just taking fewer steps shows a calls ratio below 1."""
+    psnr, adherence = _psnr(runs), _adherence(runs)
+
+    def as_good(candidate: list[Sample]) -> bool:
+        candidate_adherence = _adherence(candidate)
+        return _psnr(candidate) >= psnr and (adherence is None or candidate_adherence is None
+                                             or candidate_adherence >= adherence - ADHERENCE_TOLERANCE)
+
+    against = min((name for name, candidate in fewer.items() if as_good(candidate)),
+                  key=lambda name: _mean_calls(fewer[name]), default="plain")
+    reference = fewer.get(against, plain)
+    return {"against": against, "calls": round(_mean_calls(reference) / _mean_calls(runs), 3),
+            "time": round(_median([s.seconds for s in reference]) / _median([s.seconds for s in runs]), 3)}
+
+
 def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -> list[dict[str, Any]]:
     """One row per configuration, with the FIELDS and EXTRA_FIELDS of the JSON report."""
     plain_time = _median([s.seconds for s in samples["plain"]])
     plain_cpu = _median([s.cpu_seconds for s in samples["plain"] if s.cpu_seconds is not None])
+    fewer = {name: runs for name, runs in samples.items() if fewer_steps_count(name) is not None}
     rows = []
     for name, runs in samples.items():
         cpu = _median([s.cpu_seconds for s in runs if s.cpu_seconds is not None])
-        hits = [s for s in runs if s.verdict.skips_steps]
+        hits = [s for s in runs if s.hit]
         first_expert = _mean([s.first_expert_calls for s in runs])
-        calls = sum(s.model_calls for s in runs) / len(runs)
+        calls = _mean_calls(runs)
         rows.append({
             "name": name,
             "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
             "cpu_speedup": round(plain_cpu / cpu, 3) if plain_cpu > 0 and cpu > 0 else None,  # NaN: unknown
             "model_calls": round(calls, 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
+            "masks_only_rate": round(sum(s.masks_only for s in runs) / len(runs), 3),
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
             "psnr": _psnr(runs),
             "ssim": round(_mean([s.quality["ssim"] for s in runs]), 4),
-            "adherence": _round(_mean([s.quality["adherence"] for s in runs]), 3),
+            "adherence": _round(_adherence(runs), 3),
             "bytes_per_entry": round(store_bytes.get(name, 0.0)),
             "hit_model_calls": _round(_mean([s.model_calls for s in hits]), 2),
             "hit_speedup": round(plain_time / _median([s.seconds for s in hits]), 3) if hits else None,
             "stage_model_calls": [round(calls, 2)] if first_expert is None else
                                  [round(first_expert, 2), round(calls - first_expert, 2)],
+            "equal_quality_speedup": None if name == "plain" or name in fewer else
+                                     equal_quality_speedup(runs, samples["plain"], fewer),
         })
     return rows
 
@@ -301,16 +395,16 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
 def targets(stream: str, samples: dict[str, list[Sample]]) -> list[dict[str, Any]]:
     """The stream's `STREAM_TARGETS`, each with what this run measured and whether it met it."""
     plain = samples["plain"]
-    plain_calls = sum(s.model_calls for s in plain) / len(plain)
-    plain_adherence = _mean([s.quality["adherence"] for s in plain])
+    plain_calls = _mean_calls(plain)
+    plain_adherence = _adherence(plain)
     rows = []
     for name, wanted in STREAM_TARGETS.get(stream, {}).items():
         runs = samples.get(name)
         if not runs:
             continue
-        adherence = _mean([s.quality["adherence"] for s in runs])
+        adherence = _adherence(runs)
         measured = {
-            "calls_speedup": plain_calls / (sum(s.model_calls for s in runs) / len(runs)),
+            "calls_speedup": plain_calls / _mean_calls(runs),
             "adherence_gap": None if adherence is None or plain_adherence is None else plain_adherence - adherence,
             "extra_calls": max(s.model_calls - p.model_calls for s, p in zip(runs, plain, strict=True)),
         }
@@ -355,30 +449,34 @@ def _mask_donor_graph(base: dict, store: str, donor: str) -> dict:
 
 
 def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
-               seed_policy: str, progress: Callable[[str], None]) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
+               seed_policy: str, progress: Callable[[str], None],
+               fewer: list[str]) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
+    """Every configuration (CONFIGS, with the plain-at-fewer-steps ones in `fewer` after plain) on every prompt."""
+    names = _with_fewer_steps(CONFIGS, fewer)
     donor = donor_prompt_for(prompts)
     warm_base = graphs.base_graph(unet, WARMUP_PROMPT, seed=1, steps=WARMUP_STEPS, cfg=cfg)
     warm_donor = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=WARMUP_STEPS, cfg=cfg),
                                    _store_dir("any-donor-masks", "warmup"), donor)
     bench.run(graphs.with_save_latent(warm_donor, "bench/warmup"))
     bench.wait_for_entries(_store_dir("any-donor-masks", "warmup"), 1)
-    for name in CONFIGS:
+    for name in names:
         progress(f"warm-up: {name}")
-        bench.sample(name, config_graph(name, warm_base, WARMUP_PROMPT, donor, "warmup"), WARMUP_STEPS)
+        bench.sample(name, config_graph(name, warm_base, WARMUP_PROMPT, donor, "warmup"),
+                     fewer_steps_count(name) or WARMUP_STEPS)
     progress(f"recording the arbitrary donor's masks: {donor!r}")
     donor_graph = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=steps, cfg=cfg),
                                     _store_dir("any-donor-masks"), donor)
     bench.run(graphs.with_save_latent(donor_graph, "bench/donor"))
     bench.wait_for_entries(_store_dir("any-donor-masks"), 1)
-    samples: dict[str, list[Sample]] = {name: [] for name in CONFIGS}
+    samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
-        order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
-        for name in order:
+        for name in _rotated(names, i):
             graph = config_graph(name, base, prompt, donor, seed_policy=seed_policy)
             store = _store_dir(name) if name in RECORDING else None
-            samples[name].append(bench.sample_recorded(name, graph, steps, store=store, entries=i + 1))
-        times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in CONFIGS)
+            samples[name].append(bench.sample_recorded(name, graph, fewer_steps_count(name) or steps, store=store,
+                                                       entries=i + 1))
+        times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in names)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
     store_bytes = {}
     for name in RECORDING:
@@ -388,32 +486,48 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
 
 
 def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
-                          seed_policy: str, progress: Callable[[str], None]) -> dict[str, list[Sample]]:
+                          seed_policy: str, progress: Callable[[str], None],
+                          fewer: list[str]) -> dict[str, list[Sample]]:
     """The stream on the two-expert graph (the demo model as both experts, the boundary half-way), every
-    configuration per prompt in rotated order, as `run_stream` does."""
-    boundary = steps // 2
+    configuration (TWO_EXPERT_CONFIGS, with the plain-at-fewer-steps ones in `fewer` after plain) per prompt in
+    rotated order, as `run_stream` does."""
+    names = _with_fewer_steps(TWO_EXPERT_CONFIGS, fewer)
+
+    recording = [name for name in TWO_EXPERT_CONFIGS if name != "plain"]
 
     def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = "stores") -> dict:
-        base = graphs.two_expert_graph(unet, prompt, seed=seed, steps=run_steps, boundary=run_steps // 2, cfg=cfg)
-        if name == "plain":
+        base = graphs.two_expert_graph(unet, prompt, seed=seed, steps=run_steps, boundary=expert_boundary(run_steps),
+                                       cfg=cfg)
+        if name not in recording:
             return base
         return graphs.with_expert_reuse(base, _store_dir(f"two-expert-{name}", prefix), prompt, mode=name,
                                         seed_policy=seed_policy)
 
-    for name in TWO_EXPERT_CONFIGS:
+    for name in names:
         progress(f"warm-up: two-expert {name}")
-        bench.sample(name, graph(name, WARMUP_PROMPT, 1, WARMUP_STEPS, "warmup"), WARMUP_STEPS, WARMUP_STEPS // 2)
-    samples: dict[str, list[Sample]] = {name: [] for name in TWO_EXPERT_CONFIGS}
+        run_steps = fewer_steps_count(name) or WARMUP_STEPS
+        bench.sample(name, graph(name, WARMUP_PROMPT, 1, run_steps, "warmup"), run_steps, expert_boundary(run_steps))
+    samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
-        order = TWO_EXPERT_CONFIGS[i % len(TWO_EXPERT_CONFIGS):] + TWO_EXPERT_CONFIGS[:i % len(TWO_EXPERT_CONFIGS)]
-        for name in order:
-            store = _store_dir(f"two-expert-{name}") if name != "plain" else None
-            samples[name].append(bench.sample_recorded(name, graph(name, prompt, seed, steps), steps, boundary,
-                                                       store=store, entries=i + 1))
+        for name in _rotated(names, i):
+            run_steps = fewer_steps_count(name) or steps
+            store = _store_dir(f"two-expert-{name}") if name in recording else None
+            samples[name].append(bench.sample_recorded(name, graph(name, prompt, seed, run_steps), run_steps,
+                                                       expert_boundary(run_steps), store=store, entries=i + 1))
         calls = ", ".join(f"{n} {samples[n][-1].model_calls} calls ({samples[n][-1].first_expert_calls} first expert)"
-                          for n in TWO_EXPERT_CONFIGS)
+                          for n in names)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {calls}")
     return samples
+
+
+def _with_fewer_steps(configs: tuple[str, ...], fewer: list[str]) -> tuple[str, ...]:
+    """`configs` with the plain-at-fewer-steps configurations right after plain, where a table reads them with it."""
+    return ("plain", *fewer, *(name for name in configs if name != "plain"))
+
+
+def _rotated(names: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """The configurations' order for the `i`th prompt: rotated by one per prompt, so that drift spreads over all."""
+    return names[i % len(names):] + names[:i % len(names)]
 
 
 def per_kind(kinds: list[str], samples: dict[str, list[Sample]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -466,15 +580,25 @@ def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
 def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     lines = [f"### Workload `{result['stream']}` ({len(result['prompts'])} prompts, {settings['steps']} steps, "
              f"seed {settings['seed']}, cfg {settings['cfg']})", "",
-             "| config | speedup | CPU speedup | model calls | first-expert calls | hit rate | calls per hit | "
-             "speedup per hit | attention density | PSNR (dB) | SSIM | adherence | bytes/entry |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | speedup | CPU speedup | equal-quality speedup | model calls | first-expert calls | hit rate | "
+             "calls per hit | speedup per hit | masks-only rate | attention density | PSNR (dB) | SSIM | adherence | "
+             "bytes/entry |",
+             "|---" * 15 + "|"]
     for c in result["configs"]:
         lines.append(f"| {c['name']} | {c['speedup']:.2f}x | {_shown(c.get('cpu_speedup'), '{:.2f}x')} | "
+                     f"{_equal_quality(c['equal_quality_speedup'])} | "
                      f"{c['model_calls']:.1f} | {_first_expert(c)} | {c['hit_rate']:.2f} | "
                      f"{_shown(c.get('hit_model_calls'), '{:.1f}')} | {_shown(c.get('hit_speedup'), '{:.2f}x')} | "
-                     f"{c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
+                     f"{c['masks_only_rate']:.2f} | {c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
                      f"{_shown(c['adherence'], '{:.3f}')} | {c['bytes_per_entry']:,} |")
+    slower = [c for c in result["configs"] if c["equal_quality_speedup"] and c["equal_quality_speedup"]["calls"] < 1]
+    if slower:
+        lines.append("")
+    for c in slower:
+        against = c["equal_quality_speedup"]["against"]
+        cheaper = "plain itself is cheaper" if against == "plain" else \
+            f"plain at {_steps(fewer_steps_count(against))} is as close to plain and cheaper"
+        lines.append(f"{c['name']}: {cheaper} ({c['equal_quality_speedup']['calls']:.2f}x by model calls).")
     if result.get("per_kind"):
         kinds = list(next(iter(result["per_kind"].values())))
         lines += ["", "Resumed per kind of edit (resumed/requests, skipped steps each, PSNR of the resumed clips):", "",
@@ -496,9 +620,18 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                       f"{heavy['attention_density']} -> {heavy['speedup']:.2f}x end to end."]
     lines += ["", "PSNR: of all the stream's clips together (mean squared error over prompts) against the same-seed "
                   f"plain clips, {PSNR_IDENTICAL:.0f} dB when identical; SSIM: mean over prompts; adherence over the prompts the oracle can score; bytes/entry 0: "
-                  "the configuration records nothing. Dense attention: PyTorch SDPA (ComfyUI "
+                  "the configuration records nothing. Equal-quality speedup: the model calls and median time of the "
+                  "cheapest plain-<n> (plain at n steps) as close to plain and as adherent as the configuration, else "
+                  "of plain, over the configuration's. Hits: requests that skipped steps; masks-only: requests that "
+                  "sampled every step on a donor's attention masks. Dense attention: PyTorch SDPA (ComfyUI "
                   f"{' '.join(settings['comfyui_args'])}). Machine: {settings['machine']}"]
     return "\n".join(lines) + "\n"
+
+
+def _equal_quality(speedup: dict[str, Any] | None) -> str:
+    if speedup is None:
+        return "n/a"
+    return f"{speedup['calls']:.2f}x calls, {speedup['time']:.2f}x time vs {speedup['against']}"
 
 
 def _first_expert(config: dict[str, Any]) -> str:
@@ -571,7 +704,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",
                         help="fixed: one seed for every prompt (the editing loop); random: a seed per prompt, "
                              "and the reuse nodes take donors with any noise (seed_policy serving)")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=30,
+                        help="sampling steps (plain also runs at 1/2, 1/3 and 1/4 of them: the plain-<n> rows)")
     parser.add_argument("--cfg", type=float, default=1.0)
     parser.add_argument("--weights", help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else shipped)")
     parser.add_argument("--attention-heavy", action="store_true",
@@ -609,18 +743,22 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
     if args.attention_heavy:
         write_random_wan(base_dir / "models" / "diffusion_models" / heavy_unet, HEAVY_MODEL)
     seed_policy = "same-noise" if args.seed == "fixed" else "serving"
+    fewer, skipped = fewer_steps(args.steps)
+    for line in skipped:
+        say(line)
     say(f"starting ComfyUI headless (base directory {base_dir}) ...")
     try:
         with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION) as (client, unet):
             bench = Bench(client, base_dir)
             if args.graph == "two-expert":
                 donor = None
-                samples = run_two_expert_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy, say)
+                samples = run_two_expert_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy, say,
+                                                fewer)
                 store_bytes = {name: _bytes_per_entry(base_dir / _store_dir(f"two-expert-{name}"))
                                for name in TWO_EXPERT_CONFIGS if name != "plain"}
             else:
                 samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg,
-                                                         seed_policy, say)
+                                                         seed_policy, say, fewer)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:
         if (base_dir / "comfyui.log").exists():

@@ -1,6 +1,7 @@
 """The workload benchmark: its prompt streams, its quality measures, and one end-to-end run of the command
 through a real headless ComfyUI (3 prompts, 2 steps, every configuration; figures are not asserted here: the JSON
-shape is, and what holds whatever the figures, such as summaries that agree with the per-prompt details).
+shape is, and what holds whatever the figures, such as summaries that agree with the per-prompt details), and the
+choice of the plain run an equal-quality speedup compares against, on constructed runs.
 
 The demo weights may not be committed yet, so the run uses a random-weight stand-in of the demo model's
 architecture (--weights), which exercises the same graphs, nodes and measurements.
@@ -30,11 +31,16 @@ from carnator_core.bench.workload import (
     RECORDING,
     STREAM_TARGETS,
     TWO_EXPERT_CONFIGS,
+    Sample,
     donor_prompt_for,
+    equal_quality_speedup,
+    fewer_steps,
+    fewer_steps_count,
 )
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
 from carnator_core.prompt_file import read_prompt_file
+from carnator_core.reuse.report import Verdict
 
 REPO = Path(__file__).resolve().parents[2]
 # What the saved JSON says of each configuration's run of each prompt (`per_prompt`).
@@ -53,7 +59,8 @@ def _agrees_with_its_runs(config: dict, runs: list[dict]) -> None:
     name, n = config["name"], len(runs)
     assert all(set(run) == DETAIL_FIELDS for run in runs), (name, runs)
     assert 0 <= config["hit_rate"] <= 1 and config["hit_rate"] == round(sum(run["hit"] for run in runs) / n, 3), name
-    assert all(run["hit"] == (run["verdict"] != "miss") for run in runs), (name, runs)
+    assert all(run["hit"] == (run["verdict"] in RESUMED) for run in runs), (name, runs)
+    assert config["masks_only_rate"] == round(sum(run["verdict"] == "masks borrowed" for run in runs) / n, 3), name
     assert config["model_calls"] == round(sum(run["model_calls"] for run in runs) / n, 2), name
     assert all(0 < run["attention_density"] <= 1 for run in runs) and 0 < config["attention_density"] <= 1, name
     resumed = [run for run in runs if run["verdict"] in RESUMED]
@@ -62,6 +69,27 @@ def _agrees_with_its_runs(config: dict, runs: list[dict]) -> None:
     assert all(run["skipped_steps"] == 0 for run in runs if run not in resumed), (name, runs)
     assert config["ssim"] <= 1 + 1e-6 and config["psnr"] <= PSNR_IDENTICAL, name
     assert config["adherence"] is None or 0 <= config["adherence"] <= 1, name
+
+
+def _equal_quality_agrees_with_configs(data: dict, markdown: str) -> None:
+    """Each equal-quality speedup names the cheapest plain-at-fewer-steps row as close to plain and as adherent as
+    its configuration (else plain), its calls ratio is that row's calls over the configuration's, and a ratio below
+    1 is said in words under the table."""
+    by_name = {c["name"]: c for c in data["configs"]}
+    fewer = [c for c in data["configs"] if fewer_steps_count(c["name"]) is not None]
+    for config in data["configs"]:
+        speedup = config["equal_quality_speedup"]
+        if config["name"] == "plain" or config in fewer:
+            assert speedup is None, config
+            continue
+        as_good = [c for c in fewer if c["psnr"] >= config["psnr"] and (
+            c["adherence"] is None or config["adherence"] is None or c["adherence"] >= config["adherence"] - 0.005)]
+        assert speedup["against"] == min(as_good, key=lambda c: c["model_calls"])["name"] if as_good else "plain"
+        against = by_name[speedup["against"]]
+        assert speedup["calls"] == pytest.approx(against["model_calls"] / config["model_calls"], abs=2e-3), config
+        assert speedup["time"] > 0, config
+        said = f"\n{config['name']}: " in markdown
+        assert said == (speedup["calls"] < 1), (config, markdown)
 
 
 def _targets_agree_with_configs(data: dict, stream: str) -> None:
@@ -151,6 +179,39 @@ def test_psnr_and_ssim():
     assert ssim(torch.rand(clip.shape, generator=torch.Generator().manual_seed(2)), clip) < 0.2
 
 
+def test_fewer_steps_configurations_skip_what_cannot_run_on_its_own():
+    assert fewer_steps(30) == (["plain-15", "plain-10", "plain-7"], [])
+    names, skipped = fewer_steps(8)
+    assert names == ["plain-4", "plain-2"] and len(skipped) == 1 and "1/4" in skipped[0] and "plain-2" in skipped[0]
+    names, skipped = fewer_steps(2)
+    assert names == ["plain-1"] and [("1/3" in line, "0 steps" in line) for line in skipped] == [(True, True),
+                                                                                               (False, True)]
+    assert [fewer_steps_count(name) for name in ("plain-15", "plain", "plain-x", "fast")] == [15, None, None, None]
+
+
+def _run(calls: int, seconds: float, error: float, adherence: float | None) -> Sample:
+    """A request's outcome as `equal_quality_speedup` reads it: calls, time, MSE against plain and adherence."""
+    return Sample(seconds=seconds, model_calls=calls, verdict=Verdict.MISS, skipped_steps=0, density=1.0,
+                  rgb=torch.zeros(1), report=None, quality={"mse": error, "adherence": adherence})
+
+
+def test_equal_quality_speedup_takes_the_cheapest_plain_run_as_close_and_as_adherent():
+    plain = [_run(30, 3.0, 0.0, 1.0)] * 2
+    fewer = {"plain-15": [_run(15, 1.5, 1e-5, 1.0)] * 2,  # 50 dB
+             "plain-10": [_run(10, 1.0, 1e-4, 0.996)] * 2,  # 40 dB
+             "plain-7": [_run(7, 0.7, 1e-3, 0.5)] * 2}  # 30 dB, the shapes lost
+    close = [_run(12, 1.2, 2e-5, 1.0), _run(12, 1.2, 2e-5, 1.0)]  # 47 dB: only plain-15 is as close
+    assert equal_quality_speedup(close, plain, fewer) == {"against": "plain-15", "calls": 1.25, "time": 1.25}
+    rougher = [_run(20, 2.0, 1e-3, 1.0)] * 2  # 30 dB: plain-10 is cheaper and within the adherence tolerance
+    assert equal_quality_speedup(rougher, plain, fewer) == {"against": "plain-10", "calls": 0.5, "time": 0.5}
+    unscored = [_run(20, 2.0, 1e-3, None)] * 2  # no adherence: PSNR alone, so plain-7 qualifies
+    assert equal_quality_speedup(unscored, plain, fewer)["against"] == "plain-7"
+    less_adherent = {**fewer, "plain-10": [_run(10, 1.0, 1e-4, 0.994)] * 2}  # beyond the tolerance
+    assert equal_quality_speedup(rougher, plain, less_adherent)["against"] == "plain-15"
+    sharper = [_run(24, 4.0, 1e-6, 1.0)] * 2  # 60 dB: no fewer-steps run is as close, so full plain
+    assert equal_quality_speedup(sharper, plain, fewer) == {"against": "plain", "calls": 1.25, "time": 0.75}
+
+
 def test_missing_weights_names_the_train_command(tmp_path):
     result = _bench("--n", "3", "--weights", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path))
     assert result.returncode == 1
@@ -169,7 +230,9 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert set(data) == {"stream", "prompts", "configs", "targets"}
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
     _targets_agree_with_configs(data, "near-dup")
-    assert [c["name"] for c in data["configs"]] == list(CONFIGS)
+    names = ["plain", "plain-1", *CONFIGS[1:]]  # 2 steps: 1/3 and 1/4 of them are 0 steps, said and skipped
+    assert [c["name"] for c in data["configs"]] == names
+    assert "plain at 1/3 of 2 steps skipped" in result.stderr and "plain at 1/4 of 2 steps skipped" in result.stderr
     for config in data["configs"]:
         assert set(config) == {"name", *FIELDS, *EXTRA_FIELDS}
         for field in FIELDS:
@@ -180,13 +243,15 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert by_name["plain"]["speedup"] == by_name["plain"]["cpu_speedup"] == 1.0
     assert by_name["plain"]["psnr"] == PSNR_IDENTICAL
     assert by_name["plain"]["model_calls"] == 2 and by_name["plain"]["hit_rate"] == 0
+    assert by_name["plain-1"]["model_calls"] == 1 and by_name["plain-1"]["bytes_per_entry"] == 0
     for name, config in by_name.items():  # bytes/entry 0: the configuration records nothing
         assert (config["bytes_per_entry"] > 0) == (name in RECORDING), config
-    assert by_name["any-donor-masks"]["hit_rate"] > 0  # the unrelated donor's masks were offered and taken
+    # the unrelated donor's masks were offered and taken, and sampling them skips no step
+    assert by_name["any-donor-masks"]["masks_only_rate"] > 0 and by_name["any-donor-masks"]["hit_rate"] == 0
     saved = json.loads((out / "workload_near-dup.json").read_text())
     assert saved["configs"] == data["configs"] and len(saved["per_prompt"]) == 3
     details = saved["per_prompt"]
-    assert [d["prompt"] for d in details] == data["prompts"] and all(set(d["configs"]) == set(CONFIGS) for d in details)
+    assert [d["prompt"] for d in details] == data["prompts"] and all(list(d["configs"]) == names for d in details)
     for config in data["configs"]:
         _agrees_with_its_runs(config, [d["configs"][config["name"]] for d in details])
     plain = [d["configs"]["plain"] for d in details]
@@ -194,7 +259,9 @@ def test_workload_end_to_end_json_shape(tmp_path):
     probes = [(i, probe) for i, details in enumerate(saved["per_prompt"])
               for config in details["configs"].values() for probe in config["probes"]]
     assert all(probe["donor_prompt"] in data["prompts"][:i] for i, probe in probes), probes  # donors came earlier
-    assert (out / "workload_near-dup.md").read_text().count("\n| ") == len(CONFIGS) + 1
+    table = (out / "workload_near-dup.md").read_text()
+    assert table.count("\n| ") == len(names) + 1
+    _equal_quality_agrees_with_configs(data, table)
     with Image.open(out / "workload_near-dup.png") as image:
         assert image.size[0] > 0 and len(set(np.asarray(image.convert("L")).flatten().tolist())) > 2
 
@@ -211,9 +278,13 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets"}
     _targets_agree_with_configs(data, "edit-loop")
     by_name = {c["name"]: c for c in data["configs"]}
-    assert list(by_name) == list(TWO_EXPERT_CONFIGS)
+    names = ["plain", "plain-2", "plain-1", *TWO_EXPERT_CONFIGS[1:]]  # 4 // 4 steps is plain-1 again: said, skipped
+    assert list(by_name) == names
+    assert "plain at 1/4 of 4 steps skipped: 1 step, as plain-1 already runs" in result.stderr
     assert all(set(config) == {"name", *FIELDS, *EXTRA_FIELDS} for config in data["configs"])
     assert by_name["plain"]["model_calls"] == 4 and by_name["plain"]["stage_model_calls"] == [2, 2]
+    assert by_name["plain-2"]["model_calls"] == 2 and by_name["plain-2"]["stage_model_calls"] == [1, 1]
+    assert by_name["plain-1"]["model_calls"] == 1 and by_name["plain-1"]["stage_model_calls"] == [1, 0]
     for name in ("balanced", "fast"):  # the rewording of the scene resumes: the first stage is skipped whole
         assert by_name[name]["hit_rate"] == 0.5 and by_name[name]["stage_model_calls"][0] == 1.5, by_name[name]
     assert by_name["balanced"]["hit_model_calls"] == 3 and by_name["fast"]["hit_model_calls"] == 2
@@ -222,17 +293,19 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
                          "psnr": rewording["psnr"], "resumed_psnr": rewording["psnr"]}  # its one clip resumed
     assert all(kind["psnr"] == 100.0 and kind["resumed_psnr"] is None  # plain against itself, never resumed
                for kind in data["per_kind"]["plain"].values())
-    assert "| first-expert calls |" in (out / "workload_edit-loop_two-expert.md").read_text()
+    table = (out / "workload_edit-loop_two-expert.md").read_text()
+    assert "| first-expert calls |" in table and "| masks-only rate |" in table
+    _equal_quality_agrees_with_configs(data, table)
     per_prompt = json.loads((out / "workload_edit-loop_two-expert.json").read_text())["per_prompt"]
     assert [p["configs"]["fast"]["verdict"] for p in per_prompt] == ["miss", "stage skipped"], per_prompt
-    assert set(data["per_kind"]) == set(TWO_EXPERT_CONFIGS)
+    assert list(data["per_kind"]) == names
     for config in data["configs"]:
         runs = [p["configs"][config["name"]] for p in per_prompt]
         _agrees_with_its_runs(config, runs)
         kinds = data["per_kind"][config["name"]]  # the per-kind counts add up to the runs and their verdicts
         assert sum(kind["requests"] for kind in kinds.values()) == len(runs) == 2
         assert sum(kind["resumed"] for kind in kinds.values()) == sum(run["verdict"] in RESUMED for run in runs)
-        assert sum(kind["resumed"] for kind in kinds.values()) <= round(config["hit_rate"] * len(runs))
+        assert sum(kind["resumed"] for kind in kinds.values()) == round(config["hit_rate"] * len(runs))
         assert sorted(s for kind in kinds.values() for s in kind["skipped_steps"]) == sorted(
             run["skipped_steps"] for run in runs)
     plain = [p["configs"]["plain"] for p in per_prompt]
