@@ -1,9 +1,11 @@
 """Recording: what a finished request leaves in the store for later requests.
 
 During sampling the recorder only copies the few checkpoint states it needs to CPU fp16
-(a copy per checkpoint step, nothing on other steps). Building and writing the entry
-happens on a background thread after sampling, so recording neither changes the output
-nor sits on the sampling path. An aborted run is simply never submitted.
+(a copy per checkpoint step, nothing on other steps); from a GPU the copies go to pinned
+memory without waiting for the device, so the sampler keeps queueing work, and the run
+waits for them once, when it builds the entry after sampling. Writing the entry happens on
+a background thread, so recording neither changes the output nor sits on the sampling
+path. An aborted run is simply never submitted.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class RunRecorder:
     # the sampler's predictions of the steps before `history_until` (0: none kept), by step
     history_until: int = 0
     history: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the GPUs whose copies to pinned memory may still be in flight (`_stored`): `blobs` waits for them
+    copying_from: set[torch.device] = field(default_factory=set)
 
     def wants(self, step: int) -> bool:
         return step in self.checkpoint_steps and step not in self.checkpoints
@@ -62,14 +66,28 @@ class RunRecorder:
     def wants_prediction(self, step: int) -> bool:
         return step < self.history_until and step not in self.history
 
+    def _stored(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A CPU fp16 copy (the live tensors keep changing), as every recorded tensor is kept. From a GPU it lands in
+        pinned memory without waiting for the device; `blobs` waits before reading it."""
+        if tensor is None:
+            return None
+        tensor = tensor.detach()
+        if tensor.device.type != "cuda":
+            return tensor.to("cpu", torch.float16, copy=True)
+        host = torch.empty(tensor.shape, dtype=torch.float16, pin_memory=True)
+        host.copy_(tensor.to(torch.float16), non_blocking=True)
+        self.copying_from.add(tensor.device)
+        return host
+
     def capture_prediction(self, step: int, x0: torch.Tensor) -> None:
-        self.history[step] = _stored(x0)
+        self.history[step] = self._stored(x0)
 
     def capture(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
                 guidance: torch.Tensor | None, evaluated: bool = True) -> None:
         """Keep a CPU fp16 copy of a checkpoint state (the live tensors keep changing)."""
         self.checkpoints[step] = Checkpoint(
-            step=step, sigma=float(sigma), x=_stored(x), x0=_stored(x0), guidance=_stored_guidance(guidance),
+            step=step, sigma=float(sigma), x=self._stored(x), x0=self._stored(x0),
+            guidance=self._stored(_pooled_guidance(guidance)),
             evaluated=evaluated)
 
     def capture_start(self, sigma: float, start: str, x0: torch.Tensor, guidance: torch.Tensor | None,
@@ -81,17 +99,20 @@ class RunRecorder:
         by requests whose input is close to it, not equal: both are kept. So is the image a guided run's
         conditioning carried (`guide`)."""
         state, latent = from_input if from_input is not None else (None, None)
-        self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=_stored(state), start=start,
-                                         x0=_stored(x0), guidance=_stored_guidance(guidance), input=_stored(latent),
-                                         guide=_stored(guide))
+        self.checkpoints[0] = Checkpoint(step=0, sigma=float(sigma), x=self._stored(state), start=start,
+                                         x0=self._stored(x0), guidance=self._stored(_pooled_guidance(guidance)),
+                                         input=self._stored(latent), guide=self._stored(guide))
 
     def capture_end(self, sigma: float, output: torch.Tensor) -> None:
         """Keep the stage's output (what its sampler returned, leftover noise included) as a CPU fp16 copy."""
-        self.end = (float(sigma), _stored(output))
+        self.end = (float(sigma), self._stored(output))
 
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, step 0's record
         apart in `start` (what the step-0 screen reads of a donor), and the sampler's predictions in `history`."""
+        for device in self.copying_from:
+            torch.cuda.current_stream(device).synchronize()
+        self.copying_from.clear()
         tensors: dict[str, torch.Tensor] = {}
         start: dict[str, torch.Tensor] = {}
         listing = []
@@ -117,13 +138,8 @@ class RunRecorder:
         return listing, blobs
 
 
-def _stored(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A CPU fp16 copy (the live tensors keep changing), as every recorded tensor is kept."""
-    return None if tensor is None else tensor.detach().to("cpu", torch.float16, copy=True)
-
-
-def _stored_guidance(guidance: torch.Tensor | None) -> torch.Tensor | None:
-    return None if guidance is None else downsample_guidance(guidance.detach()).to("cpu", torch.float16)
+def _pooled_guidance(guidance: torch.Tensor | None) -> torch.Tensor | None:
+    return None if guidance is None else downsample_guidance(guidance.detach())
 
 
 @dataclass
