@@ -175,7 +175,9 @@ class Decider:
                 pending = [replace(t, anchor=None) for t in pending
                            if t.meta.entry_id == first.meta.entry_id and t.step > held.step]
                 continue
-            call = [t for t in pending if t.step == first.step][:max(1, batch_limit)]
+            # another donor's state joins the call only if it needs no anchor call first
+            call = [t for t in pending if t.step == first.step and (
+                t.anchor is None or self._enters_deep(t))][:max(1, batch_limit)]
             pending = [t for t in pending if not any(t is c for c in call)]
             results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1

@@ -194,6 +194,29 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
     assert run.start_evaluation is None and calls[2] == ("other seed", 2)  # nothing to screen: its anchor first
 
 
+def test_a_batched_call_takes_no_state_whose_donor_still_needs_its_anchor(tmp_path):
+    """probe_batch 2: the screened donor's deep state is asked first, and the other seed's state at the same step stays
+    out of that call, since a pass there would skip its anchor."""
+    store = ReuseStore(str(tmp_path / "store"))
+    steps = {"screened": (2, 5), "other seed": (2, 5)}
+    states = _random_states(steps, seed=4)
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(6))
+    donors = [_donor(store, name, list(s), {**_blob(states, name), "x0_0": x0_start},
+                     start=noise_fingerprint(start if name == "screened" else torch.zeros(SHAPE)))
+              for name, s in steps.items()]
+    targets, _ = plan_probes(store, donors, FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        return [(x0_start if x is start else _probed(states, x)[1], None) for x in xs]
+
+    run = _run(store)
+    run.start_state = start
+    decision = run.decide(targets, evaluate, 2)
+    assert [(p.donor_prompt, p.step, p.batched_with) for p in run.probes] == [("screened", 0, 0), ("screened", 5, 0)]
+    assert decision is not None and decision.target.candidate.prompt == "screened" and decision.step == 5
+
+
 class _CountingStore(ReuseStore):
     """A real store that remembers which blobs were read, by (donor prompt, blob name)."""
 
