@@ -160,14 +160,14 @@ class ScreenOnly:
     candidate: Candidate
     meta: EntryMeta
     start: StartPrediction
-    # (step, sigma) of the state it would be probed at: its deepest within the mode's depth
-    states: tuple[tuple[int, float], ...]
+    step: int  # its deepest checkpoint within the mode's depth, where it would be probed
+    sigma: float
     _reads: _Reads = field(repr=False)
 
     def load(self) -> list[ProbeTarget]:
-        """The donor's states to probe and resume from, deepest first; those unusable are skipped."""
-        loaded = (_load_target(self._reads, step, sigma, self.candidate, self.meta) for step, sigma in self.states)
-        return [target for target in loaded if target is not None]
+        """The donor's state to probe and resume from (with its anchor); none when it is unusable."""
+        target = _load_target(self._reads, self.step, self.sigma, self.candidate, self.meta)
+        return [] if target is None else [target]
 
 
 def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ScreenOnly]:
@@ -185,7 +185,7 @@ def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget])
             reads.skip("no step-0 record to screen", meta)
             continue
         extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start,
-                                states=((deepest.step, deepest.sigma),), _reads=reads))
+                                step=deepest.step, sigma=deepest.sigma, _reads=reads))
     return extra
 
 

@@ -110,8 +110,8 @@ class RunRecorder:
     def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, step 0's record
         apart in `start` (what the step-0 screen reads of a donor), and the sampler's predictions in `history`."""
-        for device in self.copying_from:
-            torch.cuda.current_stream(device).synchronize()
+        for device in self.copying_from:  # whatever stream each copy was queued on (once per run, after sampling)
+            torch.cuda.synchronize(device)
         self.copying_from.clear()
         tensors: dict[str, torch.Tensor] = {}
         start: dict[str, torch.Tensor] = {}
