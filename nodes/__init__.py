@@ -9,6 +9,7 @@ from .calibrate_node import CarnatorCalibrate
 from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_weights_folder
 from .host import missing_hooks
 from .lookup_node import CarnatorCompatibilityLookup
+from .prompt_prefetch import register_prefetch
 from .reuse_nodes import CarnatorReport, CarnatorReuse
 from .routes import register_routes
 from .sampler_nodes import CarnatorKSampler, CarnatorReuseSampler
@@ -34,6 +35,8 @@ missing_hooks()  # says once, at start-up, if this host lacks a hook Carnator ne
 
 # The store panel's HTTP routes; ComfyUI adds them to its web app after every pack has loaded.
 register_routes()
+# Queued prompts' texts start embedding when they are queued.
+register_prefetch()
 
 
 class CarnatorExtension(ComfyExtension):

@@ -19,14 +19,14 @@ from carnator_core.client import ComfyClient, ComfyError
 from carnator_core.prompt_file import PromptFileError, prompt_lines
 from carnator_core.queue import Workflow, WorkflowError
 
+from .host import prompt_server
+
 EVENT = "carnator.calibration"  # the websocket event the store panel follows
 OUTPUT_FOLDER = ("carnator", "calibration")  # under ComfyUI's output directory
 
 
 def _publish(state: dict) -> None:
-    from server import PromptServer
-
-    server = getattr(PromptServer, "instance", None)
+    server = prompt_server()
     if server is not None:
         server.send_sync(EVENT, state)
 
@@ -36,9 +36,7 @@ calibration = BackgroundCalibration(notify=_publish)
 
 def own_url() -> str:
     """This server's URL as seen from itself (a server listening on every address answers on loopback)."""
-    from server import PromptServer
-
-    server = getattr(PromptServer, "instance", None)
+    server = prompt_server()
     address, port = getattr(server, "address", None), getattr(server, "port", None)
     if port is None:
         raise ValueError("Carnator Calibrate runs only inside a ComfyUI server (it queues the calibration's runs)")

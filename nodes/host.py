@@ -78,6 +78,15 @@ def note_bypassed_attention(diffusion_model: torch.nn.Module) -> None:
                     "attention is on, their dense calls use ComfyUI's default attention instead")
 
 
+def prompt_server():
+    """ComfyUI's running server (`PromptServer.instance`), None where ComfyUI runs as a library without one."""
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+    return getattr(PromptServer, "instance", None)
+
+
 def default_store_directory() -> str:
     """`<ComfyUI user directory>/carnator/store`: shared by every ComfyUI process on this base directory."""
     return os.path.join(folder_paths.get_user_directory(), "carnator", "store")

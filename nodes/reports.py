@@ -11,6 +11,7 @@ from comfy_execution.utils import get_executing_context
 from carnator_core.reuse.report import RunReport
 
 from .fault_boundary import CarnatorFault, carnator_code
+from .host import prompt_server
 
 log = logging.getLogger("carnator")
 
@@ -38,12 +39,9 @@ def _publish(run_report: RunReport) -> None:
         while len(_reports) > _KEEP_PROMPTS:
             _reports.pop(next(iter(_reports)))
     log.info("Carnator: %s", run_report.headline())
-    try:
-        from server import PromptServer
-    except ImportError:  # ComfyUI used as a library without its server
-        return
-    if getattr(PromptServer, "instance", None) is not None:
-        PromptServer.instance.send_sync("carnator.status", report)
+    server = prompt_server()
+    if server is not None:
+        server.send_sync("carnator.status", report)
 
 
 def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:

@@ -45,7 +45,7 @@ from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.trajectory import continued_stage
 from carnator_core.store.backend import StoreError
-from carnator_core.store.thumbnail import preview_png
+from carnator_core.store.thumbnail import PreviewFrame
 
 from .attention_hooks import install_sparse_attention, settle
 from .fault_boundary import CarnatorFault, carnator_code, host_code
@@ -222,7 +222,7 @@ def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
     if state.run is None:
         return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
                                attention.summary() if attention is not None else None, state.plain_notes)
-    report = state.run.finish(state.model_calls, state.attention, thumbnail_png(guider, state.last_x0, state.run.packed))
+    report = state.run.finish(state.model_calls, state.attention, preview_frame(guider, state.last_x0, state.run.packed))
     report.notes.extend(line for line in state.faults if line not in report.notes)
     return report
 
@@ -276,9 +276,9 @@ def outer_sample_wrapper(executor, *args, **kwargs):
             return output
 
 
-def thumbnail_png(guider, x0: torch.Tensor | None, packed: PackedShapes | None = None) -> bytes | None:
-    """Preview of the final prediction's middle frame via the model's latent-preview factors, if it has them (of the
-    first latent of a packed one: the video)."""
+def preview_frame(guider, x0: torch.Tensor | None, packed: PackedShapes | None = None) -> PreviewFrame | None:
+    """The final prediction's middle frame (of the first latent of a packed one: the video) and the model's
+    latent-preview factors, if it has them: the entry's preview, encoded by the recorder's thread."""
     latent_format = getattr(guider.model_patcher.model, "latent_format", None)
     factors = getattr(latent_format, "latent_rgb_factors", None)
     if x0 is not None and packed is not None:
@@ -286,7 +286,8 @@ def thumbnail_png(guider, x0: torch.Tensor | None, packed: PackedShapes | None =
     if x0 is None or factors is None or x0.ndim not in (4, 5):
         return None
     frame = x0[0, :, x0.shape[2] // 2] if x0.ndim == 5 else x0[0]
-    return preview_png(frame, factors, getattr(latent_format, "latent_rgb_factors_bias", None))
+    return PreviewFrame(frame.detach().to("cpu", torch.float32, copy=True), factors,
+                        getattr(latent_format, "latent_rgb_factors_bias", None))
 
 
 STEP_CACHE_KEY = "easycache"  # where ComfyUI's EasyCache and LazyCache keep their per-run state

@@ -34,7 +34,7 @@ from carnator_core.store import http_api as store_api
 from carnator_core.store.http_api import ApiError
 
 from .calibrate_node import calibration
-from .host import store_location
+from .host import prompt_server, store_location
 
 log = logging.getLogger("carnator")
 
@@ -178,11 +178,7 @@ def register_routes() -> None:
     ComfyUI copies `PromptServer.instance.routes` into its web app (with and without the /api prefix)
     after every pack has loaded, so registering while the pack loads is in time.
     """
-    try:
-        from server import PromptServer
-    except ImportError:
-        return
-    server = getattr(PromptServer, "instance", None)
+    server = prompt_server()
     if server is None or server in _registered:
         return
     _registered.add(server)

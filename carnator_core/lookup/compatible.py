@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from carnator_core.lookup.embeddings import EmbeddingError, text_embedder
+from carnator_core.lookup.embeddings import EmbeddingError
+from carnator_core.lookup.prompt_vectors import prompt_vectors
 from carnator_core.lookup.shortlist import Candidate, ShortlistIndex, ShortlistResult
 from carnator_core.store.entry import HardKey
 from carnator_core.store.reuse_store import ReuseStore
@@ -68,11 +69,12 @@ class Match:
 
 
 def embed_prompt(prompt: str) -> tuple[torch.Tensor | None, str | None]:
-    """Text vector of a prompt, or (None, reason) when there is no text or no embedding model."""
+    """Text vector of a prompt (`prompt_vectors`: ready when it was queued ahead), or (None, reason) when there is no
+    text or no embedding model."""
     if not prompt.strip():
         return None, "no prompt text given: matched on conditioning only"
     try:
-        return text_embedder().embed([prompt])[0], None
+        return prompt_vectors.vector(prompt), None
     except EmbeddingError as error:
         return None, f"text embedding unavailable, matched on conditioning only: {error}"
 

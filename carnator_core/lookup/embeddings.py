@@ -62,6 +62,7 @@ class TextEmbedder:
         self._model = None
         self._failure: EmbeddingError | None = None
         self._lock = threading.Lock()
+        self._in_use = threading.Lock()
 
     def model(self):
         """The loaded SentenceTransformer; EmbeddingError saying what to install when there is none."""
@@ -78,11 +79,17 @@ class TextEmbedder:
             raise self._failure
         return self._model
 
+    def encode(self, texts: list[str], **options: Any) -> Any:
+        """The model's `encode` of `texts` (made tokenizable), one call at a time: prompts are embedded on the
+        sampling thread, the prefetch thread and the recorder's, and a tokenizer is not safe to share between
+        threads."""
+        model = self.model()
+        with self._in_use:
+            return model.encode([tokenizable(text) for text in texts], show_progress_bar=False, **options)
+
     def embed(self, texts: list[str]) -> torch.Tensor:
         """Unit-norm sentence embeddings, one row per text."""
-        vectors = self.model().encode([tokenizable(text) for text in texts], convert_to_tensor=True,
-                                      normalize_embeddings=True, show_progress_bar=False)
-        return vectors.float().cpu()
+        return self.encode(texts, convert_to_tensor=True, normalize_embeddings=True).float().cpu()
 
 
 def _load_first(sources: tuple[str, ...]) -> tuple[Any, list[str]]:

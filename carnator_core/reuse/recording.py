@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from carnator_core.lookup.embeddings import EmbeddingError, text_embedder
+from carnator_core.lookup.embeddings import EmbeddingError
+from carnator_core.lookup.prompt_vectors import prompt_vectors
 from carnator_core.reuse.probe import downsample_guidance
 from carnator_core.store.backend import StoreUnavailable
 from carnator_core.store.entry import EntryMeta
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
+from carnator_core.store.thumbnail import PreviewFrame
 
 log = logging.getLogger("carnator.recorder")
 
@@ -152,10 +154,12 @@ class PendingEntry:
     cond_vector: torch.Tensor | None
     on_written: Callable[[EntryMeta | None], None] | None = None
     text_vector: torch.Tensor | None = None  # the prompt's text vector when the lookup computed it; else embedded here
+    thumbnail: PreviewFrame | None = None  # the entry's preview, encoded here: PNG compression is no sampler's work
 
 
 class _Writer:
-    """One daemon thread per process that writes entries in order, embedding prompts the lookup did not."""
+    """One daemon thread per process that writes entries in order, embedding prompts the lookup did not and encoding
+    their previews."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[PendingEntry] = queue.Queue()
@@ -196,9 +200,14 @@ class _Writer:
         text = pending.text_vector
         if text is None and pending.meta.prompt.strip():
             try:
-                text = text_embedder().embed([pending.meta.prompt])[0]
+                text = prompt_vectors.vector(pending.meta.prompt)
             except EmbeddingError:
                 pass  # recorded for conditioning matches alone; the embedder has said once why
+        if pending.thumbnail is not None:
+            try:
+                pending.blobs["thumb"] = pending.thumbnail.png()
+            except Exception:  # a preview that cannot be drawn costs the entry its thumbnail, nothing more
+                log.exception("Carnator: no preview for entry %s", pending.meta.entry_id)
         pending.store.put(pending.meta, pending.blobs, IndexVectors(text=text, cond=pending.cond_vector))
         if pending.on_written is not None:
             pending.on_written(pending.meta)

@@ -49,6 +49,7 @@ from carnator_core.store.profiles import profile_for
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.stages import stage_entry, trajectory_steps
 from carnator_core.store.tensor_codec import encode_tensors
+from carnator_core.store.thumbnail import PreviewFrame
 
 STORE_UNAVAILABLE = "store unavailable: generated without reuse"
 
@@ -320,7 +321,7 @@ class ReuseRun:
 
     # ------------------------------------------------------------------ after sampling
     def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
-               thumbnail: bytes | None = None) -> RunReport:
+               thumbnail: PreviewFrame | None = None) -> RunReport:
         """Submit the entry for background writing (or hand it to the stage that continues this one) and return the
         report."""
         self.model_calls = model_calls + (self._decider.model_calls if self._decider is not None else 0)
@@ -336,10 +337,9 @@ class ReuseRun:
         self._hand_on(self._entry(elapsed, attention, thumbnail) if recorded else None)
         return self.report(elapsed)
 
-    def _entry(self, elapsed: float, attention: SparseAttentionRun | None, thumbnail: bytes | None) -> PendingEntry:
+    def _entry(self, elapsed: float, attention: SparseAttentionRun | None,
+               thumbnail: PreviewFrame | None) -> PendingEntry:
         listing, blobs = self.recorder.blobs()
-        if thumbnail:
-            blobs["thumb"] = thumbnail
         masks_meta: dict[str, Any] = {}
         if attention is not None:
             masks = attention.own_masks() or attention.borrowed  # what attention estimated, else what it used
@@ -365,7 +365,7 @@ class ReuseRun:
                          sample_seconds=full_seconds, checkpoints=listing, masks=masks_meta, lineage=lineage,
                          extra=extra)
         return PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector,
-                            text_vector=self.text_vector)
+                            text_vector=self.text_vector, thumbnail=thumbnail)
 
     def _hand_on(self, entry: PendingEntry | None) -> None:
         """Write the request's entry, or keep it for the sampler that continues this stage. A later stage adds its
@@ -375,7 +375,7 @@ class ReuseRun:
             if whole is not None and entry is not None:
                 end = entry.meta.extra.get("stage_end")
                 append_stage(whole, self.stage, self.hard_key, self.total_steps, entry.meta.checkpoints, entry.blobs,
-                             entry.meta.masks, end["sigma"] if end else None)
+                             entry.meta.masks, end["sigma"] if end else None, entry.thumbnail)
             entry = whole
         if self.hands_over and self.output_fingerprint is not None:
             first_step = self.continues.next_step if self.continues is not None else 0

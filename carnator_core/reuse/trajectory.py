@@ -35,6 +35,7 @@ from carnator_core.store.stages import (
     start_blob,
     trajectory_steps,
 )
+from carnator_core.store.thumbnail import PreviewFrame
 
 log = logging.getLogger("carnator.trajectory")
 
@@ -160,14 +161,18 @@ handovers = HandoverRegistry()
 
 
 def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: int, listing: list[dict],
-                 blobs: dict[str, bytes], masks: dict[str, Any], end_sigma: float | None) -> None:
-    """Add a later stage's record and blobs to the request's entry so far."""
+                 blobs: dict[str, bytes], masks: dict[str, Any], end_sigma: float | None,
+                 thumbnail: PreviewFrame | None) -> None:
+    """Add a later stage's record, blobs and preview (the last stage's previews the request) to the request's entry
+    so far."""
     record = StageRecord(model=hard_key.model, schedule=hard_key.schedule, steps=steps, checkpoints=listing,
                          masks=masks, end_sigma=end_sigma)
     pending.meta.extra.setdefault("stages", []).append(record.as_dict())
     names = {"checkpoints": checkpoint_blob(stage), "start": start_blob(stage), "masks": masks_blob(stage)}
     for name, blob in blobs.items():
-        pending.blobs[names.get(name, name)] = blob  # the last stage's thumbnail previews the request
+        pending.blobs[names.get(name, name)] = blob
+    if thumbnail is not None:
+        pending.thumbnail = thumbnail
 
 
 def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor,

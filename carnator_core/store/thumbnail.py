@@ -7,6 +7,7 @@ ComfyUI's fast latent previews use), so recording never runs a VAE. PNG bytes, n
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import torch
 from PIL import Image
@@ -30,3 +31,16 @@ def preview_png(frame: torch.Tensor, rgb_factors: list[list[float]], rgb_bias: l
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class PreviewFrame:
+    """What a preview is made of, kept until it is encoded off the sampling path: a CPU copy of one latent frame
+    (C, H, W) and the model's latent-to-RGB factors."""
+
+    frame: torch.Tensor
+    rgb_factors: list[list[float]]
+    rgb_bias: list[float] | None = None
+
+    def png(self) -> bytes:
+        return preview_png(self.frame, self.rgb_factors, self.rgb_bias)

@@ -16,16 +16,11 @@ import sys
 
 import pytest
 import torch
-from support.comfy_host import captured_logs
+from support.comfy_host import captured_logs, pack_module
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, wan_t2v
 
 from carnator_core.reuse.recording import writer
-
-
-def _pack_module(name: str):
-    """A module of the pack as ComfyUI's loader imported it (custom_nodes.<pack>.nodes.<name>)."""
-    return next(module for key, module in sys.modules.items() if key.endswith(f"carnator.nodes.{name}"))
 
 
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
@@ -37,7 +32,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
 
 def test_a_host_without_a_needed_hook_samples_plain_and_says_so_once(comfy, tiny_models, monkeypatch):
     attention = importlib.import_module("comfy.ldm.modules.attention")  # `comfy` is the host fixture here
-    host = _pack_module("host")
+    host = pack_module("host")
     graph = wan_t2v(tiny_models["wan"].name, steps=4, seed=5, sampler_name="euler")
     plain, _ = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball", record=False))
     # a host without the attention override hook (the host applied wrap_attn at import; sampling does not need it)
@@ -76,7 +71,7 @@ def test_wrappers_pass_on_arguments_they_do_not_know(comfy, tiny_models):
 
 @pytest.mark.parametrize("shapes", [2, 3])
 def test_packed_multi_latent_run_whose_shapes_do_not_add_up_is_a_reported_miss(shapes):
-    host = _pack_module("host")
+    host = pack_module("host")
     packed = torch.zeros(1, 1, 640)
     call = host.outer_sample_arguments((packed, packed, None, torch.linspace(1, 0, 5)), {"latent_shapes": [
         torch.Size([1, 16, 2, 8, 8])] * shapes})
@@ -88,7 +83,7 @@ def test_packed_multi_latent_run_whose_shapes_do_not_add_up_is_a_reported_miss(s
 
 
 def test_sparse_attention_takes_the_video_of_a_packed_run_only_where_its_token_count_tells_it_apart():
-    host = _pack_module("host")
+    host = pack_module("host")
     video, audio = (1, 16, 4, 16, 16), (1, 8, 9, 16)  # 4 x 8 x 8 = 256 video tokens; 9 x 16 audio positions
     for shapes, grid, reason in [([video, audio], (4, 8, 8), ""),
                                  ([(1, 16, 1, 4, 4), audio], None, "packed latent whose other part has as many "
@@ -102,7 +97,7 @@ def test_sparse_attention_takes_the_video_of_a_packed_run_only_where_its_token_c
 
 def test_a_latent_that_is_not_one_tensor_is_a_reported_miss(comfy):
     """A NestedTensor (LTX-2's video and audio before the host packs them) reaching the sampler unpacked."""
-    host = _pack_module("host")
+    host = pack_module("host")
     nested = pytest.importorskip("comfy.nested_tensor").NestedTensor([torch.zeros(1, 16, 2, 8, 8),
                                                                       torch.zeros(1, 8, 9, 16)])
     call = host.outer_sample_arguments((nested, nested, None, torch.linspace(1, 0, 5)), {})
@@ -128,7 +123,7 @@ def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, ti
 def test_layers_with_attention_functions_of_their_own_are_named_once(comfy):
     """Newer hosts give a layer its own attention function (`comfy_attention.function`); an override installed on
     the model takes its calls, so Carnator says once that those layers' dense calls use the default attention."""
-    host = _pack_module("host")
+    host = pack_module("host")
 
     class LayerAttention:
         function = staticmethod(torch.nn.functional.scaled_dot_product_attention)

@@ -6,6 +6,7 @@
 - alongside ComfyUI's EasyCache node, in both orders;
 - entries persist: a second server process on the same base directory reuses what the first recorded;
 - bad store paths give a node error and the server keeps serving; batch 2 never collapses items;
+- prompts the text prefetch cannot read get ComfyUI's own answer;
 - one `carnator.status` websocket event per sampling run, equal to the CarnatorReport output in /history.
 
 ComfyUI serves an identical prompt from its output cache without sampling. Every run here therefore
@@ -236,6 +237,20 @@ def test_directory_that_is_not_a_store_is_a_node_error(comfy_server, tiny_models
         _run(comfy_server, _graph(tiny_models, "wan", "not_a_store", seed=1))
     assert sorted(p.name for p in directory.iterdir()) == ["notes.txt"]  # nothing written into it
     assert comfy_server.get("/system_stats").ok
+
+
+def test_prompts_the_text_prefetch_cannot_read_get_comfyuis_own_answer(comfy_server, tiny_models) -> None:
+    """Every prompt posted passes Carnator's on-prompt handler (the text prefetch) before ComfyUI validates it."""
+    unreadable = [{"1": {"class_type": "CarnatorReuse", "inputs": {"prompt": ["9", 0]}}},
+                  {"1": {"class_type": "CarnatorReuse"}},
+                  {"1": {"class_type": "CarnatorCompatibilityLookup", "inputs": {"prompt": 12}}},
+                  {"1": {"class_type": "CarnatorKSampler", "inputs": {"prompt": "", "positive": ["1", 0]}}}]
+    for graph in unreadable:
+        response = comfy_server.post("/prompt", json={"prompt": graph})
+        assert response.status_code == 400 and "error" in response.json(), response.text
+    assert "on_prompt_handler" not in comfy_server.log()
+    run = _run(comfy_server, _graph(tiny_models, "wan", "stores/after-unreadable", seed=1))
+    assert run.report["total_steps"] == STEPS
 
 
 def test_batch_of_two_resumes_without_collapsing_items(comfy_server, tiny_models) -> None:

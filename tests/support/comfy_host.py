@@ -75,6 +75,11 @@ def configure_comfy_args(comfy_path: Path, base_dir: Path) -> None:
     args.disable_auto_launch = True
 
 
+def pack_module(name: str):
+    """A module of the pack as ComfyUI's loader imported it (custom_nodes.<pack>.nodes.<name>)."""
+    return next(module for key, module in sys.modules.items() if key.endswith(f"carnator.nodes.{name}"))
+
+
 @contextlib.contextmanager
 def captured_logs(level: int = logging.WARNING) -> Iterator[list[str]]:
     """Collect log lines emitted meanwhile; ComfyUI's loader reports a failed pack only through logging."""
