@@ -2,7 +2,7 @@
 
     python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial,edit-loop}
         [--prompts FILE] [--graph single|two-expert] [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0]
-        [--weights FILE] [--attention-heavy] [--json] [--out DIR]
+        [--weights FILE] [--threads 1] [--attention-heavy] [--json] [--out DIR]
 
 Configurations (each with its own store directory, all in one server so they share the loaded model):
 plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verification=text-only: skip depth from
@@ -24,7 +24,10 @@ the markdown says so under its table. A hit is a request that skipped steps (res
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
 (other processes on a shared CPU) spreads over all configurations. A configuration's time is the wall time
 of the nodes it adds plus the sampler's (per-node times from ComfyUI's websocket); text encoding, model
-loading and file saving are the same everywhere and left out. Every configuration first runs once on a
+loading and file saving are the same everywhere and left out. The server's torch runs on `--threads` threads (1 by
+default): on a CPU the sampler then takes one core and the rest serve ComfyUI's own threads and Carnator's
+background work, as a GPU server's CPU does beside its sampling, and identical runs spread less than with every
+core shared between them. Every configuration first runs once on a
 throwaway prompt (2 steps, plain-<n> its n; separate stores) so that no timed run pays for loading a model or a
 kernel. After a run that records, the benchmark waits until the server's background writer has stored the entry,
 so the write neither overlaps the next timed run nor is missed by the next lookup. Quality: PSNR/SSIM of the
@@ -624,7 +627,8 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                   "cheapest plain-<n> (plain at n steps) as close to plain and as adherent as the configuration, else "
                   "of plain, over the configuration's. Hits: requests that skipped steps; masks-only: requests that "
                   "sampled every step on a donor's attention masks. Dense attention: PyTorch SDPA (ComfyUI "
-                  f"{' '.join(settings['comfyui_args'])}). Machine: {settings['machine']}"]
+                  f"{' '.join(settings['comfyui_args'])}). Server torch threads: "
+                  f"{settings.get('server_threads') or 'every core'}. Machine: {settings['machine']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -708,6 +712,8 @@ def main(argv: list[str]) -> int:
                         help="sampling steps (plain also runs at 1/2, 1/3 and 1/4 of them: the plain-<n> rows)")
     parser.add_argument("--cfg", type=float, default=1.0)
     parser.add_argument("--weights", help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else shipped)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the benchmark's ComfyUI server (0: torch's default, every core)")
     parser.add_argument("--attention-heavy", action="store_true",
                         help="also time plain vs own-mask sparse attention on a random-weight >= 4k-token model")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
@@ -719,6 +725,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.steps < 2:
             raise DemoSetupError("--steps must be at least 2")
+        if args.threads < 0:
+            raise DemoSetupError("--threads must be 0 (every core) or more")
         prompts = read_prompt_file(args.prompts) if args.prompts else make_stream(args.stream, args.n)
         weights = demo_weights(args.weights)
         result, settings, details = _run(args, prompts, weights, say)
@@ -748,7 +756,8 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
         say(line)
     say(f"starting ComfyUI headless (base directory {base_dir}) ...")
     try:
-        with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION) as (client, unet):
+        threads = {"OMP_NUM_THREADS": str(args.threads)} if args.threads > 0 else None
+        with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION, env=threads) as (client, unet):
             bench = Bench(client, base_dir)
             if args.graph == "two-expert":
                 donor = None
@@ -776,5 +785,5 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
         result["targets"] = targets(args.stream, samples)
     settings = {"graph": args.graph, "steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
                 "donor_prompt": donor, "clip": list(world.CLIP), "attention_heavy": heavy, "machine": _machine(),
-                "seed_policy": seed_policy, "comfyui_args": list(DENSE_ATTENTION)}
+                "seed_policy": seed_policy, "comfyui_args": list(DENSE_ATTENTION), "server_threads": args.threads}
     return result, settings, _details(prompts, seeds, samples)

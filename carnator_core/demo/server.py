@@ -44,11 +44,12 @@ def pick_port(preferred: int | None) -> tuple[int, str]:
 
 
 @contextmanager
-def demo_server(base_dir: Path, weights: Path, port: int | None = None,
-                extra_args: tuple[str, ...] = ()) -> Iterator[tuple[ComfyClient, str]]:
+def demo_server(base_dir: Path, weights: Path, port: int | None = None, extra_args: tuple[str, ...] = (),
+                env: dict[str, str] | None = None) -> Iterator[tuple[ComfyClient, str]]:
     """A headless ComfyUI on `base_dir` with the pack and `weights` linked in; yields (client, unet_name).
 
-    `extra_args` go to ComfyUI's command line. The server's log is `base_dir/comfyui.log`.
+    `extra_args` go to ComfyUI's command line, `env` into its environment. The server's log is
+    `base_dir/comfyui.log`.
     """
     find_comfyui()  # fail with the message before creating anything
     models = base_dir / "models" / "diffusion_models"
@@ -56,5 +57,6 @@ def demo_server(base_dir: Path, weights: Path, port: int | None = None,
     link = models / weights.name
     if not link.exists():
         link.symlink_to(weights)
-    with headless_server(base_dir, port=port, log_path=base_dir / "comfyui.log", extra_args=extra_args) as client:
+    with headless_server(base_dir, port=port, log_path=base_dir / "comfyui.log", extra_args=extra_args,
+                         env=env) as client:
         yield client, weights.name

@@ -218,6 +218,11 @@ def test_missing_weights_names_the_train_command(tmp_path):
     assert "python -m carnator_core.demo.train" in result.stderr and "missing.safetensors" in result.stderr
 
 
+def test_negative_threads_are_refused_before_any_server_starts(tmp_path):
+    result = _bench("--n", "3", "--threads", "-1", "--out", str(tmp_path))
+    assert result.returncode == 1 and "--threads must be 0 (every core) or more" in result.stderr
+
+
 @pytest.mark.server
 def test_workload_end_to_end_json_shape(tmp_path):
     # three layers: the first and last stay dense by default, so the middle one gets (and borrows) masks
@@ -261,6 +266,7 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert all(probe["donor_prompt"] in data["prompts"][:i] for i, probe in probes), probes  # donors came earlier
     table = (out / "workload_near-dup.md").read_text()
     assert table.count("\n| ") == len(names) + 1
+    assert saved["settings"]["server_threads"] == 1 and "Server torch threads: 1." in table
     _equal_quality_agrees_with_configs(data, table)
     with Image.open(out / "workload_near-dup.png") as image:
         assert image.size[0] > 0 and len(set(np.asarray(image.convert("L")).flatten().tolist())) > 2
