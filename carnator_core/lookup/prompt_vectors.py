@@ -57,14 +57,13 @@ class PromptVectors:
             future = self._vectors.get(key)
             if future is not None:
                 self._vectors.move_to_end(key)
-        if future is None:
-            future = Future()
-            try:
-                future.set_result(self._embed(embedder, text))
-            except Exception as error:  # kept only until the caller sees it, below
-                future.set_exception(error)
+        if future is None:  # never queued ahead: embedded here, and kept once it is there
+            vector = self._embed(embedder, text)
+            done: Future = Future()
+            done.set_result(vector)
             with self._lock:
-                self._keep(key, future)
+                self._keep(key, done)
+            return vector
         try:
             return future.result()
         except Exception:
