@@ -8,6 +8,7 @@ probe's evaluation raises, after the run has left the plain path, so the run sam
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from support.reuse_graphs import with_reuse
 from support.t2v_graphs import wan_t2v
 
 from carnator_core.demo import graphs
+from carnator_core.store.reuse_store import ReuseStore
 
 pytestmark = pytest.mark.server
 
@@ -41,9 +43,25 @@ def test_a_failure_in_a_resumed_run_is_a_plain_prompt(comfy_server_factory, tiny
     plain, _ = run(plain_graph)
     first, first_reports = run(reuse_graph, 1.001)  # records the donor
     assert first_reports[0]["reason"] == "no candidate" and torch.equal(first, plain)
+    _written(server.base_dir / "stores" / "fault")  # the recorder writes in the background; the donor must be there
     second, reports = run(reuse_graph, 1.002)  # would resume: serving the probe fails
     assert torch.equal(second, plain)
     assert reports[0]["skipped_steps"] == 0
     assert reports[0]["reason"] == ("Carnator error while answering the sampler from the donor: RuntimeError: "
                                     "injected fault (sampled again plain from the start)")
     assert server.log().count("Traceback") == 1
+
+
+def _written(directory, timeout: float = 60.0) -> None:
+    """Wait until the server's background recorder has written an entry into the store at `directory`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reader = ReuseStore(str(directory))  # the server created it; opening it here changes no entry
+        try:
+            count = len(list(reader.entry_ids()))
+        finally:
+            reader.close()
+        if count or time.monotonic() > deadline:
+            assert count, f"{directory}: no entry written"
+            return
+        time.sleep(0.1)
