@@ -64,6 +64,12 @@ class ServerLost(ComfyError):
     """The server closed the websocket or stopped answering: nothing more can run on it."""
 
 
+def _server_seconds(data: dict) -> float | None:
+    """The server's stamp on a status event (`execution_start`, `execution_success`, ...), in seconds; None without."""
+    stamp = data.get("timestamp")
+    return stamp / 1000 if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
+
+
 def failure(kind: str, data: dict) -> str | None:
     """How an end event (or a /history status message) says a prompt failed; None for any other event."""
     if kind == "execution_error":
@@ -78,6 +84,12 @@ def failure(kind: str, data: dict) -> str | None:
 class PromptRun:
     """One prompt followed to its end: its events, seconds per executed (not cached) node, total seconds.
 
+    Times are the events' arrival times, except that nothing counts as later than the prompt's end as the server
+    stamped it. Events can arrive well after they were sent: ComfyUI collects garbage right after a prompt, holding
+    the interpreter for a few hundred milliseconds, and the last node's end (the next node's `executing`) may still be
+    unsent then. The server's own stamps (`timestamp`, in its milliseconds, on its status events) give its clock's
+    offset from this one: the smallest arrival-minus-stamp of the prompt's stamped events.
+
     `history` is its /history entry where it was read (ComfyClient.run reads it).
     """
 
@@ -88,20 +100,27 @@ class PromptRun:
     history: dict = field(default_factory=dict)
     _started: float | None = field(default=None, repr=False)
     _current: tuple[str, float] | None = field(default=None, repr=False)
+    _spans: list[tuple[str, float, float]] = field(default_factory=list, repr=False)  # (node, from, to) as received
+    _offset: float | None = field(default=None, repr=False)  # arrival minus server stamp, smallest so far
 
     def add(self, at: float, event: dict) -> bool:
         """Take one of this prompt's events, received at perf_counter time `at`; True when it ended the prompt."""
         self.events.append(event)
         kind, data = event.get("type"), event.get("data") or {}
+        stamp = _server_seconds(data)
+        if stamp is not None:
+            self._offset = at - stamp if self._offset is None else min(self._offset, at - stamp)
         if kind == "execution_start":
             self._started = at
         elif kind == "executing" or kind in ENDS:
             if self._current is not None:
-                node, since = self._current
-                self.node_seconds[node] = self.node_seconds.get(node, 0.0) + at - since
+                self._spans.append((*self._current, at))
             self._current = (data["node"], at) if kind == "executing" and data.get("node") is not None else None
         if kind in ENDS:
-            self.seconds = at - (self._started if self._started is not None else at)
+            end = at if stamp is None or self._offset is None else min(at, stamp + self._offset)
+            for node, since, until in self._spans:
+                self.node_seconds[node] = self.node_seconds.get(node, 0.0) + max(0.0, min(until, end) - since)
+            self.seconds = max(0.0, end - (self._started if self._started is not None else end))
             return True
         return False
 

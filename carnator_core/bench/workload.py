@@ -23,8 +23,8 @@ the markdown says so under its table. A hit is a request that skipped steps (res
 
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
 (other processes on a shared CPU) spreads over all configurations. A configuration's time is the wall time
-of the nodes it adds plus the sampler's (per-node times from ComfyUI's websocket); text encoding, model
-loading and file saving are the same everywhere and left out. The server's torch runs on `--threads` threads (1 by
+of the nodes it adds plus the sampler's (per-node times from ComfyUI's websocket, never past the prompt's end as the
+server stamped it: `PromptRun`); text encoding, model loading and file saving are the same everywhere and left out. The server's torch runs on `--threads` threads (1 by
 default): on a CPU the sampler then takes one core and the rest serve ComfyUI's own threads and Carnator's
 background work, as a GPU server's CPU does beside its sampling, and identical runs spread less than with every
 core shared between them. Every configuration first runs once on a
