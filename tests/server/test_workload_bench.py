@@ -36,6 +36,7 @@ from carnator_core.bench.workload import (
     equal_quality_speedup,
     fewer_steps,
     fewer_steps_count,
+    targets,
 )
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
@@ -102,6 +103,9 @@ def _targets_agree_with_configs(data: dict, stream: str) -> None:
         config = by_name[target["config"]]
         if target["measure"] == "calls_speedup":
             assert target["measured"] == pytest.approx(by_name["plain"]["model_calls"] / config["model_calls"], abs=2e-3)
+            assert target["met"] == (target["measured"] >= target["target"])
+        if target["measure"] == "time_speedup":
+            assert target["measured"] == pytest.approx(config["speedup"], abs=2e-3)
             assert target["met"] == (target["measured"] >= target["target"])
         if target["measure"] == "adherence_gap" and config["adherence"] is not None:
             assert target["measured"] == pytest.approx(by_name["plain"]["adherence"] - config["adherence"], abs=2e-3)
@@ -210,6 +214,19 @@ def test_equal_quality_speedup_takes_the_cheapest_plain_run_as_close_and_as_adhe
     assert equal_quality_speedup(rougher, plain, less_adherent)["against"] == "plain-15"
     sharper = [_run(24, 4.0, 1e-6, 1.0)] * 2  # 60 dB: no fewer-steps run is as close, so full plain
     assert equal_quality_speedup(sharper, plain, fewer) == {"against": "plain", "calls": 1.25, "time": 0.75}
+
+
+def test_a_miss_costing_more_than_three_percent_of_plains_time_misses_the_unrelated_streams_target():
+    plain = [_run(30, 1.50, 0.0, 1.0), _run(30, 1.52, 0.0, 1.0), _run(30, 1.54, 0.0, 1.0)]
+    cheap = [_run(30, 1.54, 0.0, 1.0), _run(31, 1.55, 0.0, 1.0), _run(30, 1.50, 0.0, 1.0)]  # 0.987x, one failed probe
+    costly = [_run(30, 1.60, 0.0, 1.0), _run(30, 1.58, 0.0, 1.0), _run(32, 1.62, 0.0, 1.0)]  # 0.95x, two probes
+    rows = targets("unrelated", {"plain": plain, "safe": cheap, "balanced": cheap, "fast": costly})
+    by = {(row["config"], row["measure"]): row for row in rows}
+    assert {config for config, _ in by} == {"safe", "balanced", "fast"}
+    assert by["safe", "time_speedup"] == {"config": "safe", "measure": "time_speedup", "target": 0.97,
+                                          "measured": 0.987, "met": True}
+    assert by["fast", "time_speedup"]["measured"] == 0.95 and by["fast", "time_speedup"]["met"] is False
+    assert by["balanced", "extra_calls"]["met"] is True and by["fast", "extra_calls"]["met"] is False
 
 
 def test_missing_weights_names_the_train_command(tmp_path):
