@@ -24,10 +24,10 @@ the markdown says so under its table. A hit is a request that skipped steps (res
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
 (other processes on a shared CPU) spreads over all configurations. A configuration's time is the wall time
 of the nodes it adds plus the sampler's (per-node times from ComfyUI's websocket, never past the prompt's end as the
-server stamped it: `PromptRun`); text encoding, model loading and file saving are the same everywhere and left out. The server's torch runs on `--threads` threads (1 by
-default): on a CPU the sampler then takes one core and the rest serve ComfyUI's own threads and Carnator's
-background work, as a GPU server's CPU does beside its sampling, and identical runs spread less than with every
-core shared between them. Every configuration first runs once on a
+server stamped it: `PromptRun`); text encoding, model loading and file saving are the same everywhere and left out.
+The server's torch runs on `--threads` threads (1 by default): on a CPU the sampler then takes one core and the rest
+serve ComfyUI's own threads and Carnator's background work, as a GPU server's CPU does beside its sampling, and
+identical runs spread less than with every core shared between them. Every configuration first runs once on a
 throwaway prompt (2 steps, plain-<n> its n; separate stores) so that no timed run pays for loading a model or a
 kernel. After a run that records, the benchmark waits until the server's background writer has stored the entry,
 so the write neither overlaps the next timed run nor is missed by the next lookup. Quality: PSNR/SSIM of the
@@ -110,7 +110,7 @@ STREAM_TARGETS: dict[str, dict[str, dict[str, float]]] = {
     "adversarial": {mode: {"adherence_gap": 0.0} for mode in ("safe", "balanced", "fast")},
     "unrelated": {mode: {"extra_calls": 1.0, "time_speedup": 0.97} for mode in ("safe", "balanced", "fast")},
 }
-AT_LEAST = frozenset({"calls_speedup", "time_speedup"})  # the measures a target bounds from below; the others from above
+AT_LEAST = frozenset({"calls_speedup", "time_speedup"})  # the measures a target bounds from below, the others above
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
 WARMUP_PROMPT = "a green square resting on a white background"
 WARMUP_STEPS = 2
@@ -330,6 +330,10 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _median_seconds(runs: list[Sample]) -> float:
+    return _median([s.seconds for s in runs])
+
+
 def _mean(values: list[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return sum(kept) / len(kept) if kept else None
@@ -360,12 +364,12 @@ def equal_quality_speedup(runs: list[Sample], plain: list[Sample],
                   key=lambda name: _mean_calls(fewer[name]), default="plain")
     reference = fewer.get(against, plain)
     return {"against": against, "calls": round(_mean_calls(reference) / _mean_calls(runs), 3),
-            "time": round(_median([s.seconds for s in reference]) / _median([s.seconds for s in runs]), 3)}
+            "time": round(_median_seconds(reference) / _median_seconds(runs), 3)}
 
 
 def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -> list[dict[str, Any]]:
     """One row per configuration, with the FIELDS and EXTRA_FIELDS of the JSON report."""
-    plain_time = _median([s.seconds for s in samples["plain"]])
+    plain_time = _median_seconds(samples["plain"])
     plain_cpu = _median([s.cpu_seconds for s in samples["plain"] if s.cpu_seconds is not None])
     fewer = {name: runs for name, runs in samples.items() if fewer_steps_count(name) is not None}
     rows = []
@@ -376,7 +380,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
         calls = _mean_calls(runs)
         rows.append({
             "name": name,
-            "speedup": round(plain_time / _median([s.seconds for s in runs]), 3),
+            "speedup": round(plain_time / _median_seconds(runs), 3),
             "cpu_speedup": round(plain_cpu / cpu, 3) if plain_cpu > 0 and cpu > 0 else None,  # NaN: unknown
             "model_calls": round(calls, 2),
             "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3),
@@ -387,7 +391,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "adherence": _round(_adherence(runs), 3),
             "bytes_per_entry": round(store_bytes.get(name, 0.0)),
             "hit_model_calls": _round(_mean([s.model_calls for s in hits]), 2),
-            "hit_speedup": round(plain_time / _median([s.seconds for s in hits]), 3) if hits else None,
+            "hit_speedup": round(plain_time / _median_seconds(hits), 3) if hits else None,
             "stage_model_calls": [round(calls, 2)] if first_expert is None else
                                  [round(first_expert, 2), round(calls - first_expert, 2)],
             "equal_quality_speedup": None if name == "plain" or name in fewer else
@@ -411,7 +415,7 @@ def targets(stream: str, samples: dict[str, list[Sample]]) -> list[dict[str, Any
             "calls_speedup": plain_calls / _mean_calls(runs),
             "adherence_gap": None if adherence is None or plain_adherence is None else plain_adherence - adherence,
             "extra_calls": max(s.model_calls - p.model_calls for s, p in zip(runs, plain, strict=True)),
-            "time_speedup": _median([s.seconds for s in plain]) / _median([s.seconds for s in runs]),
+            "time_speedup": _median_seconds(plain) / _median_seconds(runs),
         }
         for measure, bound in wanted.items():
             value = measured[measure]

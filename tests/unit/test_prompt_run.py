@@ -25,7 +25,8 @@ def _follow(late_by: float) -> PromptRun:
     run = PromptRun("p")
     sent = [
         (0.0, {"type": "execution_start", "data": {"prompt_id": "p", "timestamp": SERVER_START}}, 0.0),
-        (1.0, {"type": "execution_cached", "data": {"nodes": [], "prompt_id": "p", "timestamp": SERVER_START + 1}}, 0.0),
+        (1.0, {"type": "execution_cached",
+               "data": {"nodes": [], "prompt_id": "p", "timestamp": SERVER_START + 1}}, 0.0),
         (1.0, {"type": "executing", "data": {"node": "positive", "prompt_id": "p"}}, 0.0),
         (21.0, {"type": "executing", "data": {"node": "sampler", "prompt_id": "p"}}, 0.0),
         (1521.0, {"type": "executing", "data": {"node": "save_latent", "prompt_id": "p"}}, late_by),
@@ -66,7 +67,8 @@ def test_a_late_start_event_never_moves_the_end_earlier_than_it_was() -> None:
     """The offset is the smallest arrival-minus-stamp: a held-up `execution_start` cannot pull the end before the
     server's end, and a stamp that is not a number is ignored."""
     run = PromptRun("p")
-    run.add(_arrival(SERVER_START, 0.3), {"type": "execution_start", "data": {"prompt_id": "p", "timestamp": SERVER_START}})
+    run.add(_arrival(SERVER_START, 0.3), {"type": "execution_start",
+                                          "data": {"prompt_id": "p", "timestamp": SERVER_START}})
     run.add(_arrival(SERVER_START + 1), {"type": "execution_cached",
                                          "data": {"nodes": [], "prompt_id": "p", "timestamp": "soon"}})
     run.add(_arrival(SERVER_START + 1, 0.3), {"type": "executing", "data": {"node": "sampler", "prompt_id": "p"}})
