@@ -425,6 +425,39 @@ def targets(stream: str, samples: dict[str, list[Sample]]) -> list[dict[str, Any
     return rows
 
 
+def nesting(prompts: list[str], samples: dict[str, list[Sample]]) -> dict[str, list[dict[str, Any]]]:
+    """Where the modes are not nested, per prompt: fast taking more model calls than balanced, and balanced more than
+    safe plus one (its one probe call a miss may cost); each such prompt with both calls and resume steps. Empty
+    lists are the goal. Only the checks whose modes all ran are there."""
+    checks = {"fast_over_balanced": ("fast", "balanced", 0), "balanced_over_safe_plus_one": ("balanced", "safe", 1)}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for check, (deeper, shallower, allowance) in checks.items():
+        if deeper not in samples or shallower not in samples:
+            continue
+        found[check] = [
+            {"prompt": prompt, deeper: {"model_calls": a.model_calls, "skipped_steps": a.skipped_steps},
+             shallower: {"model_calls": b.model_calls, "skipped_steps": b.skipped_steps}}
+            for prompt, a, b in zip(prompts, samples[deeper], samples[shallower], strict=True)
+            if a.model_calls > b.model_calls + allowance]
+    return found
+
+
+def _nesting_lines(found: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The markdown's line on nested modes, and a line per prompt where they are not."""
+    if not found:
+        return []
+    said = {"fast_over_balanced": "fast took more model calls than balanced",
+            "balanced_over_safe_plus_one": "balanced took more than safe + 1"}
+    lines = ["", "Nested modes: " + "; ".join(f"{said[check]} on {len(rows)} prompt{'s' * (len(rows) != 1)}"
+                                              for check, rows in found.items()) + "."]
+    for rows in found.values():
+        for row in rows:
+            modes = [name for name in row if name != "prompt"]
+            lines.append(f"- {row['prompt']!r}: " + ", ".join(
+                f"{name} {row[name]['model_calls']} calls (resumed at {row[name]['skipped_steps']})" for name in modes))
+    return lines
+
+
 def _verdict(met: bool | None) -> str:
     return "unmeasured" if met is None else "met" if met else "not met"
 
@@ -458,25 +491,28 @@ def _mask_donor_graph(base: dict, store: str, donor: str) -> dict:
 
 
 def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
-               seed_policy: str, progress: Callable[[str], None],
-               fewer: list[str]) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
-    """Every configuration (CONFIGS, with the plain-at-fewer-steps ones in `fewer` after plain) on every prompt."""
-    names = _with_fewer_steps(CONFIGS, fewer)
+               seed_policy: str, progress: Callable[[str], None], fewer: list[str],
+               configs: tuple[str, ...] = CONFIGS) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
+    """Every configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) on every prompt."""
+    names = _with_fewer_steps(configs, fewer)
     donor = donor_prompt_for(prompts)
     warm_base = graphs.base_graph(unet, WARMUP_PROMPT, seed=1, steps=WARMUP_STEPS, cfg=cfg)
-    warm_donor = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=WARMUP_STEPS, cfg=cfg),
-                                   _store_dir("any-donor-masks", "warmup"), donor)
-    bench.run(graphs.with_save_latent(warm_donor, "bench/warmup"))
-    bench.wait_for_entries(_store_dir("any-donor-masks", "warmup"), 1)
+    masks_borrowed = "any-donor-masks" in names
+    if masks_borrowed:
+        warm_donor = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=WARMUP_STEPS, cfg=cfg),
+                                       _store_dir("any-donor-masks", "warmup"), donor)
+        bench.run(graphs.with_save_latent(warm_donor, "bench/warmup"))
+        bench.wait_for_entries(_store_dir("any-donor-masks", "warmup"), 1)
     for name in names:
         progress(f"warm-up: {name}")
         bench.sample(name, config_graph(name, warm_base, WARMUP_PROMPT, donor, "warmup"),
                      fewer_steps_count(name) or WARMUP_STEPS)
-    progress(f"recording the arbitrary donor's masks: {donor!r}")
-    donor_graph = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=steps, cfg=cfg),
-                                    _store_dir("any-donor-masks"), donor)
-    bench.run(graphs.with_save_latent(donor_graph, "bench/donor"))
-    bench.wait_for_entries(_store_dir("any-donor-masks"), 1)
+    if masks_borrowed:
+        progress(f"recording the arbitrary donor's masks: {donor!r}")
+        donor_graph = _mask_donor_graph(graphs.base_graph(unet, donor, seed=DONOR_SEED, steps=steps, cfg=cfg),
+                                        _store_dir("any-donor-masks"), donor)
+        bench.run(graphs.with_save_latent(donor_graph, "bench/donor"))
+        bench.wait_for_entries(_store_dir("any-donor-masks"), 1)
     samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
@@ -488,21 +524,21 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
         times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in names)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
     store_bytes = {}
-    for name in RECORDING:
+    for name in RECORDING & set(names):
         totals = bench.wait_for_entries(_store_dir(name), len(prompts))
         store_bytes[name] = totals["bytes"] / max(1, totals["entries"])
     return samples, store_bytes, donor
 
 
 def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
-                          seed_policy: str, progress: Callable[[str], None],
-                          fewer: list[str]) -> dict[str, list[Sample]]:
+                          seed_policy: str, progress: Callable[[str], None], fewer: list[str],
+                          configs: tuple[str, ...] = TWO_EXPERT_CONFIGS) -> dict[str, list[Sample]]:
     """The stream on the two-expert graph (the demo model as both experts, the boundary half-way), every
-    configuration (TWO_EXPERT_CONFIGS, with the plain-at-fewer-steps ones in `fewer` after plain) per prompt in
-    rotated order, as `run_stream` does."""
-    names = _with_fewer_steps(TWO_EXPERT_CONFIGS, fewer)
+    configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) per prompt in rotated
+    order, as `run_stream` does."""
+    names = _with_fewer_steps(configs, fewer)
 
-    recording = [name for name in TWO_EXPERT_CONFIGS if name != "plain"]
+    recording = [name for name in configs if name != "plain"]
 
     def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = "stores") -> dict:
         base = graphs.two_expert_graph(unet, prompt, seed=seed, steps=run_steps, boundary=expert_boundary(run_steps),
@@ -617,6 +653,7 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                      + (f" {k['resumed_psnr']:.1f} dB" if k["resumed_psnr"] is not None else "")
                      for k in by_kind.values()]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += _nesting_lines(result.get("nesting", {}))
     if result.get("targets"):
         lines += ["", "Targets: " + "; ".join(
             f"{t['config']} {t['measure'].replace('_', ' ')} {'>=' if t['measure'] in AT_LEAST else '<='} "
@@ -690,6 +727,11 @@ def _probe_summary(probe: dict) -> dict:
             "structure_agreement": None if structure is None else round(structure, 3)}
 
 
+def _config_list(text: str) -> set[str]:
+    """`--configs`: names separated by commas, plain always among them."""
+    return {"plain", *(name.strip() for name in text.split(",") if name.strip())}
+
+
 def _machine() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return f"{os.cpu_count()} CPUs, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end"
@@ -722,6 +764,9 @@ def main(argv: list[str]) -> int:
                         help="torch threads of the benchmark's ComfyUI server (0: torch's default, every core)")
     parser.add_argument("--attention-heavy", action="store_true",
                         help="also time plain vs own-mask sparse attention on a random-weight >= 4k-token model")
+    parser.add_argument("--configs", type=_config_list, default=None,
+                        help="only these configurations, comma-separated (plain always runs: quality is measured "
+                             "against it; plain-<n> rows only where named, e.g. plain-10); default: all")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
     args = parser.parse_args(argv)
@@ -752,14 +797,22 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
          say: Callable[[str], None]) -> tuple[dict, dict, list]:
     seeds = [42] * len(prompts) if args.seed == "fixed" else \
         [int(s) for s in np.random.default_rng(0).integers(0, 2**31, len(prompts))]
-    base_dir = Path(tempfile.mkdtemp(prefix="carnator-bench-"))
-    heavy_unet = "carnator_random_wan_heavy.safetensors"
-    if args.attention_heavy:
-        write_random_wan(base_dir / "models" / "diffusion_models" / heavy_unet, HEAVY_MODEL)
     seed_policy = "same-noise" if args.seed == "fixed" else "serving"
     fewer, skipped = fewer_steps(args.steps)
     for line in skipped:
         say(line)
+    available = TWO_EXPERT_CONFIGS if args.graph == "two-expert" else CONFIGS
+    configs = available if args.configs is None else tuple(name for name in available if name in args.configs)
+    if args.configs is not None:
+        unknown = sorted(set(args.configs) - set(available) - set(fewer))
+        if unknown:
+            raise ValueError(f"--configs: no configuration {', '.join(unknown)} on this graph "
+                             f"(have: {', '.join(available[1:] + tuple(fewer))})")
+        fewer = [name for name in fewer if name in args.configs]
+    base_dir = Path(tempfile.mkdtemp(prefix="carnator-bench-"))
+    heavy_unet = "carnator_random_wan_heavy.safetensors"
+    if args.attention_heavy:
+        write_random_wan(base_dir / "models" / "diffusion_models" / heavy_unet, HEAVY_MODEL)
     say(f"starting ComfyUI headless (base directory {base_dir}) ...")
     try:
         threads = {"OMP_NUM_THREADS": str(args.threads)} if args.threads > 0 else None
@@ -768,12 +821,12 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
             if args.graph == "two-expert":
                 donor = None
                 samples = run_two_expert_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy, say,
-                                                fewer)
+                                                fewer, configs)
                 store_bytes = {name: _bytes_per_entry(base_dir / _store_dir(f"two-expert-{name}"))
-                               for name in TWO_EXPERT_CONFIGS if name != "plain"}
+                               for name in configs if name != "plain"}
             else:
                 samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg,
-                                                         seed_policy, say, fewer)
+                                                         seed_policy, say, fewer, configs)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:
         if (base_dir / "comfyui.log").exists():
@@ -784,7 +837,8 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
     stream = f"file:{Path(args.prompts).name}" if args.prompts else args.stream
     if args.graph == "two-expert":
         stream += " (two-expert)"
-    result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes)}
+    result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes),
+              "nesting": nesting(prompts, samples)}
     if args.stream in KINDED_STREAMS and not args.prompts:
         result["per_kind"] = per_kind(edit_kinds(args.stream, len(prompts)), samples)
     if not args.prompts:
