@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench.quality import mse, psnr_from_mse
+from carnator_core.calibration.pairs import PAIR_RULE, read_pairs
 from carnator_core.calibration.profile import Profile, ProfileError
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
@@ -51,6 +52,7 @@ from carnator_core.demo.server import DemoSetupError, demo_weights
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
 from carnator_core.lookup.embeddings import text_embedder
+from carnator_core.prompt_file import PromptFileError
 from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
 from carnator_core.reuse.start_difference import StartDifference
 
@@ -135,6 +137,29 @@ def pairs(count: int, rng: np.random.Generator) -> list[tuple[str, dict, dict]]:
     return chosen
 
 
+def prompt_pairs(count: int, rng: np.random.Generator) -> list[tuple[str, str, str]]:
+    """(relation, donor prompt, new prompt) of `pairs`: a reworded pair's new prompt is a paraphrase, every other
+    prompt the attributes' canonical wording."""
+    return [(relation, world.canonical_prompt(donor),
+             world.paraphrase(new, rng) if relation == "reworded" else world.canonical_prompt(new))
+            for relation, donor, new in pairs(count, rng)]
+
+
+def relation_of(donor_prompt: str, new_prompt: str) -> str:
+    """The relation of two prompts as the demo world reads them: reworded (the same attributes), the one attribute
+    that differs, else unrelated (several differ, or the world cannot read one of them)."""
+    donor, new = world.parse_prompt(donor_prompt), world.parse_prompt(new_prompt)
+    if donor is None or new is None:
+        return "unrelated"
+    differ = [attribute for attribute in world.ATTRIBUTES if donor[attribute] != new[attribute]]
+    return "reworded" if not differ else differ[0] if len(differ) == 1 else "unrelated"
+
+
+def pairs_from_file(path: Path) -> list[tuple[str, str, str]]:
+    """(relation, donor prompt, new prompt) of a calibration pairs file, each pair's relation read by the world."""
+    return [(relation_of(pair.earlier, pair.new), pair.earlier, pair.new) for pair in read_pairs(path)]
+
+
 def auc(scores: list[float], labels: list[bool]) -> float | None:
     """Probability that a random positive scores above a random negative (ties count half)."""
     positives = [s for s, label in zip(scores, labels, strict=True) if label]
@@ -151,18 +176,18 @@ def _scored(prompt: str, latent: torch.Tensor, plain_rgb: torch.Tensor):
     return score(prompt, rgb), psnr_from_mse(mse(rgb, plain_rgb))
 
 
-def calibrate(model: WanT2V, pair_count: int, steps: int, depths: list[int], cfg_scale: float, seed: int,
-              shortcuts: bool = False) -> list[Row]:
-    rng = np.random.default_rng(seed)
+def calibrate(model: WanT2V, chosen: list[tuple[str, str, str]], steps: int, depths: list[int], cfg_scale: float,
+              seed: int, shortcuts: bool = False, same_noise: bool = False) -> list[Row]:
+    """A row per (pair, depth) of `chosen` ((relation, donor prompt, new prompt)); each pair samples from its own noise,
+    or every pair from the noise of `seed` (`same_noise`: a fixed-seed stream's pairs)."""
     sampler = FlowSampler(model, cfg_scale, sigmas_for(steps))
     embedder = text_embedder()
     uncond = token_embeddings([""])
     rows = []
-    for index, (relation, donor_attrs, new_attrs) in enumerate(pairs(pair_count, rng)):
-        donor_prompt = world.canonical_prompt(donor_attrs)
-        new_prompt = world.paraphrase(new_attrs, rng) if relation == "reworded" else world.canonical_prompt(new_attrs)
+    for index, (relation, donor_prompt, new_prompt) in enumerate(chosen):
         contexts = token_embeddings([donor_prompt, new_prompt])
-        noise = torch.randn(1, 16, *world.CLIP, generator=torch.Generator().manual_seed(seed + index))
+        noise = torch.randn(1, 16, *world.CLIP, generator=torch.Generator().manual_seed(
+            seed if same_noise else seed + index))
         _, donor_states = sampler.run(noise, contexts[:1], uncond)
         plain, _ = sampler.run(noise, contexts[1:], uncond)
         plain_rgb = world.decode(plain[0])
@@ -367,6 +392,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=4, help="pairs per relation")
+    parser.add_argument("--pairs-file", type=Path, default=None,
+                        help=f"your own pairs instead ({PAIR_RULE}), all sampled from the noise of --seed as a "
+                             "fixed-seed stream is; each pair's relation as the demo world reads the two prompts")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--depths", default="0.2,0.35,0.5,0.65,0.8", help="resume depths (fractions of steps)")
     parser.add_argument("--cfg", type=float, default=5.0)
@@ -388,7 +416,13 @@ def main(argv: list[str]) -> int:
         profile = Profile.from_json(args.profile.read_bytes()) if args.profile is not None else None
     except (OSError, ProfileError) as error:
         raise SystemExit(f"error: --profile {args.profile}: {error}") from None
-    rows = calibrate(load_model(args.weights), args.pairs, args.steps, depths, args.cfg, args.seed, args.shortcuts)
+    try:
+        chosen = pairs_from_file(args.pairs_file) if args.pairs_file is not None else \
+            prompt_pairs(args.pairs, np.random.default_rng(args.seed))
+    except (OSError, PromptFileError) as error:
+        raise SystemExit(f"error: --pairs-file {args.pairs_file}: {error}") from None
+    rows = calibrate(load_model(args.weights), chosen, args.steps, depths, args.cfg, args.seed, args.shortcuts,
+                     same_noise=args.pairs_file is not None)
     summary = summarise(rows, profile)
     if args.out is not None:
         write_results(args.out, rows, summary)

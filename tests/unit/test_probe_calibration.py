@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import torch
 
 from carnator_core.bench.probe import (
@@ -13,6 +14,7 @@ from carnator_core.bench.probe import (
     calibrate,
     corrected_rule,
     precision_recall,
+    prompt_pairs,
     safe_threshold,
     shortcuts_by_relation,
     start_screen_passes,
@@ -27,7 +29,7 @@ def test_calibration_runs_and_summarises_every_signal():
     generator = torch.Generator().manual_seed(0)
     for parameter in model.parameters():  # the zero-initialised output head would predict x0 = x exactly
         parameter.data = torch.randn(parameter.shape, generator=generator) * 0.05
-    rows = calibrate(model, pair_count=1, steps=4, depths=[1, 2], cfg_scale=3.0, seed=0)
+    rows = calibrate(model, prompt_pairs(1, np.random.default_rng(0)), steps=4, depths=[1, 2], cfg_scale=3.0, seed=0)
     assert {row.relation for row in rows} == set(RELATIONS) and len(rows) == 2 * len(RELATIONS)
     summary = summarise(rows)
     assert set(summary["auc"]) == set(SIGNALS)
@@ -77,7 +79,8 @@ def test_shortcuts_resume_from_the_corrected_donor_state_and_from_the_requests_o
     generator = torch.Generator().manual_seed(1)
     for parameter in model.parameters():
         parameter.data = torch.randn(parameter.shape, generator=generator) * 0.05
-    rows = calibrate(model, pair_count=1, steps=4, depths=[2], cfg_scale=1.0, seed=0, shortcuts=True)
+    rows = calibrate(model, prompt_pairs(1, np.random.default_rng(0)), steps=4, depths=[2], cfg_scale=1.0, seed=0,
+                     shortcuts=True)
     assert all(r.corrected is not None and r.own_shortcut is not None for r in rows)
     assert all(0.0 <= r.corrected[0] <= 1.0 and 0.0 <= r.own_shortcut[0] <= 1.0 for r in rows)
     assert all(math.isfinite(r.psnr_resumed) and math.isfinite(r.own_shortcut[1]) for r in rows)
@@ -99,4 +102,4 @@ def test_shortcuts_resume_from_the_corrected_donor_state_and_from_the_requests_o
     assert rule["good"] == sum(r.corrected[0] >= r.adherence_plain - 1e-9 for r in rows
                                if start_screen_passes(r, lenient))
     assert 0 <= rule["borrowed"] <= rule["good"] and sum(rule["accepted_by_relation"].values()) == screened
-    assert shortcuts_by_relation(calibrate(model, 1, 4, [2], 1.0, 0)) == {}  # without shortcuts: no table
+    assert shortcuts_by_relation(calibrate(model, prompt_pairs(1, np.random.default_rng(0)), 4, [2], 1.0, 0)) == {}  # without shortcuts: no table
