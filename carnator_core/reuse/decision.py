@@ -153,7 +153,29 @@ class Decider:
         return self._probe(pending, evaluate, batch_limit)
 
     def _probe(self, pending: list[ProbeTarget], evaluate: Evaluate, batch_limit: int) -> Decision | None:
-        """The probe calls of `decide`, deepest target first, within the budget; a miss costs at most one of them.
+        """The probe calls of `decide`, within the budget; a miss costs at most one of them.
+
+        A mode that contains a shallower one (fast contains balanced, `ReuseSettings.contained_resume_fraction`) first
+        asks the states within that mode's depth exactly as that mode does (`_probe_within`), and goes deeper only from
+        the pass where that mode would resume (`_deepen`): it never gives up depth the shallower mode keeps. No deeper
+        state is asked first, whatever the step-0 screen says: the screen cannot tell a one-attribute edit that holds
+        half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced").
+        """
+        contained = self._contained_step()
+        deeper = [t for t in pending if contained is not None and t.step > contained]
+        within = [t for t in pending if not any(t is d for d in deeper)]
+        decision, calls = self._probe_within(within, evaluate, batch_limit)
+        if decision is None or not deeper:
+            return decision
+        donor = decision.target.candidate.entry_id
+        if decision.step < max((t.step for t in within if t.candidate.entry_id == donor), default=0):
+            return decision  # the shallower mode stopped short of its depth: a state deeper than this one failed
+        return self._deepen(decision, [t for t in deeper if t.candidate.entry_id == donor], evaluate,
+                            self.settings.max_probes - calls)
+
+    def _probe_within(self, pending: list[ProbeTarget], evaluate: Evaluate,
+                      batch_limit: int) -> tuple[Decision | None, int]:
+        """Deepest target first; the decision and the calls it took.
 
         A target is asked at its anchor first, where the prompt still decides layout and motion, unless its donor's
         step-0 screen cleared the target's own depth bar by the give-up margin (`_enters_deep`); a pass at the
@@ -163,14 +185,16 @@ class Decider:
         """
         thresholds = self.settings.thresholds
         held: Decision | None = None
+        calls = 0
         for _ in range(self.settings.max_probes):
             if not pending:
                 break
             first = pending[0]
+            calls += 1
             if held is None and first.anchor is not None and not self._enters_deep(first):
                 held = self._ask_anchor(first, evaluate)
                 if held is None:
-                    return None
+                    return None, calls
                 # only the held donor's deeper states are worth a call now: others would need their own anchor
                 pending = [replace(t, anchor=None) for t in pending
                            if t.meta.entry_id == first.meta.entry_id and t.step > held.step]
@@ -192,8 +216,48 @@ class Decider:
                     decision = Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new,
                                         difference=self._difference(target))
             if decision is not None or held is None:
-                return decision
-        return held
+                return decision, calls
+        return held, calls
+
+    def _deepen(self, decision: Decision, deeper: list[ProbeTarget], evaluate: Evaluate, calls: int) -> Decision:
+        """From a pass, the donor's deeper states, within `calls`: each time the deepest one that the last pass makes
+        likely, and a failed call resumes at the last pass.
+
+        Likely: the last pass's signals clear the deeper state's bar with room to spare as large as the bar's own rise
+        between the two depths (they pass at the depth as far beyond the deeper state as that state lies beyond the
+        pass). At a corrected state agreement falls with depth, and falls fastest for an edit the remaining steps can
+        no longer fix, so a pass that only just clears the deeper bar predicts a failed call."""
+        for _ in range(calls):
+            signals = decision.signals
+            likely = [t for t in deeper if t.step > decision.step and signals is not None
+                      and self.settings.thresholds.passes(replace(signals, depth=2 * t.depth - signals.depth))]
+            if not likely:
+                break
+            passed = self._ask(likely[0], evaluate)
+            if passed is None:
+                break
+            decision = passed
+        return decision
+
+    def _contained_step(self) -> int | None:
+        """The deepest step of the shallower mode this one contains (`ReuseSettings.contained_resume_fraction`)."""
+        fraction = self.settings.contained_resume_fraction
+        return None if fraction is None else self.facts.max_step(fraction)
+
+    def _ask(self, target: ProbeTarget, evaluate: Evaluate) -> Decision | None:
+        """One call at `target` alone: the resume it allows, or None when it fails."""
+        [(x0_new, guidance_new)] = evaluate([target.x], target.sigma)
+        self.model_calls += 1
+        signals = self._signals(target.depth, target.x, x0_new, target.x0, guidance_new, target.guidance,
+                                corrected=target.corrected)
+        thresholds = self.settings.thresholds
+        passed = thresholds.passes(signals)
+        self._record(target.meta, target.step, signals, passed, not passed and thresholds.donor_hopeless(signals),
+                     batched_with=0)
+        if not passed:
+            return None
+        return Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new,
+                        difference=self._difference(target))
 
     def _skip_stage(self, screened: list[ProbeTarget]) -> Decision | None:
         """Skip this stage whole when a donor confirmed at step 0 recorded its output and a later stage, the stage's

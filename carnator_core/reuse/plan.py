@@ -8,7 +8,7 @@ depth) and hands the sampler a short, ordered list.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -135,7 +135,8 @@ class _Reads:
 
 
 def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFacts, max_fraction: float,
-                same_noise_only: bool, max_probes: int) -> tuple[list[ProbeTarget | ScreenOnly], dict[str, int]]:
+                same_noise_only: bool, max_probes: int,
+                contained_fraction: float | None = None) -> tuple[list[ProbeTarget | ScreenOnly], dict[str, int]]:
     """Up to `max_probes` targets, deepest checkpoint first and, at equal depth, the better-ranked donor first,
     plus skip reasons.
 
@@ -144,11 +145,27 @@ def plan_probes(store: ReuseStore, candidates: list[Candidate], facts: RequestFa
     recorded at a step EasyCache or LazyCache skipped are never offered: their x0 is the cache's extrapolation,
     which no probe of the live model can confirm. Checkpoint blobs are read only for the donors the plan keeps;
     same-noise donors beyond them follow as `ScreenOnly` entries, for the step-0 screen.
+
+    With `contained_fraction` (the depth of the shallower mode this one contains: balanced's, for fast) the budget's
+    targets are chosen within that depth first, exactly as that mode chooses them, and every deeper state of the
+    donors chosen follows them: what this mode may ask once one of them passed (`Decider._deepen`), or first where
+    the step-0 screen makes a pass nearly certain.
     """
     reads = _Reads(store, facts)
     offers = donor_offers(reads, candidates, facts.max_step(max_fraction), same_noise_only)
-    targets = _collect(reads, iter(offers), max_probes)
-    return targets + _screen_only(reads, offers, targets), reads.skipped
+    contained_step = facts.max_step(contained_fraction) if contained_fraction is not None else None
+
+    def deeper(offer: Offer) -> bool:
+        return contained_step is not None and offer.step > contained_step
+
+    # stable: within the contained depth first, each part still deepest first
+    targets = _collect(reads, iter(sorted(offers, key=deeper)), max_probes)
+    chosen = {target.meta.entry_id for target in targets}
+    taken = {(target.meta.entry_id, target.step) for target in targets}
+    targets += _collect(reads, (offer for offer in offers if deeper(offer) and offer.meta.entry_id in chosen
+                                and (offer.meta.entry_id, offer.step) not in taken), len(offers))
+    targets.sort(key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
+    return targets + _screen_only(reads, offers, targets, deeper), reads.skipped
 
 
 @dataclass
@@ -160,22 +177,24 @@ class ScreenOnly:
     candidate: Candidate
     meta: EntryMeta
     start: StartPrediction
-    step: int  # its deepest checkpoint within the mode's depth, where it would be probed
-    sigma: float
+    # its deepest checkpoint within the (contained) mode's depth, where it would be probed, then any deeper ones the
+    # mode may go on to: (step, sigma) each
+    steps: list[tuple[int, float]]
     _reads: _Reads = field(repr=False)
 
     def load(self) -> list[ProbeTarget]:
-        """The donor's state to probe and resume from (with its anchor); none when it is unusable."""
-        target = _load_target(self._reads, self.step, self.sigma, self.candidate, self.meta)
-        return [] if target is None else [target]
+        """The donor's states to probe and resume from (each with its anchor); none that is unusable."""
+        loaded = (_load_target(self._reads, step, sigma, self.candidate, self.meta) for step, sigma in self.steps)
+        return sorted((target for target in loaded if target is not None), key=lambda target: -target.step)
 
 
-def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget]) -> list[ScreenOnly]:
+def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget],
+                 deeper: Callable[[Offer], bool]) -> list[ScreenOnly]:
     """Each same-noise donor that `targets` leave out and that recorded its step 0: the step-0 screen judges all of
     them in the one call the request makes anyway. None of them costs a probe call unless the screen passes it."""
     have = {target.meta.entry_id for target in targets}
     extra = []
-    for deepest in _deepest_of_each_donor(offers):
+    for deepest in _deepest_of_each_donor(sorted(offers, key=deeper)):
         meta = deepest.meta
         if meta.entry_id in have or not deepest.candidate.same_noise or \
                 meta.noise_fingerprint != reads.facts.noise_fingerprint:
@@ -184,9 +203,31 @@ def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget])
         if start is None:
             reads.skip("no step-0 record to screen", meta)
             continue
-        extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start,
-                                step=deepest.step, sigma=deepest.sigma, _reads=reads))
+        steps = [(deepest.step, deepest.sigma)] + [(offer.step, offer.sigma) for offer in offers if deeper(offer)
+                                                   and offer.meta.entry_id == meta.entry_id
+                                                   and offer.step != deepest.step]
+        extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start, steps=steps, _reads=reads))
     return extra
+
+
+def lacking_states(planned: list[ProbeTarget | ScreenOnly], recorded_steps: Callable[[int], list[int]],
+                   max_step: int) -> list[str]:
+    """A note per planned donor that lacks states a run of its schedule records within the depth the plan may resume
+    at (`recorded_steps(total_steps)`, the steps a full run records; a donor that itself resumed holds none before
+    its resume step): such a donor is probed only at the states it holds, and the report says which it lacked."""
+    notes, seen = [], set()
+    for target in planned:
+        meta = target.meta
+        if meta.entry_id in seen:
+            continue
+        seen.add(meta.entry_id)
+        held = {int(c["step"]) for c in meta.checkpoints}
+        resumed_at = int(meta.lineage.get("depth", 0) or 0)
+        lacked = [step for step in recorded_steps(meta.total_steps) if resumed_at < step <= max_step and step not in held]
+        if lacked:
+            notes.append(f"donor {meta.entry_id[:8]} lacks its states at step{'s' if len(lacked) > 1 else ''} "
+                         f"{', '.join(map(str, lacked))}: probed only at those it holds")
+    return notes
 
 
 def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same_noise_only: bool) -> list[Offer]:
@@ -282,7 +323,7 @@ def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate,
         return None
     target = _checkpoint_target(tensors, step, sigma, candidate, meta, reads.facts.latent_shape)
     if target is None:
-        reads.skip("checkpoint of another shape, or NaN", meta)
+        reads.skip("checkpoint missing, of another shape, or NaN", meta)
         return None
     target.anchor = _anchor_for(reads, meta, step, candidate)
     target.start = _start_for(reads, meta)

@@ -38,6 +38,7 @@ from carnator_core.reuse.plan import (
     ScreenOnly,
     StartPrediction,
     boundary_prediction,
+    lacking_states,
     plan_probes,
 )
 from carnator_core.reuse.recording import PendingEntry, RunRecorder, writer
@@ -101,6 +102,7 @@ class ReuseRun:
     boundary: StartPrediction | None = None
     # whether the sampler retraced the donor's trajectory to the resume step (`carnator_core.reuse.history_replay`)
     replayed: bool = False
+    plan_notes: list[str] = field(default_factory=list)  # what the planned donors lacked (`lacking_states`)
     _decider: Decider | None = field(default=None, init=False, repr=False)
     _start_fingerprint: str | None = field(default=None, init=False, repr=False)
 
@@ -188,7 +190,9 @@ class ReuseRun:
             return []
         targets, self.skipped = plan_probes(self.store, self.match.candidates, self.facts, self.resume_limit,
                                             same_noise_only=self.settings.seed_policy == "same-noise",
-                                            max_probes=self.settings.max_probes * max(1, batch_limit))
+                                            max_probes=self.settings.max_probes * max(1, batch_limit),
+                                            contained_fraction=self.settings.contained_resume_fraction)
+        self.plan_notes = lacking_states(targets, self.settings.checkpoint_steps, self.facts.max_step(self.resume_limit))
         return targets
 
     def _judge_by_profile(self) -> None:
@@ -221,7 +225,8 @@ class ReuseRun:
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0 or donor is None:
             return []
         targets, self.skipped = plan_probes(self.store, candidates, self.facts, self.resume_limit,
-                                            same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit))
+                                            same_noise_only=False, max_probes=self.settings.max_probes * max(1, batch_limit),
+                                            contained_fraction=self.settings.contained_resume_fraction)
         continued = []
         for target in targets:
             if isinstance(target, ProbeTarget):
@@ -438,6 +443,7 @@ class ReuseRun:
         if self.settings.prompt_note:  # says more than the lookup's "no prompt text given"
             notes = [self.settings.prompt_note] + [note for note in notes if self.settings.prompt
                                                    or not note.startswith("no prompt text given")]
+        notes += self.plan_notes
         if self.replayed:
             notes.append(REPLAY_NOTE)
         if self.input_latent is not None:

@@ -132,6 +132,16 @@ class ReuseSettings:
         return FORCED_DEPTHS[VERIFICATIONS.index(self.verification) - 2]
 
     @property
+    def contained_resume_fraction(self) -> float | None:
+        """The resume depth of the next shallower mode that resumes (balanced's, for fast): this mode asks every state
+        that mode would ask, as it would, and goes deeper only after a pass (`Decider._deepen`). None where no
+        shallower mode resumes, and for a forced resume."""
+        if self.forced_resume_fraction is not None:
+            return None
+        shallower = [RESUME_LIMITS[mode] for mode in MODES[:MODES.index(self.mode)] if RESUME_LIMITS[mode] > 0]
+        return shallower[-1] if shallower else None
+
+    @property
     def max_resume_fraction(self) -> float:
         """How deep into the schedule a resume may start: the mode's limit, or a forced resume's depth."""
         forced = self.forced_resume_fraction

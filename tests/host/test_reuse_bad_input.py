@@ -36,9 +36,9 @@ def _plan(store, candidate, same_noise_only=True):
 @pytest.mark.parametrize(("case", "tensors", "meta_changes", "reason"), [
     ("missing blob", None, {}, "checkpoint blob missing or corrupt"),
     ("NaN", {"x_5": torch.full(SHAPE, float("nan")), "x0_5": torch.zeros(SHAPE)}, {},
-     "checkpoint of another shape, or NaN"),
+     "checkpoint missing, of another shape, or NaN"),
     ("other shape in blob", {"x_5": torch.zeros(1, 16, 2, 4, 4), "x0_5": torch.zeros(1, 16, 2, 4, 4)}, {},
-     "checkpoint of another shape, or NaN"),
+     "checkpoint missing, of another shape, or NaN"),
     ("other latent shape", {"x_5": torch.zeros(SHAPE), "x0_5": torch.zeros(SHAPE)}, {"latent_shape": (2, 16, 2, 8, 8)},
      "other latent shape (batch or size)"),
     ("other schedule", {"x_5": torch.zeros(SHAPE), "x0_5": torch.zeros(SHAPE)}, {"total_steps": 20},

@@ -69,7 +69,9 @@ def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
         "text_similarity": 0.95, "agreement": 1.0, "structure_agreement": 1.0, "skipped_steps": 5,
         "total_steps": 10, "model_calls": 6, "reason": "",
         "candidates": [{"entry_id": "donor-1", "prompt": "a red ball", "score": 0.9}],
-        "filtered": {"other model": 2}, "notes": ["a note"], "stage": {},
+        "filtered": {"other model": 2}, "stage": {},
+        # the donor holds step 5 alone of the states a 10-step run records up to half-way
+        "notes": ["a note", "donor donor-1 lacks its states at steps 2, 4: probed only at those it holds"],
     }
     assert data["time_saved_s"] == pytest.approx(data["time_s"])  # 5 steps saved of 10, at the run's own pace
     assert RunReport.from_dict(data).as_dict() == data

@@ -51,7 +51,8 @@ def _plan(store: ReuseStore, donor: Candidate, **inputs) -> tuple[list[int], dic
 @pytest.mark.parametrize(("mode", "probed"), [
     ("safe", []),  # attention masks only: never resumes, so never probes
     ("balanced", [5, 4, 3]),  # up to half-way, the deepest first, three probe calls by default
-    ("fast", [8, 7, 6]),  # up to 80 %
+    # up to 80 %: balanced's three, then every deeper state, asked only after a pass where balanced would resume
+    ("fast", [8, 7, 6, 5, 4, 3]),
 ])
 def test_each_mode_probes_the_documented_depths(store, mode, probed):
     assert _plan(store, _donor(store), mode=mode)[0] == probed
@@ -65,7 +66,7 @@ def test_inputs_left_out_plan_as_balanced_with_three_probes(store):
 @pytest.mark.parametrize(("mode", "max_probes", "probed"), [
     ("balanced", 16, [5, 4, 3, 2, 1]),  # every checkpoint within half-way, and never deeper
     ("fast", 16, [8, 7, 6, 5, 4, 3, 2, 1]),  # every checkpoint within 80 %
-    ("fast", 1, [8]),
+    ("fast", 1, [8, 7, 6, 5]),  # balanced's one, and what fast may climb to from it
     ("balanced", 0, []),  # no probe calls: no resume
 ])
 def test_an_explicit_probe_budget_overrides_the_default(store, mode, max_probes, probed):
