@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.plan import RequestFacts, ScreenOnly, plan_probes
@@ -371,3 +372,58 @@ def test_with_cfg_guidance_a_screened_donor_resumes_at_its_own_state_without_a_c
     assert decision is not None and decision.step == 5 and decision.difference is None
     assert len(asked) == 2 and torch.equal(asked[1], states[("donor", 5)][0])  # the donor's own state, no anchor call
     assert "corrected" not in run.probes[1].as_dict()
+
+
+def _agreeing(x: torch.Tensor, x0: torch.Tensor, agreement: float, seed: int) -> torch.Tensor:
+    """A prediction at state `x` whose structure agreement with `x0` is about `agreement`."""
+    noise = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
+    return x0 + (1.0 - agreement) * (x0 - x).norm() / noise.norm() * noise
+
+
+@pytest.mark.parametrize(("agreement", "balanced_asks", "fast_asks"), [
+    # a rewording: balanced climbs from its anchor to half-way; fast asks the same, then 80 %
+    ({2: 0.99, 3: 0.99, 5: 0.98, 8: 0.97}, [2, 5], [2, 5, 8]),
+    # an edit that holds half-way only just: its pass there makes no deeper pass likely, so fast stops where balanced
+    # does
+    ({2: 0.96, 3: 0.95, 5: 0.92, 8: 0.80}, [2, 5], [2, 5]),
+    # an edit that fails half-way: balanced falls back to a shallower state, and so does fast, never deeper
+    ({2: 0.93, 3: 0.91, 5: 0.80, 8: 0.70}, [2, 5, 3], [2, 5, 3]),
+    ({2: 0.50, 3: 0.50, 5: 0.50, 8: 0.50}, [2], [2]),  # a miss: one call in either mode
+])
+def test_fast_asks_every_state_balanced_asks_and_goes_deeper_only_from_balanced_s_pass(
+        tmp_path, agreement, balanced_asks, fast_asks):
+    """Fast contains balanced: its calls begin with balanced's, in balanced's order, it resumes at least as deep, and
+    on each of these requests it takes no more model calls than balanced."""
+    store = ReuseStore(str(tmp_path / "store"))
+    states = _random_states({"donor": (2, 3, 5, 8)}, seed=4)
+    donor = _donor(store, "donor", [2, 3, 5, 8], _blob(states, "donor"))
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        (_, step), x0 = _probed(states, xs[0])
+        return [(_agreeing(xs[0], x0, agreement[step], seed=step), None)]
+
+    asked, request_calls = {}, {}
+    for mode in ("balanced", "fast"):
+        run = _run(store, mode=mode)
+        decision = run.decide(run.plan(Match(store_location="", request=None, candidates=[donor])), evaluate)
+        asked[mode] = [probe.step for probe in run.probes]
+        resumed_at = decision.step if decision is not None else 0
+        # the sampler's steps from the resume on, the first served by the probe that chose it
+        request_calls[mode] = run.decider.model_calls + 10 - resumed_at - (decision is not None)
+    assert asked == {"balanced": balanced_asks, "fast": fast_asks}
+    assert request_calls["fast"] <= request_calls["balanced"]
+
+
+def test_a_donor_lacking_states_is_probed_at_those_it_holds_and_the_report_names_what_it_lacked(tmp_path):
+    """A truncated entry (checkpoints at steps 2 and 5 of the 2, 4, 5, 6 and 8 a 10-step run records): fast plans
+    the states it holds, climbs as far as they go, and its report says which states it lacked."""
+    store = ReuseStore(str(tmp_path / "store"))
+    states = _random_states({"donor": (2, 5)}, seed=5)
+    donor = _donor(store, "donor", [2, 5], _blob(states, "donor"))
+    run = _run(store, mode="fast")
+    targets = run.plan(Match(store_location="", request=None, candidates=[donor]))
+    assert [target.step for target in targets] == [5, 2]
+    decision = run.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
+    assert decision is not None and decision.step == 5 and [probe.step for probe in run.probes] == [2, 5]
+    notes = run.finish(model_calls=run.decider.model_calls + 4).notes
+    assert f"donor {donor.entry_id[:8]} lacks its states at steps 4, 6, 8: probed only at those it holds" in notes
