@@ -53,7 +53,7 @@ from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.prompt_file import PromptFileError
-from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
+from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, conditional_agreement, probe_signals
 from carnator_core.reuse.start_difference import StartDifference
 
 RELATIONS = ("reworded", "background", "colour", "shape", "motion", "unrelated")
@@ -82,6 +82,9 @@ class Row:
     # and the probe at the corrected state, against the donor's prediction moved alike (as a screened donor is probed)
     corrected_structure_agreement: float = float("nan")
     corrected_guidance_cosine: float | None = None
+    # with CFG: the conditional branches' structure agreement (`reuse.probe.conditional_agreement`), at step 0 and at k
+    start_conditional_agreement: float | None = None
+    conditional_agreement: float | None = None
 
     @property
     def outcome(self) -> bool:
@@ -196,11 +199,15 @@ def calibrate(model: WanT2V, chosen: list[tuple[str, str, str]], steps: int, dep
         x_start, x0_start_donor, guidance_start_donor = donor_states[0]
         x0_start_new, guidance_start_new = sampler.predict(x_start, sampler.sigmas[0], contexts[1:], uncond)
         start = probe_signals(0.0, x_start, x0_start_new, x0_start_donor, guidance_start_new, guidance_start_donor)
+        guided = {} if cfg_scale == 1.0 else {"start_conditional_agreement": conditional_agreement(
+            x_start, x0_start_new, x0_start_donor, guidance_start_new, cfg_scale)}
         sigma_start = sampler.sigmas[0]
         for k in depths:
             x_k, x0_donor, guidance_donor = donor_states[k]
             x0_new, guidance_new = sampler.predict(x_k, sampler.sigmas[k], contexts[1:], uncond)
             signals = probe_signals(k / steps, x_k, x0_new, x0_donor, guidance_new, guidance_donor)
+            if cfg_scale != 1.0:
+                guided["conditional_agreement"] = conditional_agreement(x_k, x0_new, x0_donor, guidance_new, cfg_scale)
             resumed, _ = sampler.run(x_k, contexts[1:], uncond, start=k)
             resumed_result, resumed_psnr = _scored(new_prompt, resumed, plain_rgb)
             alternatives = {}
@@ -228,7 +235,7 @@ def calibrate(model: WanT2V, chosen: list[tuple[str, str, str]], steps: int, dep
                                   if plain_result.matches[a] and not resumed_result.matches[a]],
                             start_structure_agreement=start.structure_agreement,
                             start_guidance_cosine=start.guidance_cosine, psnr_resumed=resumed_psnr,
-                            **alternatives))
+                            **alternatives, **guided))
     return rows
 
 
@@ -256,6 +263,9 @@ def start_screen_by_relation(rows: list[Row]) -> dict[str, dict[str, float | int
         agreements = [r.start_structure_agreement for r in pairs.values()]
         summary[relation] = {"pairs": len(pairs), "passed": sum(start_screen_passes(r) for r in pairs.values()),
                              "structure_min": float(min(agreements)), "structure_max": float(max(agreements))}
+        conditional = [r.start_conditional_agreement for r in pairs.values() if r.start_conditional_agreement is not None]
+        if conditional:
+            summary[relation].update(conditional_min=float(min(conditional)), conditional_max=float(max(conditional)))
     return summary
 
 
@@ -448,8 +458,10 @@ def main(argv: list[str]) -> int:
     print("accepted resumes that lost an attribute (relation: attribute):", summary["accepted_but_lost"] or "none")
     print("step-0 screen (same noise; depth-0 thresholds), per relation: pairs passed, structure agreement range")
     for relation, screen in summary["start_screen_by_relation"].items():
+        conditional = f"   conditional branch {screen['conditional_min']:.2f} .. {screen['conditional_max']:.2f}" \
+            if "conditional_min" in screen else ""
         print(f"  {relation:<10} {screen['passed']}/{screen['pairs']}   "
-              f"{screen['structure_min']:.2f} .. {screen['structure_max']:.2f}")
+              f"{screen['structure_min']:.2f} .. {screen['structure_max']:.2f}{conditional}")
     rule = summary["default_rule_after_start_screen"]
     print(f"default rule after the step-0 screen: accepted {rule['accepted']}, precision {_fmt(rule['precision'])}, "
           f"recall {_fmt(rule['recall'])}")

@@ -26,7 +26,7 @@ import torch
 
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.plan import ProbeTarget, RequestFacts, ScreenOnly, StartPrediction
-from carnator_core.reuse.probe import ProbeSignals, probe_signals
+from carnator_core.reuse.probe import ProbeSignals, conditional_agreement, probe_signals
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.trajectory import StageEnd
@@ -75,7 +75,8 @@ class ProbeRecord:
                                structure_agreement=float(data.get("structure_agreement", 0.0)),
                                guidance_cosine=data.get("guidance_cosine"),
                                other_parts_agreement=tuple(float(v) for v in data.get("other_parts_agreement", ())),
-                               corrected=bool(data.get("corrected")))
+                               corrected=bool(data.get("corrected")),
+                               conditional_agreement=data.get("conditional_agreement"))
         return cls(donor_id=str(data.get("donor_id", "")), donor_prompt=str(data.get("donor_prompt", "")),
                    step=int(data.get("step", 0)), passed=bool(data.get("passed")),
                    donor_given_up=bool(data.get("donor_given_up")), batched_with=int(data.get("batched_with", 0)),
@@ -121,6 +122,7 @@ class Decider:
     start_state: torch.Tensor | None = None
     start_fingerprint: str | None = None
     on_start: Callable[[float, torch.Tensor, torch.Tensor, torch.Tensor | None], None] | None = None
+    cfg: float = 1.0  # the sampler's guidance scale: with CFG the screen judges the conditional branches
     probes: list[ProbeRecord] = field(default_factory=list)
     model_calls: int = 0
     # The request's own step-0 evaluation (x0, guidance) when the screen made it: without a resume the sampler's
@@ -313,6 +315,10 @@ class Decider:
             # a donor from another input started elsewhere: its prediction is judged against its own first state
             state = start.x.to(start_state.device) if start.x is not None else start_state
             signals = self._signals(0.0, state, x0_new, start.x0, guidance_new, start.guidance)
+            if guidance_new is not None and self.cfg > 1.0 and self.facts.packed is None:
+                # judged on the conditional branches: the output's agreement falls with the guidance scale alone
+                signals = replace(signals, conditional_agreement=conditional_agreement(
+                    state, x0_new, start.x0, guidance_new, self.cfg))
             passed = self.settings.thresholds.passes(signals)
             self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
             if not passed and not keep_failed:

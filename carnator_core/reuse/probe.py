@@ -47,11 +47,16 @@ class ProbeSignals:
     other_parts_agreement: tuple[float, ...] = ()
     # measured at a corrected donor state against the donor's prediction moved alike (`start_difference`)
     corrected: bool = False
+    # the structure agreement of the conditional branches alone, where the CFG scale and the live guidance are known
+    # (`conditional_agreement`); the step-0 screen is judged on it
+    conditional_agreement: float | None = None
 
     @property
     def weakest_structure(self) -> float:
-        """The lowest structure agreement of the latent's parts: what the structure bar is compared with."""
-        return weakest_agreement(self.structure_agreement, self.other_parts_agreement)
+        """The lowest structure agreement of the latent's parts: what the structure bar is compared with. Where the
+        conditional branches' agreement was measured (the step-0 screen with CFG) it stands for the output's."""
+        first = self.structure_agreement if self.conditional_agreement is None else self.conditional_agreement
+        return weakest_agreement(first, self.other_parts_agreement)
 
     def as_dict(self) -> dict[str, float | None | list[float] | bool]:
         data = asdict(self)
@@ -61,6 +66,8 @@ class ProbeSignals:
             del data["other_parts_agreement"]
         if not self.corrected:
             del data["corrected"]
+        if self.conditional_agreement is None:
+            del data["conditional_agreement"]
         return data
 
 
@@ -101,6 +108,19 @@ def downsample_guidance(guidance: torch.Tensor, size: tuple[int, ...] | None = N
 def _structure_agreement(x0_new: torch.Tensor, x0_donor: torch.Tensor, state: torch.Tensor) -> float:
     return _agreement(_remove_frame_channel_means(x0_new), _remove_frame_channel_means(x0_donor),
                       _remove_frame_channel_means(state))
+
+
+def conditional_agreement(state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
+                          guidance_new: torch.Tensor, cfg_scale: float) -> float:
+    """The structure agreement of the two requests' conditional branches at one state.
+
+    Why: with CFG the output is uncond + cfg x (cond - uncond), and two requests with the same negative prompt share
+    the unconditional branch at one state, so their outputs differ by cfg times what their conditional branches
+    differ by: the output's agreement falls with the guidance scale for one and the same pair of prompts, while the
+    conditional branches' stays where it is at cfg 1. Both branches come from the live request alone: its own
+    conditional prediction is x0 - (cfg - 1) x guidance, the donor's that less the outputs' difference over cfg."""
+    conditional_new = x0_new - (cfg_scale - 1.0) * guidance_new
+    return _structure_agreement(conditional_new, conditional_new - (x0_new - x0_donor) / cfg_scale, state)
 
 
 def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,

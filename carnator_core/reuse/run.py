@@ -146,6 +146,7 @@ class ReuseRun:
         if self._decider is None:
             self._decider = Decider(settings=self.settings, facts=self.facts, sigmas=self.sigmas,
                                     start_state=self.start_state, start_fingerprint=self.start_fingerprint,
+                                    cfg=float(self.cfg),
                                     on_start=lambda sigma, x, x0, guidance: self.observe_step(0, sigma, x, x0, guidance))
         return self._decider
 

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, downsample_guidance, probe_signals
+from carnator_core.reuse.probe import (
+    ProbeSignals,
+    ProbeThresholds,
+    conditional_agreement,
+    downsample_guidance,
+    probe_signals,
+)
 
 VIDEO = (1, 16, 3, 8, 8)  # (batch, channels, frames, height, width)
 IMAGE = (1, 4, 8, 8)
@@ -123,3 +129,25 @@ def test_predictions_of_other_shapes_raise():
     state, x0 = _random(VIDEO, 0), _random(VIDEO, 1)
     with pytest.raises(RuntimeError):
         probe_signals(0.5, state, _random((1, 16, 3, 4, 4), 2), x0, None, None)
+
+
+@pytest.mark.parametrize("cfg_scale", [2.0, 4.0, 6.0])
+def test_the_conditional_branches_agree_alike_at_every_guidance_scale(cfg_scale):
+    """Two requests with one negative prompt share the unconditional branch at a state: the conditional agreement
+    recovered from the CFG outputs and the live guidance is the outputs' agreement at cfg 1, while the outputs'
+    own agreement falls with the scale (the guidance is small beside the distance from the noisy state)."""
+    state, cond_donor = (_random(VIDEO, seed) for seed in (0, 2))
+    uncond = cond_donor - 0.3 * _random(VIDEO, 1)
+    cond_new = cond_donor + 0.15 * _random(VIDEO, 3)  # a rewording: the conditional branches nearly agree
+
+    def output(cond: torch.Tensor) -> torch.Tensor:
+        return uncond + cfg_scale * (cond - uncond)
+
+    at_cfg_1 = probe_signals(0.0, state, cond_new, cond_donor, None, None).structure_agreement
+    guided = probe_signals(0.0, state, output(cond_new), output(cond_donor), None, None).structure_agreement
+    conditional = conditional_agreement(state, output(cond_new), output(cond_donor), cond_new - uncond, cfg_scale)
+    assert conditional == pytest.approx(at_cfg_1, abs=1e-5) and guided < at_cfg_1 - 0.01
+    signals = ProbeSignals(depth=0.0, raw_agreement=guided, structure_agreement=guided, guidance_cosine=None,
+                           conditional_agreement=conditional)
+    assert signals.weakest_structure == conditional  # what the screen's bar is compared with
+    assert conditional_agreement(state, cond_new, cond_donor, cond_new - uncond, 1.0) == pytest.approx(at_cfg_1)
