@@ -166,6 +166,8 @@ class Decider:
         contained = self._contained_step()
         deeper = [t for t in pending if contained is not None and t.step > contained]
         within = [t for t in pending if not any(t is d for d in deeper)]
+        if not within:  # the shallower mode would ask nothing (donors that hold only deeper states): climb them alone
+            return self._probe_within(deeper, evaluate, batch_limit)[0]
         decision, calls = self._probe_within(within, evaluate, batch_limit)
         if decision is None or not deeper:
             return decision

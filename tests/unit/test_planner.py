@@ -427,3 +427,17 @@ def test_a_donor_lacking_states_is_probed_at_those_it_holds_and_the_report_names
     assert decision is not None and decision.step == 5 and [probe.step for probe in run.probes] == [2, 5]
     notes = run.finish(model_calls=run.decider.model_calls + 4).notes
     assert f"donor {donor.entry_id[:8]} lacks its states at steps 4, 6, 8: probed only at those it holds" in notes
+
+
+def test_fast_climbs_a_donor_that_holds_only_states_deeper_than_balanced_s_depth(tmp_path):
+    """A donor that itself resumed at 80 % holds nothing balanced could ask: fast asks it as it would on its own, at
+    its own donor's early record first (up the lineage), then at its deep state."""
+    store = ReuseStore(str(tmp_path / "store"))
+    states = _random_states({"root": (2, 5), "resumed": (8,)}, seed=6)
+    root = _donor(store, "root", [2, 5], _blob(states, "root"))
+    resumed = _donor(store, "resumed", [8], _blob(states, "resumed"), lineage={"donor_id": root.entry_id, "depth": 8})
+    run = _run(store, mode="fast")
+    targets = run.plan(Match(store_location="", request=None, candidates=[resumed]))
+    decision = run.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
+    assert [(probe.donor_prompt, probe.step) for probe in run.probes] == [("root", 2), ("resumed", 8)]
+    assert decision is not None and decision.step == 8
