@@ -18,6 +18,7 @@ and returns a `Decision`. Its contract:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -343,7 +344,15 @@ class Decider:
                     anchor = target.anchor and difference.corrected(target.anchor)
                     target = replace(difference.corrected(target), anchor=anchor)
                 kept.append(target)
-        return sorted(kept, key=lambda target: -target.step)  # stable: at equal depth the better-ranked donor first
+        return sorted(kept, key=lambda target: (-target.step, -self._screen_agreement(target)))
+
+    def _screen_agreement(self, target: ProbeTarget) -> float:
+        """How well the target's donor agreed at step 0 (the screen's structure agreement; below every agreement for
+        a donor the screen did not judge). At equal depth a donor the model agrees with more is asked first: the
+        lookup's ranking is by text and conditioning, which the screen has since judged."""
+        screened = self._screened.get(target.meta.entry_id)
+        agreement = screened[0].weakest_structure if screened is not None else float("nan")
+        return agreement if agreement == agreement else -math.inf  # stable: otherwise the better-ranked donor first
 
     def _forced(self, pending: list[ProbeTarget], evaluate: Evaluate) -> Decision | None:
         """Resume at the deepest target within the forced depth, of the best-ranked donor, whatever the signals say:

@@ -249,7 +249,8 @@ def test_workload_end_to_end_json_shape(tmp_path):
                     "--weights", str(weights))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert set(data) == {"stream", "prompts", "configs", "targets"}
+    assert set(data) == {"stream", "prompts", "configs", "targets", "nesting"}
+    assert set(data["nesting"]) == {"fast_over_balanced", "balanced_over_safe_plus_one"}
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
     _targets_agree_with_configs(data, "near-dup")
     names = ["plain", "plain-1", *CONFIGS[1:]]  # 2 steps: 1/3 and 1/4 of them are 0 steps, said and skipped
@@ -287,6 +288,26 @@ def test_workload_end_to_end_json_shape(tmp_path):
     _equal_quality_agrees_with_configs(data, table)
     with Image.open(out / "workload_near-dup.png") as image:
         assert image.size[0] > 0 and len(set(np.asarray(image.convert("L")).flatten().tolist())) > 2
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [("--stream", "edit-loop", "--n", "8"),
+                                    ("--prompts", str(REPO / "docs" / "streams" / "reword-and-edit.txt"))],
+                         ids=["edit-loop", "reword-and-edit"])
+def test_the_modes_are_nested_on_every_prompt_of_the_edit_streams(tmp_path, stream):
+    """On the demo model at the benchmark's settings (30 steps), every prompt: fast takes no more model calls than
+    balanced, and balanced no more than safe plus its one probe call; the JSON's nesting lists agree."""
+    out = tmp_path / "out"
+    result = _bench(*stream, "--configs", "safe,balanced,fast", "--json", "--out", str(out), timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert [c["name"] for c in data["configs"]] == ["plain", "safe", "balanced", "fast"]
+    saved = json.loads(next(out.glob("workload_*.json")).read_text())
+    calls = [{name: run["model_calls"] for name, run in prompt["configs"].items()} for prompt in saved["per_prompt"]]
+    assert len(calls) == len(data["prompts"]) and any(c["fast"] < c["balanced"] < c["safe"] for c in calls)
+    assert [c for c in calls if c["fast"] > c["balanced"] or c["balanced"] > c["safe"] + 1] == []
+    assert data["nesting"] == {"fast_over_balanced": [], "balanced_over_safe_plus_one": []}
 
 
 @pytest.mark.server

@@ -441,3 +441,22 @@ def test_fast_climbs_a_donor_that_holds_only_states_deeper_than_balanced_s_depth
     decision = run.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
     assert [(probe.donor_prompt, probe.step) for probe in run.probes] == [("root", 2), ("resumed", 8)]
     assert decision is not None and decision.step == 8
+
+
+def test_at_equal_depth_the_donor_the_screen_agreed_with_most_is_asked_first(tmp_path):
+    """Two donors pass the step-0 screen; the lower-ranked one agrees more there, so its state is asked first and the
+    request resumes from it."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    close = x0_start + 0.03 * (x0_start - start).norm() / x0_start.norm() * torch.randn(
+        SHAPE, generator=torch.Generator().manual_seed(3))
+    donors = [_recorded_donor(store, "ranked first", start, close.half().float()),
+              _recorded_donor(store, "agrees most", start, x0_start)]
+    run = _run(store)
+    run.start_state = start
+    decision = run.decide(run.plan(Match(store_location="", request=None, candidates=donors)),
+                          lambda xs, sigma: [(x0_start if x is start else X0_5.half().float(), None) for x in xs])
+    assert [probe.passed for probe in run.probes[:2]] == [True, True]  # both pass the screen
+    assert decision is not None and decision.target.candidate.prompt == "agrees most"
+    assert run.probes[2].donor_prompt == "agrees most"
