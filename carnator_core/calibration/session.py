@@ -42,7 +42,7 @@ from carnator_core.calibration.workflow import (
 )
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
 from carnator_core.queue import WorkflowError
-from carnator_core.reuse.probe import weakest_agreement
+from carnator_core.reuse.decision import ProbeRecord
 
 STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
 STORE_WAIT_S = 120.0  # how long the donor's background recording may take
@@ -360,9 +360,10 @@ class Session:
 
 
 def structure_signal(probe: dict) -> float:
-    """A reported probe's structure signal as the bar judges it: the weakest part's (a packed latent's video and
-    audio each), so that the fit calibrates the bar every part must pass."""
-    return weakest_agreement(float(probe["structure_agreement"]), probe.get("other_parts_agreement", ()))
+    """A reported probe's structure signal as the bar judges it (`ProbeSignals.weakest_structure`): the weakest
+    part's (a packed latent's video and audio each), and the conditional branches' where the screen judged them, so
+    that the fit calibrates the bar every part must pass on what it is compared with."""
+    return ProbeRecord.from_dict(probe).signals.weakest_structure
 
 
 def _store_location(history: dict) -> str:

@@ -67,6 +67,9 @@ def test_calibration_takes_the_weakest_part_as_the_structure_signal():
     assert structure_signal(probe) == 0.6
     assert structure_signal(ProbeSignals(0.5, 0.9, 0.95, None).as_dict()) == 0.95
     assert math.isnan(structure_signal({**probe, "other_parts_agreement": [float("nan")]}))
+    # a guided step-0 screen is judged on its conditional branches' agreement
+    screen = ProbeSignals(0.0, 0.5, 0.7, 0.9, conditional_agreement=0.93).as_dict()
+    assert structure_signal(screen) == 0.93
 
 
 def test_a_recorded_packed_checkpoint_comes_back_part_for_part_exactly():
