@@ -246,10 +246,12 @@ def default_rule_passes(row: Row) -> bool:
 
 
 def start_screen_passes(row: Row, thresholds: ProbeThresholds | None = None) -> bool:
-    """Whether the pair passes the step-0 screen a same-seed request runs before any deep probe."""
+    """Whether the pair passes the step-0 screen a same-seed request runs before any deep probe (with CFG, on the
+    conditional branches' agreement, as the engine judges it)."""
     return (thresholds or ProbeThresholds()).passes(ProbeSignals(depth=0.0, raw_agreement=float("nan"),
                                                  structure_agreement=row.start_structure_agreement,
-                                                 guidance_cosine=row.start_guidance_cosine))
+                                                 guidance_cosine=row.start_guidance_cosine,
+                                                 conditional_agreement=row.start_conditional_agreement))
 
 
 def start_screen_by_relation(rows: list[Row]) -> dict[str, dict[str, float | int]]:
