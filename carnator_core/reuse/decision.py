@@ -162,12 +162,20 @@ class Decider:
         asks the states within that mode's depth exactly as that mode does (`_probe_within`), and goes deeper only from
         the pass where that mode would resume (`_deepen`): it never gives up depth the shallower mode keeps. No deeper
         state is asked first, whatever the step-0 screen says: the screen cannot tell a one-attribute edit that holds
-        half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced").
+        half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced"). The exception is a
+        donor that holds nothing within that depth: where the screen agreed with it most, it is climbed alone.
         """
         contained = self._contained_step()
         deeper = [t for t in pending if contained is not None and t.step > contained]
         within = [t for t in pending if not any(t is d for d in deeper)]
-        if not within:  # the shallower mode would ask nothing (donors that hold only deeper states): climb them alone
+        holders = {t.meta.entry_id for t in within}
+        lead = max(pending, key=lambda t: (self._screen_agreement(t), t.meta.entry_id in holders), default=None)
+        if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf:
+            # the donor the screen agreed with most holds only deeper states (it itself resumed deeper than the
+            # shallower mode goes): climbed as on its own, from its lineage's early record
+            return self._probe_within([t for t in deeper if t.meta.entry_id == lead.meta.entry_id], evaluate,
+                                      batch_limit)[0]
+        if not within:  # no donor holds a state the shallower mode could ask: climb them as on their own
             return self._probe_within(deeper, evaluate, batch_limit)[0]
         decision, calls = self._probe_within(within, evaluate, batch_limit)
         if decision is None or not deeper:
@@ -328,8 +336,10 @@ class Decider:
                 ruled_out.add(entry_id)
             else:
                 difference = StartDifference.between(start, x0_new, guidance_new, start_state)
-                self._screened[entry_id] = (signals, difference if guidance_new is None
-                                            else difference.without_prediction())
+                # the conditional branches admit a donor; what follows (deep first, order, a stage skip) weighs the
+                # output's agreement, which every later call is judged on
+                self._screened[entry_id] = (replace(signals, conditional_agreement=None),
+                                            difference if guidance_new is None else difference.without_prediction())
         kept = []
         for planned in targets:
             if planned.meta.entry_id in ruled_out:

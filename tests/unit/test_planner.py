@@ -460,3 +460,21 @@ def test_at_equal_depth_the_donor_the_screen_agreed_with_most_is_asked_first(tmp
     assert [probe.passed for probe in run.probes[:2]] == [True, True]  # both pass the screen
     assert decision is not None and decision.target.candidate.prompt == "agrees most"
     assert run.probes[2].donor_prompt == "agrees most"
+
+
+def test_fast_climbs_alone_the_donor_the_screen_agreed_with_most_when_it_holds_only_deeper_states(tmp_path):
+    """In fast's own store a rewording that resumed at 80 % holds no state within balanced's depth; where the
+    screen agrees with it more than with any donor that does, fast asks it, not the others."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    further = x0_start + 0.03 * (x0_start - start).norm() / x0_start.norm() * torch.randn(
+        SHAPE, generator=torch.Generator().manual_seed(3))
+    donors = [_recorded_donor(store, "scene", start, further.half().float(), steps=(2, 5)),
+              _recorded_donor(store, "resumed rewording", start, x0_start, steps=(8,))]
+    run = _run(store, mode="fast")
+    run.start_state = start
+    decision = run.decide(run.plan(Match(store_location="", request=None, candidates=donors)),
+                          lambda xs, sigma: [(x0_start if x is start else X0_5.half().float(), None) for x in xs])
+    assert [(probe.donor_prompt, probe.step) for probe in run.probes[2:]] == [("resumed rewording", 8)]
+    assert decision is not None and decision.step == 8
