@@ -1,12 +1,17 @@
 """ComfyUI side of block-sparse attention: the attention override, block indices, per-run state.
 
+- An OUTER_SAMPLE wrapper creates the run's `SparseAttentionRun` on a clone of the model
+  options and drops it in `finally`. Only a run in which Carnator's attention can act (enough
+  video tokens, no ComfyUI sparse attention on the model, no setup error) gets the two hooks
+  below, on that clone: every other run samples with the model's attention exactly as the
+  host would, its own override (if any) on the hook and its layers' preferred attention kept.
 - `transformer_options["optimized_attention_override"]` routes every attention call of the
   diffusion model through `carnator_attention_override`; calls Carnator leaves dense go to
   the override that was there before (SageAttention and similar patch nodes) or to ComfyUI's.
+  Where the host passes q, k and v in `AttentionTensorContainer`s, the override's
+  `container_function` takes them only for a sparse call and hands a dense one on in its containers.
 - Wan, HunyuanVideo and LTX-Video do not tell attention which block it is in, so every block
   gets a `patches_replace["dit"]` entry that sets the index (chaining to an existing entry).
-- An OUTER_SAMPLE wrapper creates the run's `SparseAttentionRun` on a clone of the model
-  options and drops it in `finally`.
 - The engine takes joint text+video attention video first; for a model that puts the text
   first (HunyuanVideo's double and single blocks on newer hosts) the override moves the text
   behind the video for the call and the output back.
@@ -28,6 +33,7 @@ import torch
 
 from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import (
+    COMFYUI_SPARSE_ATTENTION,
     INACTIVE,
     SparseAttentionRun,
     SparseAttentionSettings,
@@ -37,13 +43,14 @@ from carnator_core.reuse.report import RunReport
 
 from .fault_boundary import CarnatorFault, carnator_code, fault_of
 from .host import (
+    comfyui_sparse_attention,
     joint_attention_text_first,
+    malloc_graph_exit,
     missing_hooks,
     note_bypassed_attention,
     outer_sample_arguments,
     patch_size,
     per_run_options,
-    persistent_allocations,
     steps_of,
     store_at,
     unsupported_latent,
@@ -87,26 +94,40 @@ def _index_patch(index: int, previous):
 
 
 def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tuple[str, str] | None = None):
-    """A clone of `model` whose video self-attention runs block-sparse under `settings`."""
+    """A clone of `model` whose video self-attention runs block-sparse under `settings`, in the runs where it can."""
     model = model.clone()
     if missing_hooks():
         return model
     options = model.model_options["transformer_options"]
+    options[ATTENTION_SETTINGS_KEY] = settings
+    options[TEXT_FIRST_KEY] = joint_attention_text_first(model.get_model_object("diffusion_model"))
+    if donor is not None:
+        options[ATTENTION_DONOR_KEY] = donor
+    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, ATTENTION_WRAPPER_KEY, attention_outer_sample)
+    return model
+
+
+def _hook_into_run(options: dict, diffusion_model) -> None:
+    """Put Carnator's override and block indices into one run's cloned options, chaining to what is there."""
+    note_bypassed_attention(diffusion_model)
     previous = options.get("optimized_attention_override")
     if previous is not None and previous is not carnator_attention_override:
         options[PREVIOUS_OVERRIDE_KEY] = previous
     options["optimized_attention_override"] = carnator_attention_override
-    options[ATTENTION_SETTINGS_KEY] = settings
-    diffusion_model = model.get_model_object("diffusion_model")
-    note_bypassed_attention(diffusion_model)
-    options[TEXT_FIRST_KEY] = joint_attention_text_first(diffusion_model)
-    if donor is not None:
-        options[ATTENTION_DONOR_KEY] = donor
-    existing = options.get("patches_replace", {}).get("dit", {})
+    dit = options.setdefault("patches_replace", {}).setdefault("dit", {})
     for index, key in enumerate(_block_lists(diffusion_model)):
-        model.set_model_patch_replace(_index_patch(index, existing.get(key)), "dit", key[0], key[1])
-    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, ATTENTION_WRAPPER_KEY, attention_outer_sample)
-    return model
+        dit[key] = _index_patch(index, dit.get(key))
+
+
+def withdraw_sparse_attention(options: dict) -> None:
+    """Give a run's attention back to the host: the override that was on the hook before Carnator's, or none."""
+    if options.get("optimized_attention_override") is not carnator_attention_override:
+        return
+    previous = options.pop(PREVIOUS_OVERRIDE_KEY, None)
+    if previous is None:
+        options.pop("optimized_attention_override")
+    else:
+        options["optimized_attention_override"] = previous
 
 
 def attention_outer_sample(executor, *args, **kwargs):
@@ -130,6 +151,8 @@ def attention_outer_sample(executor, *args, **kwargs):
                                         steps_of(call["sigmas"]), 0, 0.0))
             return executor(*args, **kwargs)
         options[ATTENTION_RUN_KEY] = run
+        if not run.inactive:
+            _hook_into_run(options, patcher.get_model_object("diffusion_model"))
         started = time.perf_counter()
         output = executor(*args, **kwargs)
         try:
@@ -148,11 +171,16 @@ def _open_attention_run(options: dict, patcher, call: dict) -> tuple[SparseAtten
     grid, reason = (None, reason) if reason else video_token_grid(call, patch_size(patcher))
     if grid is None:
         return None, reason
+    outside_graph, in_unpausable_graph = malloc_graph_exit()
     run = SparseAttentionRun(settings=options[ATTENTION_SETTINGS_KEY], video_tokens=math.prod(grid),
                              first_frame_tokens=math.prod(grid[1:]) if len(grid) > 1 else 0,
                              joint_tokens=packed_shapes(call.get("latent_shapes")) is None,
                              num_layers=len(_block_lists(patcher.get_model_object("diffusion_model"))),
-                             total_steps=steps_of(call["sigmas"]), persistent=persistent_allocations())
+                             total_steps=steps_of(call["sigmas"]), outside_graph=outside_graph,
+                             in_unpausable_graph=in_unpausable_graph)
+    if not run.inactive and comfyui_sparse_attention(patcher, options):
+        run.inactive = COMFYUI_SPARSE_ATTENTION
+        log.info("Carnator: %s", COMFYUI_SPARSE_ATTENTION)
     donor = options.get(ATTENTION_DONOR_KEY)
     if donor is not None and not run.inactive:
         run.borrowed = load_donor_masks(store_at(donor[0]), donor[1])
@@ -228,25 +256,53 @@ def _attend_video_first(run: SparseAttentionRun, options: dict, q: torch.Tensor,
     return out.roll(text, dims=2) if out is not None and text > 0 else out
 
 
-def carnator_attention_override(func, *args, **kwargs):
-    options = kwargs.get("transformer_options") or {}
-    run: SparseAttentionRun | None = options.get(ATTENTION_RUN_KEY)
-    previous = options.get(PREVIOUS_OVERRIDE_KEY)
-
-    def dense():
-        return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
-
+def _sparse_or_none(run: SparseAttentionRun | None, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The call's sparse attention, or None where it runs dense; a Carnator error turns the rest of the run dense."""
     if run is None or run.inactive or options.get(PLAIN_RETRY_KEY):
-        return dense()
+        return None
     try:
-        out = _sparse_attention(run, options, args, kwargs)
+        return _sparse_attention(run, options, args, kwargs)
     except Exception as error:
         fault = fault_of("running sparse attention", error)
         if fault is None:
             raise
         fault.log_once("this call and the rest of the run use dense attention")
-        run.inactive, out = f"dense attention: {fault.line}", None
-    return dense() if out is None else out
+        run.inactive = f"dense attention: {fault.line}"
+        return None
+
+
+def carnator_attention_override(func, *args, **kwargs):
+    options = kwargs.get("transformer_options") or {}
+    out = _sparse_or_none(options.get(ATTENTION_RUN_KEY), options, args, kwargs)
+    if out is not None:
+        return out
+    previous = options.get(PREVIOUS_OVERRIDE_KEY)
+    return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+
+
+def carnator_container_attention(*args, **kwargs):
+    """`carnator_attention_override` for q, k and v in the host's `AttentionTensorContainer`s (`wrap_attn` hands them
+    to an override's `container_function`): a sparse call takes them; a dense one is handed on in its containers as
+    `wrap_attn` would without Carnator's override, to the previous override's `container_function`, else to it after
+    taking them, else to ComfyUI's attention, whose own `container_function` may then consume them."""
+    options = kwargs.get("transformer_options") or {}
+    tensors = tuple(container.peek() for container in args[:3])
+    out = _sparse_or_none(options.get(ATTENTION_RUN_KEY), options, tensors + args[3:], kwargs)
+    if out is not None:
+        for container in args[:3]:
+            container.take()
+        return out
+    previous = options.get(PREVIOUS_OVERRIDE_KEY)
+    attention = comfy.ldm.modules.attention.optimized_attention
+    if previous is None:
+        return attention(*args, **kwargs)
+    if hasattr(previous, "container_function"):
+        return previous.container_function(*args, **kwargs)
+    return previous(attention, *(container.take() for container in args[:3]), *args[3:], **kwargs)
+
+
+if hasattr(comfy.ldm.modules.attention, "AttentionTensorContainer"):  # the host's container protocol
+    carnator_attention_override.container_function = carnator_container_attention
 
 
 def _sparse_attention(run: SparseAttentionRun, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:

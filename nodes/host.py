@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
@@ -67,15 +68,32 @@ _told: set[str] = set()
 
 def note_bypassed_attention(diffusion_model: torch.nn.Module) -> None:
     """Say once when a model's layers carry attention functions of their own (a host's per-layer `comfy_attention`,
-    e.g. a quantized kernel): ComfyUI hands a call to an installed attention override instead of them, so under
-    Carnator's sparse attention those layers' dense calls run ComfyUI's default attention."""
+    e.g. a quantized kernel): ComfyUI's `wrap_attn` drops a layer's `preferred_attention` before it calls an installed
+    attention override, so in a run where Carnator's sparse attention acts, those layers' dense calls run ComfyUI's
+    default attention. Runs where it does not act carry no override of Carnator's and keep them."""
     if "layer attention" in _told:
         return
     if any(getattr(getattr(module, "comfy_attention", None), "function", None) is not None
            for module in diffusion_model.modules()):
         _told.add("layer attention")
-        log.warning("Carnator: this model's layers have attention functions of their own; while Carnator's sparse "
-                    "attention is on, their dense calls use ComfyUI's default attention instead")
+        log.warning("Carnator: this model's layers have attention functions of their own; in runs where Carnator's "
+                    "sparse attention acts, their dense calls use ComfyUI's default attention instead")
+
+
+# The key of the ON_PREPARE_STATE callback with which ComfyUI's "Model Sparse Attention" node
+# (comfy_extras/nodes_sparse_attention.py) puts its attention override back on top every step.
+COMFYUI_SPARSE_ATTENTION_KEY = "block_sparse_attention"
+
+
+def comfyui_sparse_attention(model_patcher, transformer_options: dict) -> bool:
+    """Whether the model carries ComfyUI's own block-sparse attention: that node's callback on the patcher, or its
+    override on the hook."""
+    prepare_state = getattr(comfy.patcher_extension.CallbacksMP, "ON_PREPARE_STATE", None)
+    callbacks = getattr(model_patcher, "callbacks", None) or {}
+    if prepare_state is not None and callbacks.get(prepare_state, {}).get(COMFYUI_SPARSE_ATTENTION_KEY):
+        return True
+    override = transformer_options.get("optimized_attention_override")
+    return (getattr(override, "__module__", None) or "").rpartition(".")[2] == "nodes_sparse_attention"
 
 
 def prompt_server():
@@ -331,11 +349,25 @@ def steps_of(sigmas: torch.Tensor) -> int:
     return max(0, sigmas.numel() - 1)
 
 
-def persistent_allocations() -> Callable[[], AbstractContextManager]:
-    """The context for tensors Carnator keeps across model calls: outside the model compiler's malloc graph where the
-    host has one (`comfy.model_prefetch.pause_malloc_graph`, loaded by hosts that use it), else a no-op."""
-    pause = getattr(sys.modules.get("comfy.model_prefetch"), "pause_malloc_graph", None)
-    return pause if callable(pause) else nullcontext
+def _outside_no_graph() -> bool:
+    return False
+
+
+def malloc_graph_exit() -> tuple[Callable[[], AbstractContextManager], Callable[[], bool]]:
+    """How Carnator's tensors inside a model block stay out of the model compiler's malloc graph, as
+    (context that steps out, whether this call is inside a graph it cannot step out of).
+
+    `comfy.model_prefetch` (loaded by hosts that have the compiler) offers `pause_malloc_graph` in some versions; in
+    others a block's graph is only registered in `ACTIVE_MALLOC_GRAPHS` by thread, with no way out, so Carnator's
+    sparse attention stays dense inside it. A host without either has no graph.
+    """
+    prefetch = sys.modules.get("comfy.model_prefetch")
+    pause = getattr(prefetch, "pause_malloc_graph", None)
+    if callable(pause):
+        return pause, _outside_no_graph
+    if isinstance(getattr(prefetch, "ACTIVE_MALLOC_GRAPHS", None), dict):
+        return nullcontext, lambda: threading.get_ident() in prefetch.ACTIVE_MALLOC_GRAPHS
+    return nullcontext, _outside_no_graph
 
 
 @contextmanager

@@ -47,7 +47,7 @@ from carnator_core.reuse.trajectory import continued_stage
 from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import PreviewFrame
 
-from .attention_hooks import install_sparse_attention, settle
+from .attention_hooks import install_sparse_attention, settle, withdraw_sparse_attention
 from .fault_boundary import CarnatorFault, carnator_code, host_code
 from .host import (
     conditioning_frame_rate,
@@ -239,7 +239,7 @@ def _stop_recording(state: ReuseHolder, fault: CarnatorFault) -> None:
 
 def sample_plain_again(state: ReuseHolder, fault: CarnatorFault, consequence: str, *transformer_options: dict) -> None:
     """Hand the run back to plain sampling after a Carnator error: from now on every Carnator hook of the run passes
-    through (`transformer_options` are the run's, where the hooks look) and its attention is dense, so the caller's
+    through (`transformer_options` are the run's, where the hooks look) and its attention is the host's, so the caller's
     plain sampling with the arguments as given is the plain sampler's output, bit for bit. The report gives the
     error as its reason."""
     fault.log_once(consequence)
@@ -249,6 +249,7 @@ def sample_plain_again(state: ReuseHolder, fault: CarnatorFault, consequence: st
     state.boost_sigmas, state.checkpoint_sigmas = set(), set()
     for options in transformer_options:
         options[PLAIN_RETRY_KEY] = fault.line
+        withdraw_sparse_attention(options)
         attention: SparseAttentionRun | None = options.get(ATTENTION_RUN_KEY)
         if attention is not None:
             attention.inactive = attention.inactive or f"dense attention: {fault.line}"

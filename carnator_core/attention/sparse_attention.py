@@ -32,6 +32,12 @@ MASK_SOURCES = ("own", "borrowed", "borrowed+own")
 MASKS_TOO_FULL = "donor masks fit, but were too full for sparse attention to pay (dense_above): ran dense"
 INACTIVE = "sparse attention inactive: attention is patched by {}"
 TOO_FEW_TOKENS = "dense attention: {} video tokens, fewer than min_tokens ({})"
+# A model that carries ComfyUI's own block-sparse attention (its "Model Sparse Attention" node) keeps it: Carnator
+# puts no attention of its own into that run.
+COMFYUI_SPARSE_ATTENTION = "sparse attention is ComfyUI's (Model Sparse Attention): Carnator's attention stays off"
+# A host whose model compiler records a block's allocations into a graph without a way to step out of it.
+GRAPHED_DENSE = ("dense attention inside the model compiler's graphed blocks: this ComfyUI offers no way to step out "
+                 "of its malloc graph")
 # The attention a run's masks belong to, as its recorded masks name it: the video's self-attention (with text in a
 # joint block), never audio, text or cross-attention.
 MASKED_ATTENTION = "video self-attention"
@@ -107,9 +113,12 @@ class SparseAttentionRun:
     # The last model evaluation's (host's sigma tensor, step index): a memo that maps the sigma object every attention
     # call of one evaluation shares to its sampling step, computed once per evaluation (nodes/attention_hooks.py).
     sigma_step: tuple[Any, int] | None = None
-    # Context under which tensors kept across model calls (masks, kernel layouts) are made: a host that records its
-    # allocations into a replayed graph (ComfyUI's model compiler) must not own them.
-    persistent: Callable[[], AbstractContextManager] = nullcontext
+    # Context under which every tensor of a sparse call is made (estimates, masks, kernel layouts and buffers): a host
+    # that records a block's allocations into a replayed graph (ComfyUI's model compiler) must not own them.
+    outside_graph: Callable[[], AbstractContextManager] = nullcontext
+    # Whether this call runs inside such a graph that offers no way to step out: it then runs dense.
+    in_unpausable_graph: Callable[[], bool] = field(default=lambda: False)
+    graphed_dense_calls: int = 0
 
     def __post_init__(self) -> None:
         self.hysteresis = HeadHysteresis(self.settings.enter_recall, self.settings.exit_recall)
@@ -140,6 +149,19 @@ class SparseAttentionRun:
         if k.shape[2] != n or not self.may_be_sparse(n, layer, step):
             self.dense_calls += 1
             return None
+        if self.in_unpausable_graph():
+            if not self.graphed_dense_calls:
+                log.warning("Carnator: %s", GRAPHED_DENSE)
+            self.graphed_dense_calls += 1
+            self.dense_calls += 1
+            return None
+        with self.outside_graph():
+            return self._attend(q, k, v, heads, layer, step, key_valid, scale)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int, step: int,
+                key_valid: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
+        """`attend` for a call that may be sparse, outside the host's malloc graph."""
+        n = q.shape[2]
         if key_valid is not None and not bool(key_valid.all()):
             return self._attend_valid_keys(q, k, v, heads, layer, step, key_valid, scale)
         blocks = self._video_blocks(q, k, layer, step, scale)
@@ -154,8 +176,7 @@ class SparseAttentionRun:
             return None
         key = (state.own_step, state.checked_step, layer in self.borrowed, n, str(q.device))
         if state.layout_key != key:  # masks change only at refreshes and re-checks, not at every call
-            with self.persistent():
-                state.layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)
+            state.layout = BlockLayout.from_dense(self._embed(blocks, n).to(q.device), self.settings.block_size, n)
             state.layout_key = key
         layout = state.layout
         self.sparse_calls += 1
@@ -167,7 +188,7 @@ class SparseAttentionRun:
         """Padded text keys never receive attention: drop them, attend, and let padded queries read
         the valid keys densely (their outputs never reach the video tokens)."""
         valid = key_valid.nonzero().flatten()
-        kept = self.attend(q[:, :, valid], k[:, :, valid], v[:, :, valid], heads, layer, step, scale=scale)
+        kept = self._attend(q[:, :, valid], k[:, :, valid], v[:, :, valid], heads, layer, step, None, scale)
         if kept is None:
             return None
         out = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, valid], v[:, :, valid], scale=scale)
@@ -193,9 +214,8 @@ class SparseAttentionRun:
         if needs_own or needs_check:
             mass = estimate_block_mass(qv, kv, settings.block_size, scale).mean(dim=0, keepdim=True)
         if needs_own:
-            with self.persistent():
-                state.own = select_blocks(mass, self.video_tokens, settings.block_size, settings.tau,
-                                          self.first_frame_tokens, settings.min_density, settings.max_density)
+            state.own = select_blocks(mass, self.video_tokens, settings.block_size, settings.tau,
+                                      self.first_frame_tokens, settings.min_density, settings.max_density)
             state.own_step = step
         if donor is None:
             if settings.source != "borrowed":

@@ -11,15 +11,22 @@ stops it.
 
 The demo workflow is queued on the tiny Wan model, edited in the page like a user would (model file, 8
 steps, probe thresholds a random-weight model passes with near-duplicate prompts; see tests/support/tiny_workflows.py),
-so its outcome does not depend on the demo model's training. Screenshots go to artifacts/browser/.
+so its outcome does not depend on the demo model's training. Screenshots go to artifacts/browser/<frontend>/.
 
-Where frontends differ (1.27 on ComfyUI 0.3.64, 1.45 on 0.28), a step finds the element either one renders.
+Where frontends differ (1.27 on ComfyUI 0.3.64, 1.45 on 0.28, 1.49 on 0.33, 1.58), a step finds the element either one
+renders. The scenario runs on the frontend the host pins, then on each version in CARNATOR_BROWSER_FRONTENDS (a
+space-separated list; .ci/run names the newest on PyPI for the newest host): that comfyui-frontend-package is installed
+once into the user's cache, beside the host's pin, and the server serves it with --front-end-root.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +44,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO_ROOT / "artifacts" / "browser"
+PINNED_FRONTEND = "pinned"
+EXTRA_FRONTENDS = os.environ.get("CARNATOR_BROWSER_FRONTENDS", "").split()
 TIMEOUT_MS = 60_000
 FIRST_PROMPT = "a red circle moving left on a black background"
 EDITED_PROMPT = "a red ball moving left on a black background"
@@ -53,8 +62,27 @@ BADGES_JS = """(type) => {
 }"""
 
 
+@pytest.fixture(scope="module", params=[PINNED_FRONTEND, *EXTRA_FRONTENDS])
+def frontend(request) -> str:
+    """The frontend under test: the host's pin, or a comfyui-frontend-package version from PyPI."""
+    return request.param
+
+
+def _frontend_root(version: str) -> Path | None:
+    """The files of `version` of the frontend for --front-end-root, installed into the user's cache on first use;
+    None for the host's pin."""
+    if version == PINNED_FRONTEND:
+        return None
+    target = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "carnator" / "frontends" / version
+    static = target / "comfyui_frontend_package" / "static"
+    if not (static / "index.html").is_file():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
+                        str(target), f"comfyui-frontend-package=={version}"], check=True)
+    return static
+
+
 @pytest.fixture(scope="module")
-def server(comfyui_path: Path, new_base_dir) -> Iterator[ComfyServer]:
+def server(comfyui_path: Path, new_base_dir, frontend: str) -> Iterator[ComfyServer]:
     base = new_base_dir()
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
@@ -62,25 +90,32 @@ def server(comfyui_path: Path, new_base_dir) -> Iterator[ComfyServer]:
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "LiteGraph.Canvas.MinFontSizeForLOD": 1,
                                     "Comfy.Minimap.Visible": False}))
     factory = ServerFactory(comfyui_path, new_base_dir)
+    root = _frontend_root(frontend)
     try:
-        yield factory(base)
+        server = factory(base, extra_args=() if root is None else ("--front-end-root", str(root)))
+        if root is not None:  # the page is that version's, not the host's pin
+            with urllib.request.urlopen(server.url) as response:
+                assert response.read() == (root / "index.html").read_bytes()
+        yield server
     finally:
         factory.stop_all()
 
 
 @pytest.fixture(scope="module")
-def page(server: ComfyServer):
+def page(server: ComfyServer, frontend: str):
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium; .ci/run does)",
                     pytrace=False)
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
+    artifacts = ARTIFACTS / frontend
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir(parents=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.set_default_timeout(TIMEOUT_MS)
             page.errors = []
+            page.artifacts = artifacts
             page.on("pageerror", lambda error: page.errors.append(error))
             page.goto(server.url)
             page.wait_for_function("() => window.comfyAPI?.app?.app?.graph && window.LiteGraph && "
@@ -91,7 +126,7 @@ def page(server: ComfyServer):
 
 
 def _shot(page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    page.screenshot(path=str(page.artifacts / f"{name}.png"))
 
 
 def _missing_node_report(page):

@@ -122,7 +122,8 @@ def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, ti
 
 def test_layers_with_attention_functions_of_their_own_are_named_once(comfy):
     """Newer hosts give a layer its own attention function (`comfy_attention.function`); an override installed on
-    the model takes its calls, so Carnator says once that those layers' dense calls use the default attention."""
+    the model takes its calls, so Carnator says once that in the runs where its attention acts those layers' dense calls
+    use the default attention."""
     host = pack_module("host")
 
     class LayerAttention:
@@ -137,5 +138,5 @@ def test_layers_with_attention_functions_of_their_own_are_named_once(comfy):
         host.note_bypassed_attention(carrying)
         host.note_bypassed_attention(carrying)
     assert lines == [
-        "Carnator: this model's layers have attention functions of their own; while Carnator's sparse attention is "
-        "on, their dense calls use ComfyUI's default attention instead"]
+        "Carnator: this model's layers have attention functions of their own; in runs where Carnator's sparse "
+        "attention acts, their dense calls use ComfyUI's default attention instead"]

@@ -12,6 +12,9 @@ keyword argument no released ComfyUI passes (mode "add", outside Carnator's wrap
 patches of Wan's self-attention): an object patch of every block's `self_attn.forward` that runs it without the
 `optimized_attention_override` hook, as those patches do. `HarnessCountCalls` counts a model's diffusion-model
 forwards (`model_calls`, by label), so a test sees which model ran how often without trusting Carnator's own count.
+`HarnessAttentionHooks` records the attention override a run samples with, puts another pack's override on the
+hook, or installs what ComfyUI's "Model Sparse Attention" node installs (its override, and its ON_PREPARE_STATE
+callback under that node's key that puts it back on top every step), declining every call as that node does off CUDA.
 Both are ordinary V3 nodes loaded by ComfyUI's own custom-node loader, next to the Carnator pack.
 `CARNATOR_HARNESS_FAULT` ("module:Attribute.path" of a carnator_core function) makes that function raise
 `RuntimeError("injected fault")` in a server process, as monkeypatch does in-process (tests/server/test_fault_boundary_server.py).
@@ -192,6 +195,82 @@ class HarnessCountCalls(io.ComfyNode):
         return io.NodeOutput(model)
 
 
+# What `HarnessAttentionHooks` saw: the attention override on the hook of every CALC_COND_BATCH call ("probe"), and the
+# attention calls of each stand-in override by its name.
+seen_overrides: list = []
+override_calls: dict[str, int] = {}
+
+
+def other_pack_override(func, *args, **kwargs):
+    """An attention pack's override (SageAttention-style patch nodes): the call, through the function it is given."""
+    override_calls["other pack"] = override_calls.get("other pack", 0) + 1
+    return func(*args, **kwargs)
+
+
+def _comfyui_sparse_attention_override(previous):
+    """Stands in for the override of ComfyUI's "Model Sparse Attention" (comfy_extras/nodes_sparse_attention.py) off
+    CUDA: every call declined ("not on CUDA") and handed on to the override before it, else to ComfyUI's attention."""
+    def override(func, *args, **kwargs):
+        override_calls["comfyui sparse"] = override_calls.get("comfyui sparse", 0) + 1
+        return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
+
+    return override
+
+
+def _put_on_top(installed: set, transformer_options: dict) -> None:
+    """As that node's `install_override`: its override on top of whatever is on the hook, idempotent once there."""
+    current = transformer_options.get("optimized_attention_override")
+    if current in installed:
+        return
+    override = _comfyui_sparse_attention_override(current)
+    installed.add(override)
+    transformer_options["optimized_attention_override"] = override
+
+
+def _probe(executor, *args, **kwargs):
+    model_options = args[4] if len(args) > 4 else kwargs["model_options"]
+    seen_overrides.append(model_options.get("transformer_options", {}).get("optimized_attention_override"))
+    return executor(*args, **kwargs)
+
+
+class HarnessAttentionHooks(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessAttentionHooks",
+            category="testing/harness",
+            inputs=[io.Model.Input("model", tooltip="Model to patch."),
+                    io.Combo.Input("hook", options=["probe", "other pack override", "comfyui sparse attention"],
+                                   tooltip="probe: record the override on the hook at every CALC_COND_BATCH call; "
+                                           "other pack override: put `other_pack_override` on the hook; comfyui "
+                                           "sparse attention: what ComfyUI's Model Sparse Attention node installs, "
+                                           "its override and its ON_PREPARE_STATE callback under its key.")],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model, hook: str) -> io.NodeOutput:
+        import comfy.patcher_extension
+
+        model = model.clone()
+        options = model.model_options["transformer_options"]
+        if hook == "probe":
+            model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.CALC_COND_BATCH, "harness_probe", _probe)
+        elif hook == "other pack override":
+            options["optimized_attention_override"] = other_pack_override
+        else:
+            installed: set = set()
+            _put_on_top(installed, options)
+
+            def on_prepare_state(model_patcher, timestep, model_options=None):  # hosts without model_options: none
+                if model_options is not None:
+                    _put_on_top(installed, model_options["transformer_options"])
+
+            model.add_callback_with_key(comfy.patcher_extension.CallbacksMP.ON_PREPARE_STATE, "block_sparse_attention",
+                                        on_prepare_state)
+        return io.NodeOutput(model)
+
+
 INJECTED_FAULT = "injected fault"
 
 
@@ -214,7 +293,7 @@ if os.environ.get("CARNATOR_HARNESS_FAULT"):
 class HarnessExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [HarnessTextConditioning, HarnessLatentStats, HarnessNewerHostArgument, HarnessBypassAttentionOverride,
-                HarnessCountCalls]
+                HarnessCountCalls, HarnessAttentionHooks]
 
 
 async def comfy_entrypoint() -> HarnessExtension:
