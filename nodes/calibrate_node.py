@@ -94,7 +94,7 @@ class CarnatorCalibrate(io.ComfyNode):
                 io.String.Input("text_node", default="",
                                 tooltip="Id of the node holding the prompt text, where the graph has several. "
                                         "Empty: found from the sampler's positive conditioning."),
-                io.Boolean.Input("fewer_steps", default=True,
+                io.Boolean.Input("fewer_steps", default=True, optional=True,
                                  tooltip="Also sample each pair's new prompt plain at 1/2, 1/3 and 1/4 of the steps, "
                                          "and say per mode whether reuse beats just lowering the steps on this "
                                          "model. Off: about one plain run less per pair, and no such verdict."),
