@@ -629,11 +629,8 @@ def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], d
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     paths[0].write_text(json.dumps({**result, "settings": settings, "per_prompt": details}, indent=1))
     paths[1].write_text(markdown(result, settings))
-    points = [(c["name"], c["speedup"], c["adherence"] if c["adherence"] is not None else c["ssim"])
-              for c in result["configs"]]
-    quality = "oracle adherence" if all(c["adherence"] is not None for c in result["configs"]) else "SSIM vs plain"
-    if plot.scatter(points, paths[2], f"Carnator workload '{result['stream']}': speed vs quality",
-                    "speedup vs plain (median time)", quality) is None:
+    if plot.quality_against_calls(result["configs"], paths[2],
+                                  f"Carnator workload '{result['stream']}': quality vs model calls") is None:
         print(plot.plot_unavailable("speed-quality scatter"))
         return paths[:2]
     return paths
