@@ -18,6 +18,11 @@ pairs meets the target and is not below the shipped rule's on them (`--force` pu
 that node, with its thresholds left at their defaults (auto), judges this model and schedule by it, and its report
 says so. The first line printed says whether it is in force and why.
 
+Is reuse worth it here at all? Per pair calibration also samples the new prompt plain at 1/2, 1/3 and 1/4 of the
+steps (same seed, sampler and scheduler; `--no-fewer-steps` leaves that out) and weighs each resuming mode, on the
+held-back pairs, against the cheapest of those runs as close to plain: the last lines say, per mode, whether reuse
+beats just lowering the steps (the profile's `equal_quality`; docs/calibration.md).
+
 `--pairs FILE`: one pair per line, the two prompts separated by a tab. `--from-store`: pairs drawn from the store's
 own history (successive prompts of one model, schedule and seed). Run again with the same arguments to resume an
 interrupted calibration. Exit status: 0 done; 1 interrupted or nothing measured; 2 bad arguments or workflow.
@@ -71,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true",
                         help="put the profile in force even where its held-back pairs do not support it; every report "
                              "it judges then says so")
+    parser.add_argument("--no-fewer-steps", action="store_true",
+                        help="do not sample plain at fewer steps, so no mode is weighed against lowering the steps")
     args = parser.parse_args(argv)
     try:
         workflow = Workflow.load(args.workflow, args.text_node)
@@ -87,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             plan = CalibrationPlan(workflow=CalibrationWorkflow.prepare(workflow, client.object_info()), pairs=pairs,
                                    out=args.out, name=args.name or args.workflow.stem, depths=args.depths,
                                    target=QualityTarget(psnr_db=args.psnr, ssim=args.ssim, precision=args.precision),
-                                   max_pairs=args.max_pairs, install=not args.no_install, force=args.force)
+                                   max_pairs=args.max_pairs, install=not args.no_install, force=args.force,
+                                   fewer_steps=not args.no_fewer_steps)
             calibrated = calibrate(client, plan)
         except (WorkflowError, NothingToCalibrate) as error:
             print(f"error: {error}", file=sys.stderr)

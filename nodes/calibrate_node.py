@@ -67,7 +67,8 @@ class CarnatorCalibrate(io.ComfyNode):
                         "resumes. When done, the fitted profile is filed in the store the reuse node reads; where its "
                         "held-back pairs support it, it is put in force and that node's thresholds left at their "
                         "defaults (auto) judge by it. The node says in one line whether it is in force, why, and "
-                        "about how many pairs would settle it.",
+                        "about how many pairs would settle it, and per mode whether reuse beats just lowering the "
+                        "steps on this model.",
             is_output_node=True,
             not_idempotent=True,
             inputs=[
@@ -77,7 +78,8 @@ class CarnatorCalibrate(io.ComfyNode):
                                         "the edits you make: rewordings, changed details. Empty: pairs from the "
                                         "store's own history (successive prompts of one model and seed)."),
                 io.Int.Input("max_pairs", default=CalibrationPlan.max_pairs, min=1, max=200,
-                             tooltip="Most pairs calibrated on. Each costs about four and a half plain runs."),
+                             tooltip="Most pairs calibrated on. Each costs about four and a half plain runs, and one more with "
+                                     "fewer_steps on."),
                 io.Float.Input("psnr_db", default=target.psnr_db, min=10.0, max=80.0, step=0.5,
                                tooltip="A resume counts as good when its clip is at least this close (PSNR, dB) "
                                        "to the clip the new prompt gets without reuse, same seed."),
@@ -92,6 +94,10 @@ class CarnatorCalibrate(io.ComfyNode):
                 io.String.Input("text_node", default="",
                                 tooltip="Id of the node holding the prompt text, where the graph has several. "
                                         "Empty: found from the sampler's positive conditioning."),
+                io.Boolean.Input("fewer_steps", default=True, optional=True,
+                                 tooltip="Also sample each pair's new prompt plain at 1/2, 1/3 and 1/4 of the steps, "
+                                         "and say per mode whether reuse beats just lowering the steps on this "
+                                         "model. Off: about one plain run less per pair, and no such verdict."),
             ],
             hidden=[io.Hidden.prompt],
             outputs=[io.String.Output(display_name="status")],
@@ -107,7 +113,7 @@ class CarnatorCalibrate(io.ComfyNode):
 
     @classmethod
     def execute(cls, pairs: str, max_pairs: int, psnr_db: float, ssim: float, precision: float, name: str,
-                text_node: str) -> io.NodeOutput:
+                text_node: str, fewer_steps: bool = True) -> io.NodeOutput:
         graph = getattr(cls.hidden, "prompt", None)
         if not isinstance(graph, dict):
             raise ValueError("Carnator Calibrate: no graph to calibrate (queue it from the graph editor or /prompt)")
@@ -122,7 +128,8 @@ class CarnatorCalibrate(io.ComfyNode):
         name = name.strip() or workflow.model_name() or "calibration"
         out = Path(folder_paths.get_output_directory(), *OUTPUT_FOLDER, _folder_name(name, workflow.digest()))
         plan = CalibrationPlan(workflow=workflow, pairs=given, out=out, name=name, max_pairs=max_pairs,
-                               target=QualityTarget(psnr_db=psnr_db, ssim=ssim, precision=precision))
+                               target=QualityTarget(psnr_db=psnr_db, ssim=ssim, precision=precision),
+                               fewer_steps=fewer_steps)
         try:
             calibration.start(url, plan)
         except CalibrationBusy as error:

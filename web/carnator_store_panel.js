@@ -168,7 +168,8 @@ class StorePanel {
     }
   }
 
-  /** The calibration profiles: what each judges with and how it scored on held-back pairs; export, delete, import. */
+  /** The calibration profiles: what each judges with, how it scored on held-back pairs and whether reuse beats lowering
+   *  the steps; export, delete, import. */
   renderProfiles(listing) {
     const open = this.profiles.open;
     const rows = listing.profiles.map((profile) => {
@@ -182,7 +183,10 @@ class StorePanel {
             `structure ${t.structure.toFixed(3)} + ${t.structure_slope.toFixed(2)}×depth · guidance ${t.guidance.toFixed(2)} · ${score}`),
           // in force or not, and why, in one line (the shipped thresholds judge while it is not in force)
           element("div", { class: `carnator-facts${profile.in_force ? "" : " carnator-refused"}`, "data-in-force": String(profile.in_force) },
-                  profile.reason)),
+                  profile.reason),
+          // per mode, whether reuse beats just lowering the steps on this model (one sentence each)
+          ...(profile.verdict || []).map((sentence) =>
+            element("div", { class: "carnator-facts carnator-verdict" }, sentence))),
         element("div", { class: "carnator-actions" },
           element("button", { class: "carnator-icon-button", title: "Export as JSON", "aria-label": "Export",
                                onclick: () => this.exportProfile(profile) }, element("i", { class: "pi pi-download" })),
@@ -200,7 +204,7 @@ class StorePanel {
   }
 
   exportProfile(profile) {
-    const { key, description, ...data } = profile;
+    const { key, description, verdict, ...data } = profile;
     const link = element("a", { download: `carnator-profile-${profile.name}.json`,
                                 href: URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)], { type: "application/json" })) });
     link.click();

@@ -29,23 +29,31 @@ def plot_unavailable(what: str) -> str:
     return f"no {what}: matplotlib is not installed; {PLOT_EXTRA}"
 
 
-def scatter(points: list[tuple[str, float, float]], path: Path, title: str, x_label: str, y_label: str,
-            x_lines: tuple[float, ...] = (1.0,)) -> Path | None:
-    """Write a PNG with one labelled point per (label, x, y), non-finite points left out, and a dashed guide at each
-    of `x_lines` (default: a speedup of 1, as fast as plain); None where matplotlib is not installed."""
+MARKERS = "osD^vP*X<>hp8d"
+
+
+def quality_against_calls(configs: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Write a PNG of each configuration's PSNR to plain against its model calls, one distinct colour and marker each
+    (adherence in its legend label), the plain-<n> runs joined as the fewer-steps curve; None without matplotlib."""
+    from carnator_core.bench.fewer_steps import fewer_steps_count
+
     plt = pyplot()
     if plt is None:
         return None
-    points = [(label, x, y) for label, x, y in points if x == x and y == y and abs(x) != float("inf")]
-    figure, axes = plt.subplots(figsize=(9, 6), dpi=100)
-    for index, (label, x, y) in enumerate(points):
-        axes.scatter([x], [y], s=40, color=f"C{index % 10}", label=label, zorder=3)
-    for x in x_lines:
-        axes.axvline(x, color="grey", linestyle="--", linewidth=1)
-    axes.set(title=title, xlabel=x_label, ylabel=y_label)
+    figure, axes = plt.subplots(figsize=(10, 6), dpi=100)
+    colours = plt.get_cmap("tab20")
+    for index, config in enumerate(configs):
+        adherence = "" if config.get("adherence") is None else f", adherence {config['adherence']:.3f}"
+        axes.scatter([config["model_calls"]], [config["psnr"]], s=60, color=colours(index % 20),
+                     marker=MARKERS[index % len(MARKERS)], edgecolors="black", zorder=3,
+                     label=f"{config['name']}{adherence}")
+    curve = sorted((c for c in configs if c["name"] == "plain" or fewer_steps_count(c["name"]) is not None),
+                   key=lambda c: c["model_calls"])
+    axes.plot([c["model_calls"] for c in curve], [c["psnr"] for c in curve], color="grey", linewidth=1.2,
+              zorder=2, label="plain at fewer steps (joined)")
+    axes.set(title=title, xlabel="model calls per request (mean)", ylabel="PSNR to plain (dB)")
     axes.grid(True, alpha=0.3)
-    if points:  # labels in a legend beside the axes: they never cover points or one another
-        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)

@@ -67,6 +67,7 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench import plot, stages
+from carnator_core.bench.fewer_steps import cheapest_as_good, fewer_steps, fewer_steps_count, step_count
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.stages import STAGED_GRAPHS
@@ -91,10 +92,6 @@ FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_de
 # per request of each stage, in stage order (two-expert graph: first and second expert; else the one sampler); the
 # configuration against the cheapest plain run of as good a quality (`equal_quality_speedup`; None for plain runs).
 EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "stage_model_calls", "equal_quality_speedup")
-# Plain at 1/2, 1/3 and 1/4 of the steps, named `plain-<its steps>`: what taking fewer steps alone buys, the yardstick
-# of `equal_quality_speedup`.
-FEWER_STEPS_DIVISORS = (2, 3, 4)
-FEWER_STEPS_NAME = re.compile(r"plain-(\d+)")
 ADHERENCE_TOLERANCE = 0.005  # how much less adherence still counts as the same in `equal_quality_speedup`
 # The two-expert graph (`--graph two-expert`, the Wan 2.2 14B template's shape): plain and the reuse modes, one
 # CarnatorReuse on each expert.
@@ -134,33 +131,6 @@ HEAVY_ATTENTION = {"max_density": 0.25, "dense_first_blocks": 0, "dense_last_blo
 
 def _store_dir(name: str, prefix: str = "stores") -> str:
     return f"{prefix}/{re.sub('[^a-z0-9]+', '_', name)}"
-
-
-def fewer_steps(steps: int) -> tuple[list[str], list[str]]:
-    """The plain-at-fewer-steps configurations of a `steps`-step stream, and a line for each fraction that has none:
-    0 steps, or a step count a larger fraction already runs."""
-    names: list[str] = []
-    skipped: list[str] = []
-    for divisor in FEWER_STEPS_DIVISORS:
-        count = steps // divisor
-        name = f"plain-{count}"
-        if count == 0:
-            skipped.append(f"plain at 1/{divisor} of {steps} steps skipped: that is 0 steps")
-        elif name in names:
-            skipped.append(f"plain at 1/{divisor} of {steps} steps skipped: {_steps(count)}, as {name} already runs")
-        else:
-            names.append(name)
-    return names, skipped
-
-
-def _steps(count: int) -> str:
-    return f"{count} step" if count == 1 else f"{count} steps"
-
-
-def fewer_steps_count(name: str) -> int | None:
-    """The steps of a plain-at-fewer-steps configuration (`plain-<steps>`); None for every other configuration."""
-    match = FEWER_STEPS_NAME.fullmatch(name)
-    return int(match.group(1)) if match else None
 
 
 def expert_boundary(steps: int) -> int:
@@ -360,8 +330,8 @@ def equal_quality_speedup(runs: list[Sample], plain: list[Sample],
         return _psnr(candidate) >= psnr and (adherence is None or candidate_adherence is None
                                              or candidate_adherence >= adherence - ADHERENCE_TOLERANCE)
 
-    against = min((name for name, candidate in fewer.items() if as_good(candidate)),
-                  key=lambda name: _mean_calls(fewer[name]), default="plain")
+    against = cheapest_as_good({name: _mean_calls(candidate) for name, candidate in fewer.items()},
+                               lambda name: as_good(fewer[name])) or "plain"
     reference = fewer.get(against, plain)
     return {"against": against, "calls": round(_mean_calls(reference) / _mean_calls(runs), 3),
             "time": round(_median_seconds(reference) / _median_seconds(runs), 3)}
@@ -642,7 +612,7 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     for c in slower:
         against = c["equal_quality_speedup"]["against"]
         cheaper = "plain itself is cheaper" if against == "plain" else \
-            f"plain at {_steps(fewer_steps_count(against))} is as close to plain and cheaper"
+            f"plain at {step_count(fewer_steps_count(against))} is as close to plain and cheaper"
         lines.append(f"{c['name']}: {cheaper} ({c['equal_quality_speedup']['calls']:.2f}x by model calls).")
     if result.get("per_kind"):
         kinds = list(next(iter(result["per_kind"].values())))
@@ -696,11 +666,8 @@ def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], d
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     paths[0].write_text(json.dumps({**result, "settings": settings, "per_prompt": details}, indent=1))
     paths[1].write_text(markdown(result, settings))
-    points = [(c["name"], c["speedup"], c["adherence"] if c["adherence"] is not None else c["ssim"])
-              for c in result["configs"]]
-    quality = "oracle adherence" if all(c["adherence"] is not None for c in result["configs"]) else "SSIM vs plain"
-    if plot.scatter(points, paths[2], f"Carnator workload '{result['stream']}': speed vs quality",
-                    "speedup vs plain (median time)", quality) is None:
+    if plot.quality_against_calls(result["configs"], paths[2],
+                                  f"Carnator workload '{result['stream']}': quality vs model calls") is None:
         print(plot.plot_unavailable("speed-quality scatter"))
         return paths[:2]
     return paths

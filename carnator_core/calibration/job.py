@@ -10,9 +10,11 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from carnator_core.bench.fewer_steps import fewer_steps, fewer_steps_count
+from carnator_core.calibration.equal_quality import weigh
 from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit, accepts, fit
 from carnator_core.calibration.pairs import Pair, pairs_from_history
 from carnator_core.calibration.plot import calibration_plots
@@ -21,6 +23,7 @@ from carnator_core.calibration.session import Measured, Progress, Session
 from carnator_core.calibration.verdict import pairs_line, verdict
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
+from carnator_core.reuse.probe import ProbeThresholds
 from carnator_core.reuse.settings import FORCED_DEPTHS
 
 HISTORY_PAGE = 100
@@ -47,6 +50,7 @@ class CalibrationPlan:
     max_pairs: int = 12
     install: bool = True
     force: bool = False  # put the profile in force whatever its held-back pairs say
+    fewer_steps: bool = True  # also sample plain at fewer steps, to weigh each mode against lowering the steps
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class Calibrated:
     minutes: float
     pairs_used: int = 0
     plot_note: str = ""  # why there is no plot, where there is none
+    fewer_steps_note: str = ""  # why no mode is weighed against plain at fewer steps, where none is
 
     def lines(self) -> list[str]:
         """What the command prints and the node reports when it is done."""
@@ -92,7 +97,8 @@ class Calibrated:
         if self.location is not None:
             state = "in force" if self.profile.in_force else "not in force: shipped thresholds judge"
             lines.append(f"filed as {self.profile.describe()} in the store at {self.location} ({state})")
-        return lines
+        # last, what the user came for: per mode, whether reuse beats lowering the steps (or why that is not told)
+        return lines + [line for line in self.profile.verdict_lines() or [self.fewer_steps_note] if line]
 
 
 def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], None] = print,
@@ -108,8 +114,10 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
         pairs, note = history_pairs(client, plan.workflow, plan.max_pairs)
         echo(note)
     pairs = distinct_pairs(pairs, echo)
+    counts, fewer_steps_note = fewer_step_counts(plan)
+    echo(fewer_steps_note)
     session = Session(client, plan.workflow, pairs, list(plan.depths), plan.out, echo=echo, on_progress=on_progress,
-                      should_stop=should_stop)
+                      should_stop=should_stop, fewer=counts)
     echo(f"calibrating on {len(pairs)} pairs x {len(plan.depths)} depths "
          f"({'decoded frames' if plan.workflow.decoder else 'latents'}"
          f"{', demo oracle' if plan.workflow.runs_demo else ''}); results in {plan.out}")
@@ -125,13 +133,21 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
                       held_back=result.held_back, oracle=result.oracle,
                       cfg=float(session.fingerprints.get("cfg", 1.0)), in_force=decided.in_force,
                       reason=decided.reason, forced=decided.forced)
+    if counts:
+        judging = profile.probe_thresholds() if profile.in_force else ProbeThresholds()
+        fewer, verdicts = weigh(measured, session.these_plain_runs(), judging, plan.workflow.steps)
+        profile = replace(profile, fewer_steps=fewer, equal_quality=verdicts)
+        if not verdicts:
+            fewer_steps_note = "no pair has its plain runs at fewer steps measured: no mode is weighed against them"
     (plan.out / "profile.json").write_text(profile.to_json())
-    written, plot_note = calibration_plots(measured, profile, plan.out)
+    written, plot_note = calibration_plots(measured, profile, plan.out, session.these_plain_runs())
     summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "met_target": result.met_target,
                "margin_met": result.margin_met, "fitted_lower_bound": result.lower_bound,
                "shipped_held_back": None if result.shipped_held_back is None else result.shipped_held_back.__dict__,
                "pairs_used": pairs_used, "pairs_needed": result.pairs_needed,
-               "resumes": len(measured), "skipped_pairs": session.skipped, "plots": [str(p) for p in written]}
+               "resumes": len(measured), "skipped_pairs": session.skipped, "plots": [str(p) for p in written],
+               "plain_runs": [asdict(run) for run in session.these_plain_runs()],
+               "equal_quality_verdict": profile.verdict_lines() or [fewer_steps_note]}
     (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
     location = None
     if plan.install:
@@ -142,7 +158,22 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
                              f"{plan.out / 'profile.json'}") from None
     return Calibrated(profile=profile, result=result, resumes=len(measured), table=depth_table(measured, result, plan),
                       location=location, plots=written, minutes=(time.monotonic() - started) / 60,
-                      pairs_used=pairs_used, plot_note=plot_note)
+                      pairs_used=pairs_used, plot_note=plot_note, fewer_steps_note=fewer_steps_note)
+
+
+def fewer_step_counts(plan: CalibrationPlan) -> tuple[tuple[int, ...], str]:
+    """The step counts plain also runs at (1/2, 1/3 and 1/4 of the graph's, at least 2 steps), and one line saying
+    which, or why none."""
+    if not plan.fewer_steps:
+        return (), "plain at fewer steps: not run (turned off), so no mode is weighed against lowering the steps"
+    workflow = plan.workflow
+    if workflow.steps is None:
+        return (), f"plain at fewer steps: not run, since the steps cannot be lowered here: {workflow.steps_note}"
+    names, skipped = fewer_steps(workflow.steps, fewest=2)
+    counts = tuple(fewer_steps_count(name) for name in names)
+    ran = f"plain also at {', '.join(map(str, counts))} of {workflow.steps} steps" if counts else \
+        f"plain at fewer steps: none of {workflow.steps} steps leaves 2 or more"
+    return counts, "; ".join([ran, *skipped])
 
 
 def distinct_pairs(pairs: list[Pair], echo: Callable[[str], None]) -> list[Pair]:

@@ -7,6 +7,10 @@ strengths) and the sigma schedule fingerprint (step count, scheduler, shift) it 
 scale it was measured at, and to no other: thresholds are a property of the model's trajectories over that
 schedule.
 
+A profile may also carry what lowering the steps buys on the same pairs (`fewer_steps`: plain at 1/2, 1/3 and 1/4
+of the steps) and, per reuse mode, the verdict that weighs the mode against the cheapest of those runs as close to
+plain (`equal_quality`, `ModeVerdict`): both are absent where calibration ran no fewer-steps runs.
+
 A profile judges runs only while `in_force`: calibration puts it in force where its held-back pairs support it
 (`reason` says why or why not), or `forced` where the user puts it in force anyway. A document that claims to be in
 force without held-back support, and is not marked forced, is refused like any other inconsistent field.
@@ -17,9 +21,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from carnator_core.bench.fewer_steps import fewer_steps_count, step_count
 from carnator_core.reuse.probe import ProbeThresholds
 
 PROFILE_FORMAT = "carnator-calibration-profile"
@@ -29,6 +34,8 @@ MAX_PROFILE_BYTES = 64 * 1024
 THRESHOLD_RANGES = {"structure": (0.0, 1.0), "structure_slope": (0.0, 1.0),
                     "guidance": (0.0, 1.0), "guidance_slope": (0.0, 1.0)}
 MAX_REASON = 500
+WEIGHED_MODES = ("balanced", "fast")  # the modes that resume, each weighed against plain at fewer steps
+MAX_COUNT = 1e6  # the most model calls, steps or pairs a profile's field may give
 FORCED_NOTE = "put in force without held-back support"
 
 
@@ -67,6 +74,70 @@ class Score:
 
 
 @dataclass(frozen=True)
+class FewerStepsRun:
+    """Plain at `steps` steps on the calibration's pairs: its clips against the full plain clips (PSNR of them
+    together, median SSIM) and its mean model calls."""
+
+    steps: int
+    psnr_db: float
+    ssim: float
+    model_calls: float
+
+
+@dataclass(frozen=True)
+class ModeVerdict:
+    """A reuse mode weighed against lowering the steps: the model calls a request of the calibrated stream takes in
+    the mode (under the rule that judges it) and how close its clips stay to plain, the cheapest plain run as close
+    (`against`: a `plain-<n>`, or `plain` where none with fewer steps is) and `calls`, that run's calls over the
+    mode's: below 1, lowering the steps is cheaper at the same quality."""
+
+    model_calls: float
+    psnr_db: float
+    ssim: float
+    resumed: int  # pairs whose request the mode resumed
+    pairs: int  # pairs weighed: the held-back ones, or every pair where none is held back (`held_back` false)
+    held_back: bool
+    steps: int  # the graph's steps
+    against: str
+    against_calls: float
+    calls: float
+
+    def sentence(self, mode: str) -> str:
+        """The verdict in one plain sentence, for the command, the Calibrate node and the store panel."""
+        mine, theirs = _calls(self.model_calls), _calls(self.against_calls)
+        lowered = fewer_steps_count(self.against)
+        if not self.resumed:
+            which = "held-back" if self.held_back else "calibration"
+            return (f"On this model, {mode} resumed none of the {self.pairs} {which} pairs' requests: it saves "
+                    "nothing to weigh against lowering the steps.")
+        if self.calls < 1.0:
+            if lowered is None:
+                return (f"On this model, {mode} costs {mine} calls against plain's {theirs} and no run with fewer "
+                        "steps is as close to plain: reuse does not pay here.")
+            return (f"On this model, plain at {lowered} of {self.steps} steps is as close to plain as {mode}'s "
+                    f"resumes and costs {theirs} calls against {mine}: lower the steps instead.")
+        if lowered is None:
+            return (f"On this model, no run with fewer steps is as close to plain as {mode}'s resumes: {mode} saves "
+                    f"{self.calls:.1f}x over plain ({mine} calls against {theirs}).")
+        return (f"On this model, {mode} saves {self.calls:.1f}x over the cheapest plain run as close (plain at "
+                f"{lowered} of {self.steps} steps: {mine} calls against {theirs}).")
+
+    def short(self, mode: str) -> str:
+        """The verdict in a few words, for the report of a request the profile judged."""
+        if not self.resumed:
+            return f"calibration: {mode} resumed no calibration pair, so nothing weighs it against fewer steps"
+        lowered = fewer_steps_count(self.against)
+        against = "plain" if lowered is None else f"plain at {step_count(lowered)}"
+        if self.calls < 1.0:
+            return f"calibration: {against} is as close to plain for {self.calls:.2f}x {mode}'s calls: lower the steps"
+        return f"calibration: {mode} saves {self.calls:.2f}x over {against}, the cheapest plain run as close"
+
+
+def _calls(value: float) -> str:
+    return f"{round(value, 1):g}"
+
+
+@dataclass(frozen=True)
 class Profile:
     """Thresholds fitted for one model and schedule, the target they were fitted for and their held-back score."""
 
@@ -84,6 +155,12 @@ class Profile:
     in_force: bool = False  # whether it judges runs (the shipped thresholds do otherwise)
     reason: str = "not decided"  # one line: why it is in force or not
     forced: bool = False  # put in force by the user (`--force`) whatever its held-back pairs say
+    fewer_steps: dict[str, FewerStepsRun] = field(default_factory=dict)  # by name, `plain-<n>`
+    equal_quality: dict[str, ModeVerdict] = field(default_factory=dict)  # by mode, of WEIGHED_MODES
+
+    def verdict_lines(self) -> list[str]:
+        """Per weighed mode, whether reuse beats lowering the steps, one sentence each (none without the runs)."""
+        return [self.equal_quality[mode].sentence(mode) for mode in WEIGHED_MODES if mode in self.equal_quality]
 
     @property
     def key(self) -> str:
@@ -151,7 +228,9 @@ class Profile:
             held_back=_score(_mapping(data, "held_back"), "held_back"),
             oracle=None if oracle is None else _score(oracle, "oracle"), cfg=_number(data, "cfg", 0.0, 100.0),
             created_at=_number(data, "created_at", 0.0, 1e11), in_force=_flag(data, "in_force"),
-            reason=_text(data, "reason", MAX_REASON), forced=_flag(data, "forced"))
+            reason=_text(data, "reason", MAX_REASON), forced=_flag(data, "forced"),
+            fewer_steps=_fewer_steps(data.get("fewer_steps", {})))
+        profile = replace(profile, equal_quality=_equal_quality(data.get("equal_quality", {}), profile.fewer_steps))
         if profile.in_force and not profile.forced and not profile.supported():
             raise ProfileError("profile field 'in_force' is true but its held-back precision "
                                f"({profile.held_back.precision}) does not meet its target ({profile.target.precision}): "
@@ -184,19 +263,63 @@ def _text(data: dict, name: str, limit: int) -> str:
     return value
 
 
-def _flag(data: dict, name: str) -> bool:
+def _flag(data: dict, name: str, within: str = "") -> bool:
     value = data.get(name)
     if not isinstance(value, bool):
-        raise ProfileError(f"profile field {name!r} must be true or false, got {value!r}")
+        raise ProfileError(f"profile field {within + name!r} must be true or false, got {value!r}")
     return value
 
 
-def _number(data: dict, name: str, low: float, high: float) -> float:
+def _number(data: dict, name: str, low: float, high: float, within: str = "") -> float:
+    """`data[name]`, a finite number in [low, high]; the error names the field by its path (`within` the object)."""
     value = data.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high:
-        raise ProfileError(f"profile field {name!r} must be a number between {low} and {high}, got {value!r}")
+        raise ProfileError(f"profile field {within + name!r} must be a number between {low} and {high}, "
+                           f"got {value!r}")
     return float(value)
+
+
+def _fewer_steps(data: Any) -> dict[str, FewerStepsRun]:
+    if not isinstance(data, dict):
+        raise ProfileError("profile field 'fewer_steps' must be an object")
+    runs = {}
+    for name, run in data.items():
+        within = f"fewer_steps.{name}."
+        if fewer_steps_count(name) is None or not isinstance(run, dict):
+            raise ProfileError(f"profile field 'fewer_steps' must map names plain-<steps> to objects, got {name!r}")
+        runs[name] = FewerStepsRun(steps=int(_number(run, "steps", 1, MAX_COUNT, within)),
+                                   psnr_db=_number(run, "psnr_db", 0.0, 100.0, within),
+                                   ssim=_number(run, "ssim", -1.0, 1.0, within),
+                                   model_calls=_number(run, "model_calls", 0.0, MAX_COUNT, within))
+        if runs[name].steps != fewer_steps_count(name):
+            raise ProfileError(f"profile field {within + 'steps'!r} is {runs[name].steps}, not the {name}'s steps")
+    return runs
+
+
+def _equal_quality(data: Any, fewer: dict[str, FewerStepsRun]) -> dict[str, ModeVerdict]:
+    if not isinstance(data, dict) or not set(data) <= set(WEIGHED_MODES):
+        raise ProfileError(f"profile field 'equal_quality' must be an object of modes {', '.join(WEIGHED_MODES)}")
+    verdicts = {}
+    for mode, verdict in data.items():
+        within = f"equal_quality.{mode}."
+        if not isinstance(verdict, dict):
+            raise ProfileError(f"profile field {within[:-1]!r} must be an object")
+        against = verdict.get("against")
+        if against != "plain" and against not in fewer:
+            raise ProfileError(f"profile field {within + 'against'!r} must be 'plain' or one of the profile's "
+                               f"fewer_steps runs ({', '.join(fewer) or 'none'}), got {against!r}")
+        verdicts[mode] = ModeVerdict(
+            model_calls=_number(verdict, "model_calls", 0.0, MAX_COUNT, within),
+            psnr_db=_number(verdict, "psnr_db", 0.0, 100.0, within), ssim=_number(verdict, "ssim", -1.0, 1.0, within),
+            resumed=int(_number(verdict, "resumed", 0, MAX_COUNT, within)),
+            pairs=int(_number(verdict, "pairs", 1, MAX_COUNT, within)), held_back=_flag(verdict, "held_back", within),
+            steps=int(_number(verdict, "steps", 1, MAX_COUNT, within)), against=against,
+            against_calls=_number(verdict, "against_calls", 0.0, MAX_COUNT, within),
+            calls=_number(verdict, "calls", 0.0, MAX_COUNT, within))
+        if verdicts[mode].resumed > verdicts[mode].pairs:
+            raise ProfileError(f"profile field {within + 'resumed'!r} is more than its {verdicts[mode].pairs} pairs")
+    return verdicts
 
 
 def _score(data: Any, name: str) -> Score:

@@ -5,9 +5,12 @@ For each pair (earlier prompt, new prompt, the workflow's seed), in a store of t
 1. the earlier prompt, sampled plain and recorded: the donor;
 2. the new prompt, sampled plain: the clip a resume is measured against;
 3. the new prompt resumed from the donor at each depth, forced (`verification` "forced N%"): the report gives the
-   signals the engine judged (the step-0 screen and the probe at the resume state), the clip its quality.
+   signals the engine judged (the step-0 screen and the probe at the resume state), the clip its quality;
+4. the new prompt sampled plain at fewer steps (`fewer`: 1/2, 1/3 and 1/4 of the steps, same seed, sampler and
+   scheduler), each clip scored against the full plain one as the resumes are: what lowering the steps buys.
 
-Every finished resume is appended to `DIR/resumes.jsonl` and every plain clip kept under `DIR/pairs/`, so a
+Every finished resume is appended to `DIR/resumes.jsonl`, every plain run's calls and quality (the full one's and
+the fewer-steps ones') to `DIR/plain_runs.jsonl`, and every plain clip kept under `DIR/pairs/`, so a
 calibration stopped by anything (the server going down, Ctrl-C) resumes where it stopped when run again with the
 same arguments. A pair whose prompt fails to sample (a node error, an interruption) is skipped and listed in
 `DIR/skipped.json`; the next run of the command tries it again.
@@ -30,7 +33,7 @@ from PIL import Image
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file, save_file
 
-from carnator_core.bench.quality import latent_quality, mse, psnr_from_mse, ssim
+from carnator_core.bench.quality import PSNR_IDENTICAL, latent_quality, mse, psnr_from_mse, ssim
 from carnator_core.calibration.fit import Resume
 from carnator_core.calibration.pairs import Pair
 from carnator_core.calibration.workflow import (
@@ -90,11 +93,12 @@ class Measured:
     # a packed latent's probe: each part's structure agreement (video, then audio), of which `resume.structure` is
     # the lowest; None for one latent
     part_structures: list[float] | None = None
+    model_calls: int | None = None  # the run's, every stage's reuse node's together (None: rows that lack them)
 
     def as_dict(self) -> dict:
         return {**asdict(self.resume), "requested_depth": self.requested_depth, "earlier": self.earlier,
                 "new": self.new, "skipped_steps": self.skipped_steps,
-                "total_steps": self.total_steps, "seconds": self.seconds,
+                "total_steps": self.total_steps, "seconds": self.seconds, "model_calls": self.model_calls,
                 **({"part_structures": self.part_structures} if self.part_structures is not None else {})}
 
     @classmethod
@@ -103,7 +107,22 @@ class Measured:
         return cls(resume=Resume(**{name: data[name] for name in names if name in data}),
                    requested_depth=float(data["requested_depth"]), earlier=data["earlier"],
                    new=data["new"], skipped_steps=int(data["skipped_steps"]), total_steps=int(data["total_steps"]),
-                   seconds=float(data["seconds"]), part_structures=data.get("part_structures"))
+                   seconds=float(data["seconds"]), part_structures=data.get("part_structures"),
+                   model_calls=data.get("model_calls"))
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    """A plain run of a pair's new prompt as `plain_runs.jsonl` keeps it: at the graph's steps (the reference, its
+    quality that of an identical clip) or at fewer, its model calls and its clip against the full plain one."""
+
+    pair: int
+    earlier: str
+    new: str
+    steps: int
+    model_calls: int
+    psnr_db: float
+    ssim: float
 
 
 def quality(clip: Clip, plain: Clip) -> tuple[float, float]:
@@ -132,7 +151,9 @@ class Session:
     echo: Callable[[str], None] = print
     on_progress: Callable[[Progress], None] | None = None  # called after every run
     should_stop: Callable[[], bool] = lambda: False  # asked before every run: True stops the calibration there
+    fewer: tuple[int, ...] = ()  # the step counts plain also runs at (none: no fewer-steps runs)
     measured: list[Measured] = field(default_factory=list)
+    plain_runs: list[PlainRun] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     # the model and schedule fingerprints and the guidance scale the runs were made with
     fingerprints: dict[str, str | float] = field(default_factory=dict)
@@ -145,6 +166,9 @@ class Session:
         rows = self.out / "resumes.jsonl"
         if rows.exists():
             self.measured = [Measured.from_dict(json.loads(line)) for line in rows.read_text().splitlines() if line]
+        plain_rows = self.out / "plain_runs.jsonl"
+        if plain_rows.exists():
+            self.plain_runs = [PlainRun(**json.loads(line)) for line in plain_rows.read_text().splitlines() if line]
         state = self._read_json("state.json")
         if self.measured and state.get("workflow") not in (None, self.workflow.digest()):
             raise WorkflowError(f"{self.out} holds a calibration of another workflow (another graph, model, setting "
@@ -162,8 +186,8 @@ class Session:
         prompts = hashlib.sha256(json.dumps(asdict(pair)).encode()).hexdigest()[:8]
         return f"{STORE_ROOT}/{self.key}/pair-{index:03d}-{prompts}"
 
-    def _of_these_pairs(self, measured: Measured) -> bool:
-        index = measured.resume.pair
+    def _of_these_pairs(self, measured: Measured | PlainRun) -> bool:
+        index = measured.resume.pair if isinstance(measured, Measured) else measured.pair
         return index < len(self.pairs) and (measured.earlier, measured.new) == (self.pairs[index].earlier,
                                                                                 self.pairs[index].new)
 
@@ -184,17 +208,25 @@ class Session:
         return any(m.resume.pair == index and abs(m.requested_depth - depth) < 1e-9 and self._of_these_pairs(m)
                    for m in self.measured)
 
+    def _plain_done(self, index: int, steps: int) -> bool:
+        return any(r.pair == index and r.steps == steps and self._of_these_pairs(r) for r in self.plain_runs)
+
+    def _left(self, index: int) -> int:
+        """The runs left of pair `index`: its resumes and fewer-steps runs not done, and (a pair with anything left
+        whose plain clip is not kept) the donor and the plain run."""
+        left = sum(not self._done(index, d) for d in self.depths) + sum(not self._plain_done(index, n)
+                                                                        for n in self.fewer)
+        return left + 2 * (left > 0 and not self._plain_path(index).exists())
+
     def run(self) -> list[Measured]:
         """Every pair not yet done, then every measured resume of these pairs (those of an earlier run with more or
         fewer pairs in the same directory are kept on disk, not fitted); CalibrationInterrupted when the server goes
-        away."""
-        left = [(i, d) for i in range(len(self.pairs)) for d in self.depths if not self._done(i, d)]
-        # a pair whose plain clip is kept has its donor recorded too: only its resumes are left
-        self._total_runs = len(left) + 2 * sum(not self._plain_path(i).exists() for i in {i for i, _ in left})
+        away. `these_plain_runs` gives the plain runs of these pairs."""
+        self._total_runs = sum(self._left(i) for i in range(len(self.pairs)))
         self._runs_done = 0
         try:
             for index, pair in enumerate(self.pairs):
-                if all(self._done(index, d) for d in self.depths):
+                if not self._left(index):
                     continue
                 self._pair(index, pair)
         except ComfyError as error:  # the server went away (ServerLost, unreachable); a prompt's failure is per pair
@@ -208,6 +240,11 @@ class Session:
         self._save_state()
         return [m for m in self.measured if self._of_these_pairs(m)]
 
+    def these_plain_runs(self) -> list[PlainRun]:
+        """The plain runs of these pairs, the latest of each pair and step count."""
+        latest = {(r.pair, r.steps): r for r in self.plain_runs if self._of_these_pairs(r)}
+        return list(latest.values())
+
     def _pair(self, index: int, pair: Pair) -> None:
         store = self._store(index, pair)
         plain_path = self._plain_path(index)
@@ -216,7 +253,10 @@ class Session:
             if plain_path.exists():
                 plain = Clip(**_loaded(plain_path))
             else:
-                plain, _ = self._sample(index, pair.new, store, "model", record=False, label="plain")
+                plain, run = self._sample(index, pair.new, store, "model", record=False, label="plain")
+                self._keep_plain_run(PlainRun(pair=index, earlier=pair.earlier, new=pair.new,
+                                              steps=self.workflow.steps or 0, model_calls=_model_calls(run),
+                                              psnr_db=PSNR_IDENTICAL, ssim=1.0))
                 plain_path.parent.mkdir(parents=True, exist_ok=True)
                 save_file(plain.tensors(), str(plain_path))
         except (ExecutionFailed, RequestRefused) as error:
@@ -241,6 +281,23 @@ class Session:
             self.measured.append(measured)
             with (self.out / "resumes.jsonl").open("a") as rows:
                 rows.write(json.dumps(measured.as_dict()) + "\n")
+        for steps in self.fewer:
+            if self._plain_done(index, steps):
+                continue
+            try:
+                clip, run = self._sample(index, pair.new, store, "model", record=False, label=f"plain-{steps}",
+                                         steps=steps)
+            except (ExecutionFailed, RequestRefused) as error:
+                self.echo(f"pair {index + 1}, plain at {steps} steps: failed to sample ({error}); left out")
+                continue
+            psnr, similarity = quality(clip, plain)
+            self._keep_plain_run(PlainRun(pair=index, earlier=pair.earlier, new=pair.new, steps=steps,
+                                          model_calls=_model_calls(run), psnr_db=psnr, ssim=similarity))
+
+    def _keep_plain_run(self, run: PlainRun) -> None:
+        self.plain_runs.append(run)
+        with (self.out / "plain_runs.jsonl").open("a") as rows:
+            rows.write(json.dumps(asdict(run)) + "\n")
 
     def _plain_path(self, index: int) -> Path:
         return self.out / "pairs" / f"{index:03d}-plain.safetensors"
@@ -278,11 +335,12 @@ class Session:
             self._save_state()
 
     def _sample(self, index: int, prompt: str, store: str, verification: str, record: bool,
-                label: str) -> tuple[Clip, PromptRun]:
+                label: str, steps: int | None = None) -> tuple[Clip, PromptRun]:
         prefix = f"carnator_calibration/{self.key}/{index:03d}-{label.replace(' ', '').replace('%', '')}"
         if self.should_stop():
             raise CalibrationInterrupted("stopped")
-        graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix)
+        graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix,
+                                        steps=steps)
         started = time.perf_counter()
         run = self.client.run(graph)
         self._durations.append(time.perf_counter() - started)
@@ -344,7 +402,8 @@ class Session:
         return Measured(resume=resume, requested_depth=depth, earlier=pair.earlier, new=pair.new,
                         skipped_steps=int(report["skipped_steps"]), total_steps=int(report.get("total_steps") or 0),
                         seconds=float(run.seconds),
-                        part_structures=[float(probe["structure_agreement"]), *others] if others else None)
+                        part_structures=[float(probe["structure_agreement"]), *others] if others else None,
+                        model_calls=_model_calls(run))
 
     @staticmethod
     def store_location(client: ComfyClient, workflow: CalibrationWorkflow) -> str:
@@ -364,6 +423,11 @@ def structure_signal(probe: dict) -> float:
     part's (a packed latent's video and audio each), and the conditional branches' where the screen judged them, so
     that the fit calibrates the bar every part must pass on what it is compared with."""
     return ProbeRecord.from_dict(probe).signals.weakest_structure
+
+
+def _model_calls(run: PromptRun) -> int:
+    """The run's model calls as its reuse nodes report them, every stage's together."""
+    return sum(int(report.get("model_calls") or 0) for report in run.statuses if report.get("probes") is not None)
 
 
 def _store_location(history: dict) -> str:

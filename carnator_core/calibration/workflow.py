@@ -13,7 +13,12 @@ it must, on a copy of the graph per run:
   are compared on decoded frames where the graph decodes, on latents otherwise; an audio+video latent (LTX-2) is
   saved as the graph's `LTXVSeparateAVLatent` unpacks it, its video as above and its audio beside it;
 - a `CarnatorCompatibilityLookup` reads the pair's store too, and a `CarnatorSparseAttention` node is bypassed;
-- the graph's other output nodes are left out (their files are not needed, and they cost time).
+- the graph's other output nodes are left out (their files are not needed, and they cost time);
+- for plain at fewer steps, the step count where the graph sets it: the sampler's `steps` (KSampler, CarnatorKSampler,
+  KSamplerAdvanced, whose stage boundaries scale with it), or that of the scheduler node a custom sampler takes its
+  sigmas from (BasicScheduler, LTXVScheduler, ...); later stages of the same step count are lowered with it. A graph
+  whose first sampler's steps are set nowhere calibration can lower (a fixed sigma list, steps from a link) runs no
+  fewer-steps runs, and `steps_note` says why.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ AV_SEPARATOR = "LTXVSeparateAVLatent"  # unpacks an LTX-2 audio+video latent: th
 FRAMES_NODE = "carnator_calibration_frames"
 INSERTED_REUSE_NODE = "carnator_calibration_reuse"
 MODEL_FILE_INPUTS = ("unet_name", "ckpt_name", "model_name")  # loaders' file inputs
+CUSTOM_SAMPLERS = ("SamplerCustom", "SamplerCustomAdvanced")  # take their sigmas from another node
+STAGE_BOUNDARIES = ("start_at_step", "end_at_step")  # KSamplerAdvanced's: steps of the whole schedule
 
 
 def links_to(value: object, node_id: str) -> bool:
@@ -66,6 +73,9 @@ class CalibrationWorkflow:
     # where the request's audio+video latent is unpacked: (separator node, video output, audio output); None for a
     # latent of one part
     unpacked: tuple[str, int, int] | None = None
+    steps: int | None = None  # the calibrated sampler's step count, where calibration can lower it
+    step_nodes: tuple[str, ...] = ()  # the nodes whose `steps` input holds it (samplers or schedulers)
+    steps_note: str = ""  # why the steps cannot be lowered, where they cannot
 
     @classmethod
     def prepare(cls, workflow: Workflow, object_info: dict) -> CalibrationWorkflow:
@@ -114,10 +124,12 @@ class CalibrationWorkflow:
             del graph[node_id]
         decoder = decoders[0] if decoders else None
         runs_demo = decoder is not None and graph[decoder]["class_type"] == DEMO_DECODER
+        steps, step_nodes, steps_note = step_inputs(graph, chain)
         return cls(workflow=Workflow(graph, workflow.text_target[0] if workflow.text_target else None),
                    object_info=object_info, sampler=sampler, reuse_node=reuse_node, decoder=decoder,
                    runs_demo=runs_demo, user_store=user_store, output=output,
-                   later_reuse_nodes=tuple(n for n in reuse_nodes if n not in own), unpacked=unpacked)
+                   later_reuse_nodes=tuple(n for n in reuse_nodes if n not in own), unpacked=unpacked, steps=steps,
+                   step_nodes=step_nodes, steps_note=steps_note)
 
     @staticmethod
     def _insert_reuse(graph: dict, sampler: str) -> str:
@@ -134,11 +146,14 @@ class CalibrationWorkflow:
         return INSERTED_REUSE_NODE
 
     def graph_for(self, prompt: str, store_path: str, *, verification: str = "model", record: bool = False,
-                  prefix: str = "carnator_calibration/run") -> dict:
+                  prefix: str = "carnator_calibration/run", steps: int | None = None) -> dict:
         """The graph of one calibration run: `prompt` sampled with the pair's store at `store_path`, its latent (and
         decoded frames) saved under `prefix`. `record` keeps it as the pair's donor; a forced `verification`
-        resumes from that donor; otherwise the run is plain (mode safe, sparse attention off)."""
+        resumes from that donor; otherwise the run is plain (mode safe, sparse attention off), at `steps` steps
+        where given (`self.steps` must be set)."""
         graph = self.workflow.for_prompt(prompt, "fixed", random.Random(0))
+        if steps is not None:
+            self.lower_steps(graph, steps)
         reuse = graph[self.reuse_node]["inputs"]
         reuse.update(mode="fast" if verification != "model" else "safe", verification=verification, record=record,
                      sparse_attention="off", store=[STORE_NODE, 0])
@@ -161,6 +176,19 @@ class CalibrationWorkflow:
         if self.decoder is not None:
             graph[FRAMES_NODE] = {"class_type": "PreviewImage", "inputs": {"images": [self.decoder, 0]}}
         return graph
+
+    def lower_steps(self, graph: dict, steps: int) -> None:
+        """Every node holding the graph's step count set to `steps`; a KSamplerAdvanced's stage boundaries inside
+        the schedule scale with it (a first stage keeps at least one step)."""
+        if self.steps is None:
+            raise ValueError(f"the steps of this graph cannot be lowered: {self.steps_note}")
+        for node_id in self.step_nodes:
+            inputs = graph[node_id]["inputs"]
+            inputs["steps"] = steps
+            for name in STAGE_BOUNDARIES:
+                value = inputs.get(name)
+                if isinstance(value, int) and 0 < value < self.steps:
+                    inputs[name] = max(1, value * steps // self.steps)
 
     def digest(self) -> str:
         """Names what a calibration measures: the graph with the prompt text left out (model, settings, seed)."""
@@ -206,6 +234,41 @@ def stage_chain(graph: dict, samplers: list[str]) -> list[str] | None:
     if all(feeds(graph, later, earlier) for earlier, later in zip(ordered, ordered[1:], strict=False)):
         return ordered
     return None
+
+
+def step_inputs(graph: dict, chain: list[str]) -> tuple[int | None, tuple[str, ...], str]:
+    """The first sampler's step count, the nodes that hold it (its own and the later stages' of the same count), and
+    where it cannot be lowered, None, no nodes and why (one line)."""
+    holders = []
+    for node_id in chain:
+        holder, why = _step_holder(graph, node_id)
+        if holder is None:
+            if node_id == chain[0]:
+                return None, (), why
+            continue
+        holders.append(holder)
+    steps = graph[holders[0]]["inputs"]["steps"]
+    return steps, tuple(h for h in holders if graph[h]["inputs"]["steps"] == steps), ""
+
+
+def _step_holder(graph: dict, sampler: str) -> tuple[str | None, str]:
+    """The node whose literal `steps` input sets the sampler's step count, or None and why there is none."""
+    node = graph[sampler]
+    named = f"sampler {sampler} ({node['class_type']})"
+    holder = sampler
+    if node["class_type"] in CUSTOM_SAMPLERS:
+        sigmas = node["inputs"].get("sigmas")
+        if not is_link(sigmas) or str(sigmas[0]) not in graph:
+            return None, f"{named} has no sigmas node"
+        holder = str(sigmas[0])
+        if "steps" not in graph[holder]["inputs"]:
+            return None, (f"{named} takes a fixed sigma list from node {holder} ({graph[holder]['class_type']}), "
+                          "which has no steps to lower")
+        named = f"node {holder} ({graph[holder]['class_type']}), the sigmas of {named},"
+    value = graph[holder]["inputs"].get("steps")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None, f"{named} takes its steps from another node ({value!r}), not a number calibration can lower"
+    return holder, ""
 
 
 def _bypass(graph: dict, node_id: str, through: str) -> None:

@@ -455,6 +455,8 @@ class ReuseRun:
             notes.append(GUIDE_NOTE)
         if self.settings.thresholds_note:
             notes.append(self.settings.thresholds_note)
+        if self.settings.profile_verdict and self.decision is not None:
+            notes.append(self.settings.profile_verdict)
         if self.settings.forced_resume_fraction is not None:
             notes.append(f"verification {self.settings.verification!r}: resumed whatever the signals say (calibration)")
         if self.store_problem and not any("store unavailable" in note for note in notes):

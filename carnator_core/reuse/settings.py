@@ -78,6 +78,8 @@ class ReuseSettings:
     explicit_thresholds: frozenset[str] = frozenset()
     judged_by: str = ""  # whose thresholds judge: a calibration profile, the node's inputs or the shipped ones
     thresholds_note: str = ""  # why no calibration profile judges, where one was refused (`with_profile`)
+    # the judging profile's verdict on this mode against plain at fewer steps, for the report of a resumed run
+    profile_verdict: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -121,8 +123,10 @@ class ReuseSettings:
             return self.replace(judged_by=own, thresholds_note=f"{profile.describe()} not used: every threshold is "
                                                                 "set on the node")
         kept = f" with node inputs for {', '.join(sorted(self.explicit_thresholds))}" if self.explicit_thresholds else ""
+        weighed = profile.equal_quality.get(self.mode)
         return self.replace(thresholds=dataclasses.replace(self.thresholds, **fitted),
-                            judged_by=profile.describe() + kept, thresholds_note=note)
+                            judged_by=profile.describe() + kept, thresholds_note=note,
+                            profile_verdict="" if weighed is None else weighed.short(self.mode))
 
     @property
     def forced_resume_fraction(self) -> float | None:

@@ -364,11 +364,13 @@ def fingerprint(value: str, name: str) -> str:
 
 @_on_store("read")
 def list_profiles(store: ReuseStore | None) -> dict[str, Any]:
-    """Every calibration profile in the store, whole (the export), and the refused ones with the reason."""
+    """Every calibration profile in the store, whole (the export) with how it is named and its equal-quality verdict
+    in sentences, and the refused ones with the reason."""
     if store is None:
         return {"profiles": [], "refused": {}}
     usable, refused = profiles.stored_profiles(store)
-    return {"profiles": [{**profile.as_dict(), "key": key, "description": profile.describe()}
+    return {"profiles": [{**profile.as_dict(), "key": key, "description": profile.describe(),
+                          "verdict": profile.verdict_lines()}
                          for key, profile in sorted(usable.items())], "refused": refused}
 
 

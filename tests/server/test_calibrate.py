@@ -103,18 +103,32 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     run = _calibrate(server.url, workflow, pairs, out, "--force")  # one held-back pair: forced to see it judge
     output, _ = run.communicate(timeout=900)
     assert run.returncode == 0, output
-    assert output.splitlines()[-1].endswith("(in force)") and "pairs used 3; a stable fit here" in output
+    profile = Profile.from_json((out / "profile.json").read_text())
+    # last, per mode, whether reuse beats just lowering the steps, weighed on the held-back pair
+    assert output.splitlines()[-2:] == profile.verdict_lines() and len(profile.verdict_lines()) == 2, output
+    assert output.splitlines()[-3].endswith("(in force)") and "pairs used 3; a stable fit here" in output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
-    assert "12/12 runs" in output and "left" in output  # progress with an estimate of the time left
+    assert "plain also at 5, 3, 2 of 10 steps" in output
+    assert "21/21 runs" in output and "left" in output  # progress with an estimate of the time left
     assert "depth  resumes  good  accepted by the fitted rule" in output
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and {row["pair"] for row in rows} == {0, 1, 2}
     assert all(row["skipped_steps"] in (2, 5) and row["screen_structure"] is not None for row in rows)
     reworded = [row for row in rows if row["pair"] == 0]  # a rewording resumed is close to its plain clip
     assert all(row["psnr_db"] > 30 and row["ssim"] > 0.95 and row["oracle_kept"] for row in reworded)
-    profile = Profile.from_json((out / "profile.json").read_text())
     assert (profile.fit_pairs, profile.held_back_pairs) == (2, 1) and profile.oracle is not None
+    plain_runs = [json.loads(line) for line in (out / "plain_runs.jsonl").read_text().splitlines()]
+    assert sorted((row["pair"], row["steps"]) for row in plain_runs) == [(p, n) for p in range(3) for n in (2, 3, 5, 10)]
+    assert all(row["model_calls"] == row["steps"] for row in plain_runs)  # plain: one model call per step
+    fewer = {name: run.steps for name, run in profile.fewer_steps.items()}
+    assert fewer == {"plain-5": 5, "plain-3": 3, "plain-2": 2}
+    assert profile.fewer_steps["plain-2"].psnr_db < profile.fewer_steps["plain-5"].psnr_db < 100
+    for weighed in profile.equal_quality.values():  # the held-back pair (the third), under the fitted rule
+        assert (weighed.pairs, weighed.held_back, weighed.steps) == (1, True, STEPS), weighed
+        against = STEPS if weighed.against == "plain" else profile.fewer_steps[weighed.against].model_calls
+        assert weighed.calls == pytest.approx(against / weighed.model_calls, abs=1e-3)
     assert (out / "plot-structure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "plot-calls.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     filed = server.get("/carnator/store/profiles").json()["profiles"]
     assert [p["key"] for p in filed] == [profile.key] and f"filed as {profile.describe()}" in output
     print(f"calibration of 3 pairs x 2 depths at {STEPS} steps took {time.monotonic() - started:.0f} s")
@@ -128,6 +142,7 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     assert server.post("/carnator/store/profiles", json=lenient).status_code == 200
     hit = _report(server, REWORDED, record=False, top_k=5)
     assert hit["judged_by"].startswith("profile 'lenient'") and hit["verdict"] == "resumed"
+    assert profile.equal_quality["balanced"].short("balanced") in hit["notes"]  # the profile's verdict on its mode
     strict = {**lenient, "thresholds": {**lenient["thresholds"], "structure": 1.0}, "name": "strict"}
     assert server.post("/carnator/store/profiles", json=strict).status_code == 200
     miss = _report(server, REWORDED, record=False, top_k=6)
@@ -178,9 +193,13 @@ def test_the_explicit_control_workflow_calibrates_through_its_lookup_node_withou
         if node["class_type"] == "EmptyHunyuanLatentVideo":
             node["inputs"].update(width=128, height=128)
     workflow, pairs = _files(tmp_path, graph, pairs=1)
-    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--no-install")
+    run = _calibrate(server.url, workflow, pairs, tmp_path / "out", "--no-install", "--no-fewer-steps")
     output, _ = run.communicate(timeout=600)
     assert run.returncode == 0, output
+    assert output.splitlines()[-1] == ("plain at fewer steps: not run (turned off), so no mode is weighed against "
+                                       "lowering the steps")
+    plain_runs = (tmp_path / "out" / "plain_runs.jsonl").read_text().splitlines()
+    assert [json.loads(line)["steps"] for line in plain_runs] == [8]  # the full plain run alone
     rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
     assert [row["skipped_steps"] for row in rows] == [2, 4]  # forced at 0.2 and 0.5 of 8 steps
     assert all(row["psnr_db"] > 30 for row in rows)  # a rewording, resumed from its own earlier prompt
@@ -191,7 +210,7 @@ def test_a_pair_that_fails_to_sample_is_skipped_and_reported_and_the_rest_calibr
     workflow, pairs = _files(tmp_path, _graph(steps=40), pairs=2)
     second = pairs.read_text().splitlines()[1].split("\t")[0]
     out = tmp_path / "out"
-    run = _calibrate(server.url, workflow, pairs, out, "--no-install")
+    run = _calibrate(server.url, workflow, pairs, out, "--no-install", "--no-fewer-steps")
     interrupted = False
     deadline = time.monotonic() + 300
     while run.poll() is None and not interrupted and time.monotonic() < deadline:
@@ -225,6 +244,9 @@ def test_the_wan21_template_calibrates_with_its_guidance_on_latents(server, tiny
     assert all(row["oracle_kept"] is None for row in rows)  # no demo world to judge a tiny model's clips
     profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
     assert profile.cfg == 6.0 and profile.oracle is None
+    assert set(profile.fewer_steps) == {"plain-4", "plain-2"} and set(profile.equal_quality) == {"balanced", "fast"}
+    assert "plain at 1/4 of 8 steps skipped: 2 steps, as plain-2 already runs" in output
+    assert output.splitlines()[-2:] == profile.verdict_lines()
 
 
 def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_judged_by_the_profile(
@@ -247,6 +269,12 @@ def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_jud
     assert sorted((row["pair"], row["skipped_steps"], row["total_steps"]) for row in rows) == [
         (0, 2, 4), (0, 3, 4), (1, 2, 4), (1, 3, 4)], rows  # the first expert's 4 steps, resumed at 2 and 3
     profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
+    # plain at 4 and 2 of the 8 steps, the experts' hand-over scaled with them; no pair held back: both weighed
+    plain_runs = [json.loads(line) for line in (tmp_path / "out" / "plain_runs.jsonl").read_text().splitlines()]
+    assert sorted((row["steps"], row["model_calls"]) for row in plain_runs if row["pair"] == 0) == [
+        (2, 2), (4, 4), (8, 8)], plain_runs
+    assert all(not weighed.held_back and weighed.pairs == 2 for weighed in profile.equal_quality.values())
+    assert output.splitlines()[-2:] == profile.verdict_lines()
 
     statuses = server.client.run(Workflow(graph, "89").for_prompt(EARLIER, "fixed", None)).statuses
     judged = {report["node"]: report["judged_by"] for report in statuses}
@@ -270,7 +298,8 @@ def test_the_ltx2_template_calibrates_its_first_stage_on_the_weaker_of_video_and
     for row in rows:
         video, audio = row["part_structures"]
         assert row["structure"] == min(video, audio), row
-    assert Profile.from_json((tmp_path / "out" / "profile.json").read_text()).fit_pairs >= 1
+    profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
+    assert profile.fit_pairs >= 1 and set(profile.equal_quality) == {"balanced", "fast"}, output
 
 
 def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server, tmp_path):
@@ -279,7 +308,7 @@ def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server
         _report(server, prompt, record=True, top_k=top_k)
     workflow, _ = _files(tmp_path, _graph())
     command = [sys.executable, "-m", "carnator_core.calibrate", "--server", server.url, "--workflow", str(workflow),
-               "--from-store", "--out", str(tmp_path / "out"), "--depths", "0.5", "--no-install"]
+               "--from-store", "--out", str(tmp_path / "out"), "--depths", "0.5", "--no-install", "--no-fewer-steps"]
     run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "pairs from the store's history of model" in run.stdout
@@ -290,12 +319,12 @@ def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server
 def test_an_output_directory_of_another_workflow_is_refused_not_mixed_in(server, tmp_path):
     workflow, pairs = _files(tmp_path, _graph(), pairs=1)
     out = tmp_path / "out"
-    first = _calibrate(server.url, workflow, pairs, out, "--no-install")
+    first = _calibrate(server.url, workflow, pairs, out, "--no-install", "--no-fewer-steps")
     output, _ = first.communicate(timeout=600)
     assert first.returncode == 0, output
     (tmp_path / "other").mkdir()
     other, _ = _files(tmp_path / "other", _graph(steps=12), pairs=1)
-    again = _calibrate(server.url, other, pairs, out, "--no-install")
+    again = _calibrate(server.url, other, pairs, out, "--no-install", "--no-fewer-steps")
     output, _ = again.communicate(timeout=300)
     assert again.returncode == 2 and "holds a calibration of another workflow" in output, output
     assert len((out / "resumes.jsonl").read_text().splitlines()) == 2
@@ -334,6 +363,9 @@ def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queu
     out = Path(stopped["out"])
     done = len((out / "resumes.jsonl").read_text().splitlines())
     plains_left = sum(not (out / "pairs" / f"{pair:03d}-plain.safetensors").exists() for pair in (0, 1))
+    plain_runs = out / "plain_runs.jsonl"
+    fewer_done = sum(json.loads(line)["steps"] < STEPS for line in plain_runs.read_text().splitlines()) \
+        if plain_runs.exists() else 0
     assert 1 <= done < 10 and "queue the Calibrate node again to resume" in stopped["line"]
 
     server.client.run(graph)
@@ -342,10 +374,12 @@ def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queu
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert sorted((row["pair"], row["requested_depth"]) for row in rows) == sorted(
         (pair, depth) for pair in (0, 1) for depth in (0.2, 0.35, 0.5, 0.65, 0.8))
-    assert finished["runs_total"] == 10 - done + 2 * plains_left  # only what was left ran again
+    # only what was left ran again: resumes, the donor and plain runs, and plain at 5, 3 and 2 steps per pair
+    assert finished["runs_total"] == 10 - done + 2 * plains_left + 6 - fewer_done
     filed = [p for p in server.get("/carnator/store/profiles").json()["profiles"] if p["name"] == "graph editor"]
     assert len(filed) == 1 and finished["profile"] == filed[0]["description"]
     assert any(line.startswith("filed as profile 'graph editor'") for line in finished["summary"])
+    assert finished["summary"][-2:] == filed[0]["verdict"] and len(filed[0]["verdict"]) == 2  # the panel's too
 
 
 def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tmp_path):
@@ -370,3 +404,5 @@ def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tm
     assert run.returncode == 0, output
     assert len(rows.read_text().splitlines()) == 4
     assert output.count("forced") == 4 - done  # only what was left was sampled again
+    plain_runs = [json.loads(line) for line in (out / "plain_runs.jsonl").read_text().splitlines()]
+    assert sorted((row["pair"], row["steps"]) for row in plain_runs) == [(p, n) for p in (0, 1) for n in (2, 3, 5, 10)]

@@ -1,0 +1,50 @@
+"""Plain sampling at fewer steps: the cheapest alternative to reuse, and the yardstick both the workload benchmark
+and the calibration weigh reuse against.
+
+A fewer-steps run is the same graph (same seed, sampler and scheduler) with its steps lowered to 1/2, 1/3 and 1/4,
+named `plain-<its steps>`. A configuration or a mode is weighed against the cheapest of them (fewest model calls)
+whose clips are as good as its own; the ratio of that run's calls over the configuration's is below 1 where just
+taking fewer steps gets as close for less.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+FEWER_STEPS_DIVISORS = (2, 3, 4)
+FEWER_STEPS_NAME = re.compile(r"plain-(\d+)")
+
+
+def fewer_steps(steps: int, fewest: int = 1) -> tuple[list[str], list[str]]:
+    """The plain-at-fewer-steps runs of a `steps`-step graph, and a line for each fraction that has none: fewer than
+    `fewest` steps, or a step count a larger fraction already runs."""
+    names: list[str] = []
+    skipped: list[str] = []
+    for divisor in FEWER_STEPS_DIVISORS:
+        count = steps // divisor
+        name = f"plain-{count}"
+        if count < fewest:
+            least = "" if fewest <= 1 else f", fewer than {fewest}"
+            skipped.append(f"plain at 1/{divisor} of {steps} steps skipped: that is {step_count(count)}{least}")
+        elif name in names:
+            skipped.append(f"plain at 1/{divisor} of {steps} steps skipped: {step_count(count)}, as {name} "
+                           "already runs")
+        else:
+            names.append(name)
+    return names, skipped
+
+
+def step_count(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
+
+
+def fewer_steps_count(name: str) -> int | None:
+    """The steps of a plain-at-fewer-steps run (`plain-<steps>`); None for every other name."""
+    match = FEWER_STEPS_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def cheapest_as_good(calls: Mapping[str, float], as_good: Callable[[str], bool]) -> str | None:
+    """Of the fewer-steps runs by name (their model calls), the cheapest that is `as_good`; None where none is."""
+    return min((name for name in calls if as_good(name)), key=lambda name: calls[name], default=None)
