@@ -280,12 +280,25 @@ class AttentionTrace:
         self.text_row_error = 0.0
 
     def patch(self, model):
-        """`model` (already through CarnatorSparseAttention) with its override traced."""
+        """`model` (already through CarnatorSparseAttention) with its override traced: a sampling wrapper inside
+        Carnator's puts the trace in front of the override the run samples with."""
+        import comfy.patcher_extension
+
         model = model.clone()
-        model.model_options["transformer_options"]["optimized_attention_override"] = self
+        model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, "carnator_test_trace",
+                                   self._trace_run)
         if self.joint:
             model.set_model_attn1_patch(self._note_image_slice)
         return model
+
+    def _trace_run(self, executor, *args, **kwargs):
+        options = executor.class_obj.model_options["transformer_options"]
+        self.override = options.get("optimized_attention_override") or self.override
+        options["optimized_attention_override"] = self
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            options["optimized_attention_override"] = self.override
 
     def __deepcopy__(self, memo: dict) -> AttentionTrace:
         return self  # hosts whose model clones deep-copy the model options: every clone records here
