@@ -319,7 +319,7 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert data["stream"] == "edit-loop (two-expert)"
-    assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets"}
+    assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets", "nesting"}
     _targets_agree_with_configs(data, "edit-loop")
     by_name = {c["name"]: c for c in data["configs"]}
     names = ["plain", "plain-2", "plain-1", *TWO_EXPERT_CONFIGS[1:]]  # 4 // 4 steps is plain-1 again: said, skipped
