@@ -109,6 +109,12 @@ class Decision:
         return self.target.meta.total_steps if self.end is not None else self.target.step
 
 
+def _continues(target: ProbeTarget, donors: set[str]) -> bool:
+    """Whether `target` lies on the trajectory of one of `donors`: its donor resumed from them (up the lineage that
+    gives the target its anchor), so a pass on their state makes the target a deeper state of the same line."""
+    return target.anchor is not None and target.anchor.meta.entry_id in donors
+
+
 @dataclass
 class Decider:
     """Asks the live model about a plan's targets, in the order and within the budget the contract above sets.
@@ -162,17 +168,20 @@ class Decider:
         asks the states within that mode's depth exactly as that mode does (`_probe_within`), and goes deeper only from
         the pass where that mode would resume (`_deepen`): it never gives up depth the shallower mode keeps. No deeper
         state is asked first, whatever the step-0 screen says: the screen cannot tell a one-attribute edit that holds
-        half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced"). The exception is a
-        donor that holds nothing within that depth: where the screen agreed with it most, it is climbed alone.
+        half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced"). A donor that itself
+        resumed deeper than that depth continues its own donor's trajectory, so it is asked as part of that line: after
+        a pass on its lineage's state within the depth, where the pass makes it likely. The exception is a donor the
+        screen agreed with most whose line holds nothing within that depth: it is climbed alone.
         """
         contained = self._contained_step()
         deeper = [t for t in pending if contained is not None and t.step > contained]
         within = [t for t in pending if not any(t is d for d in deeper)]
         holders = {t.meta.entry_id for t in within}
         lead = max(pending, key=lambda t: (self._screen_agreement(t), t.meta.entry_id in holders), default=None)
-        if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf:
+        if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf \
+                and not any(_continues(t, holders) for t in deeper if t.meta.entry_id == lead.meta.entry_id):
             # the donor the screen agreed with most holds only deeper states (it itself resumed deeper than the
-            # shallower mode goes): climbed as on its own, from its lineage's early record
+            # shallower mode goes) and nothing on its line does: climbed as on its own, from its lineage's early record
             return self._probe_within([t for t in deeper if t.meta.entry_id == lead.meta.entry_id], evaluate,
                                       batch_limit)[0]
         if not within:  # no donor holds a state the shallower mode could ask: climb them as on their own
@@ -183,8 +192,9 @@ class Decider:
         donor = decision.target.candidate.entry_id
         if decision.step < max((t.step for t in within if t.candidate.entry_id == donor), default=0):
             return decision  # the shallower mode stopped short of its depth: a state deeper than this one failed
-        return self._deepen(decision, [t for t in deeper if t.candidate.entry_id == donor], evaluate,
-                            self.settings.max_probes - calls)
+        line = {donor, decision.target.meta.entry_id}
+        return self._deepen(decision, [t for t in deeper if t.candidate.entry_id == donor or _continues(t, line)],
+                            evaluate, self.settings.max_probes - calls)
 
     def _probe_within(self, pending: list[ProbeTarget], evaluate: Evaluate,
                       batch_limit: int) -> tuple[Decision | None, int]:

@@ -478,3 +478,44 @@ def test_fast_climbs_alone_the_donor_the_screen_agreed_with_most_when_it_holds_o
                           lambda xs, sigma: [(x0_start if x is start else X0_5.half().float(), None) for x in xs])
     assert [(probe.donor_prompt, probe.step) for probe in run.probes[2:]] == [("resumed rewording", 8)]
     assert decision is not None and decision.step == 8
+
+
+@pytest.mark.parametrize(("agreement", "fast_resumes_at"), [
+    # the rewording's deep state fails: fast resumes where balanced does, on the scene half-way
+    ({("scene", 2): 0.99, ("scene", 5): 0.92, ("scene", 8): 0.80, ("rewording", 8): 0.80}, ("scene", 5)),
+    # the scene's half-way pass makes the line's deeper state likely: fast goes on to the rewording's
+    ({("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99}, ("rewording", 8)),
+])
+def test_fast_asks_a_deep_only_donor_after_its_lineage_s_state_within_balanced_s_depth(
+        tmp_path, agreement, fast_resumes_at):
+    """In fast's own store a rewording that resumed at 80 % from the scene holds nothing balanced could ask, and the
+    screen agrees with it most. Fast asks the scene as balanced does first, and the rewording's deep state only as
+    the deeper state of the scene's line: it never ends shallower than balanced, nor takes more calls."""
+    store = ReuseStore(str(tmp_path / "store"))
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    states = _random_states({"scene": (2, 5, 8), "rewording": (8,)}, seed=7)
+    fingerprint = noise_fingerprint(start)
+    scene = _donor(store, "scene", [2, 5, 8], {**_blob(states, "scene"), "x0_0": _agreeing(
+        start, x0_start, 0.96, seed=3).half().float()}, start=fingerprint)
+    rewording = _donor(store, "rewording", [8], {**_blob(states, "rewording"), "x0_0": x0_start}, start=fingerprint,
+                       lineage={"donor_id": scene.entry_id, "depth": 8})
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        if xs[0] is start:
+            return [(x0_start, None)]
+        key = min(states, key=lambda k: float((states[k][0] - xs[0]).norm()))  # the (corrected) state asked
+        return [(_agreeing(xs[0], states[key][1], agreement[key], seed=key[1]), None)]
+
+    asked, resumed, calls = {}, {}, {}
+    for mode in ("balanced", "fast"):
+        run = _run(store, mode=mode)
+        run.start_state = start
+        decision = run.decide(run.plan(Match(store_location="", request=None, candidates=[rewording, scene])),
+                              evaluate)
+        asked[mode] = [(probe.donor_prompt, probe.step) for probe in run.probes if probe.step > 0]
+        resumed[mode] = (decision.target.meta.prompt, decision.step)
+        calls[mode] = run.decider.model_calls + 10 - decision.step - 1
+    assert asked["fast"][:len(asked["balanced"])] == asked["balanced"]
+    assert resumed == {"balanced": ("scene", 5), "fast": fast_resumes_at}
+    assert calls["fast"] <= calls["balanced"]
