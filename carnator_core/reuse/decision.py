@@ -170,20 +170,25 @@ class Decider:
         state is asked first, whatever the step-0 screen says: the screen cannot tell a one-attribute edit that holds
         half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced"). A donor that itself
         resumed deeper than that depth continues its own donor's trajectory, so it is asked as part of that line: after
-        a pass on its lineage's state within the depth, where the pass makes it likely. The exception is a donor the
-        screen agreed with most whose line holds nothing within that depth: it is climbed alone.
+        a pass on its lineage's state within the depth, where the pass makes it likely. Where the screen agreed with
+        such a donor most, its line's states within the depth are asked first (the shallower mode, in a store where the
+        donor resumed within its depth, asks the donor itself first), or, where its line holds nothing within the
+        depth, it is climbed alone.
         """
         contained = self._contained_step()
         deeper = [t for t in pending if contained is not None and t.step > contained]
         within = [t for t in pending if not any(t is d for d in deeper)]
         holders = {t.meta.entry_id for t in within}
         lead = max(pending, key=lambda t: (self._screen_agreement(t), t.meta.entry_id in holders), default=None)
-        if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf \
-                and not any(_continues(t, holders) for t in deeper if t.meta.entry_id == lead.meta.entry_id):
-            # the donor the screen agreed with most holds only deeper states (it itself resumed deeper than the
-            # shallower mode goes) and nothing on its line does: climbed as on its own, from its lineage's early record
-            return self._probe_within([t for t in deeper if t.meta.entry_id == lead.meta.entry_id], evaluate,
-                                      batch_limit)[0]
+        if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf:
+            # the donor the screen agreed with most holds only deeper states: it itself resumed deeper than the
+            # shallower mode goes
+            line = {t.anchor.meta.entry_id for t in deeper if t.meta.entry_id == lead.meta.entry_id
+                    and t.anchor is not None} & holders
+            if not line:  # nothing on its line does either: climbed as on its own, from its lineage's early record
+                return self._probe_within([t for t in deeper if t.meta.entry_id == lead.meta.entry_id], evaluate,
+                                          batch_limit)[0]
+            within.sort(key=lambda t: (-t.step, t.meta.entry_id not in line))  # stable: the screen's order otherwise
         if not within:  # no donor holds a state the shallower mode could ask: climb them as on their own
             return self._probe_within(deeper, evaluate, batch_limit)[0]
         decision, calls = self._probe_within(within, evaluate, batch_limit)

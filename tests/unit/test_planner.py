@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -480,6 +482,44 @@ def test_fast_climbs_alone_the_donor_the_screen_agreed_with_most_when_it_holds_o
     assert decision is not None and decision.step == 8
 
 
+
+def _line_of_a_rewording(store: ReuseStore, screen: dict[str, float], agreement: dict[tuple[str, int], float]):
+    """Donors as fast's own store holds them after a scene and a rewording of it: the scene at steps 2, 5 and 8, the
+    rewording resumed from it at 80 % (step 8 only), and any others of `screen` at the scene's steps. Each agrees
+    with the request's step 0 by `screen` and, asked at a state, by `agreement`. Returns the candidates (the
+    rewording first, as the lookup ranks it), the request's start state and its model."""
+    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
+    steps = {name: (8,) if name == "rewording" else (2, 5, 8) for name in screen}
+    states = _random_states(steps, seed=7)
+    fingerprint = noise_fingerprint(start)
+    candidates = {}
+    for seed, (name, agrees) in enumerate(screen.items()):
+        x0_0 = x0_start if agrees == 1.0 else _agreeing(start, x0_start, agrees, seed=seed + 3).half().float()
+        lineage = {"donor_id": candidates["scene"].entry_id, "depth": 8} if name == "rewording" else None
+        candidates[name] = _donor(store, name, list(steps[name]), {**_blob(states, name), "x0_0": x0_0},
+                                  start=fingerprint, lineage=lineage)
+
+    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
+        if xs[0] is start:
+            return [(x0_start, None)]
+        key = min(states, key=lambda k: float((states[k][0] - xs[0]).norm()))  # the (corrected) state asked
+        return [(_agreeing(xs[0], states[key][1], agreement[key], seed=key[1]), None)]
+
+    ranked = [candidates["rewording"]] + [c for name, c in candidates.items() if name != "rewording"]
+    return [dataclasses.replace(c, same_noise=True) for c in ranked], start, evaluate
+
+
+def _decided(store: ReuseStore, mode: str, candidates: list[Candidate], start: torch.Tensor, evaluate):
+    """The states a run of `mode` asked after the screen, where it resumed, and the model calls of its request."""
+    run = _run(store, mode=mode)
+    run.start_state = start
+    decision = run.decide(run.plan(Match(store_location="", request=None, candidates=candidates)), evaluate)
+    asked = [(probe.donor_prompt, probe.step) for probe in run.probes if probe.step > 0]
+    resumed = (decision.target.meta.prompt, decision.step) if decision is not None else None
+    return asked, resumed, run.decider.model_calls + 10 - (decision.step + 1 if decision is not None else 0)
+
+
 @pytest.mark.parametrize(("agreement", "fast_resumes_at"), [
     # the rewording's deep state fails: fast resumes where balanced does, on the scene half-way
     ({("scene", 2): 0.99, ("scene", 5): 0.92, ("scene", 8): 0.80, ("rewording", 8): 0.80}, ("scene", 5)),
@@ -492,30 +532,23 @@ def test_fast_asks_a_deep_only_donor_after_its_lineage_s_state_within_balanced_s
     screen agrees with it most. Fast asks the scene as balanced does first, and the rewording's deep state only as
     the deeper state of the scene's line: it never ends shallower than balanced, nor takes more calls."""
     store = ReuseStore(str(tmp_path / "store"))
-    start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
-    x0_start = torch.randn(SHAPE, generator=torch.Generator().manual_seed(2)).half().float()
-    states = _random_states({"scene": (2, 5, 8), "rewording": (8,)}, seed=7)
-    fingerprint = noise_fingerprint(start)
-    scene = _donor(store, "scene", [2, 5, 8], {**_blob(states, "scene"), "x0_0": _agreeing(
-        start, x0_start, 0.96, seed=3).half().float()}, start=fingerprint)
-    rewording = _donor(store, "rewording", [8], {**_blob(states, "rewording"), "x0_0": x0_start}, start=fingerprint,
-                       lineage={"donor_id": scene.entry_id, "depth": 8})
+    candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.96, "rewording": 1.0}, agreement)
+    balanced = _decided(store, "balanced", candidates, start, evaluate)
+    fast = _decided(store, "fast", candidates, start, evaluate)
+    assert fast[0][:len(balanced[0])] == balanced[0]
+    assert (balanced[1], fast[1]) == (("scene", 5), fast_resumes_at)
+    assert fast[2] <= balanced[2]
 
-    def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
-        if xs[0] is start:
-            return [(x0_start, None)]
-        key = min(states, key=lambda k: float((states[k][0] - xs[0]).norm()))  # the (corrected) state asked
-        return [(_agreeing(xs[0], states[key][1], agreement[key], seed=key[1]), None)]
 
-    asked, resumed, calls = {}, {}, {}
-    for mode in ("balanced", "fast"):
-        run = _run(store, mode=mode)
-        run.start_state = start
-        decision = run.decide(run.plan(Match(store_location="", request=None, candidates=[rewording, scene])),
-                              evaluate)
-        asked[mode] = [(probe.donor_prompt, probe.step) for probe in run.probes if probe.step > 0]
-        resumed[mode] = (decision.target.meta.prompt, decision.step)
-        calls[mode] = run.decider.model_calls + 10 - decision.step - 1
-    assert asked["fast"][:len(asked["balanced"])] == asked["balanced"]
-    assert resumed == {"balanced": ("scene", 5), "fast": fast_resumes_at}
-    assert calls["fast"] <= calls["balanced"]
+def test_fast_asks_the_line_of_the_donor_the_screen_agreed_with_most_before_an_edit_it_agreed_with_less(tmp_path):
+    """An edit of the scene agrees at step 0 more than the scene and less than the rewording that resumed from the
+    scene at 80 %. Balanced, in a store where the rewording resumed half-way, asks the rewording first; fast asks its
+    line (the scene) first, not the edit, which fails deeper than its anchor."""
+    store = ReuseStore(str(tmp_path / "store"))
+    agreement = {("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99,
+                 ("edit", 2): 0.99, ("edit", 5): 0.70, ("edit", 8): 0.60}
+    candidates, start, evaluate = _line_of_a_rewording(
+        store, {"scene": 0.96, "edit": 0.97, "rewording": 1.0}, agreement)
+    asked, resumed, _ = _decided(store, "fast", candidates, start, evaluate)
+    assert all(donor != "edit" for donor, _ in asked)
+    assert resumed == ("rewording", 8)
