@@ -183,12 +183,13 @@ class Decider:
         if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf:
             # the donor the screen agreed with most holds only deeper states: it itself resumed deeper than the
             # shallower mode goes
-            line = {t.anchor.meta.entry_id for t in deeper if t.meta.entry_id == lead.meta.entry_id
-                    and t.anchor is not None} & holders
-            if not line:  # nothing on its line does either: climbed as on its own, from its lineage's early record
+            lead_line = {t.anchor.meta.entry_id for t in deeper if t.meta.entry_id == lead.meta.entry_id
+                         and t.anchor is not None} & holders
+            if not lead_line:  # nothing on its line does either: climbed as on its own, from its lineage's early record
                 return self._probe_within([t for t in deeper if t.meta.entry_id == lead.meta.entry_id], evaluate,
                                           batch_limit)[0]
-            within.sort(key=lambda t: (-t.step, t.meta.entry_id not in line))  # stable: the screen's order otherwise
+            # stable: the screen's order otherwise
+            within.sort(key=lambda t: (-t.step, t.meta.entry_id not in lead_line))
         if not within:  # no donor holds a state the shallower mode could ask: climb them as on their own
             return self._probe_within(deeper, evaluate, batch_limit)[0]
         decision, calls = self._probe_within(within, evaluate, batch_limit)
