@@ -25,11 +25,11 @@ _LINE_LIMIT = 300
 class CarnatorFault(Exception):
     """An unexpected exception from Carnator's own code; `original` is what was raised."""
 
-    def __init__(self, what: str, original: Exception) -> None:
+    def __init__(self, what: str, original: Exception, heading: str = "Carnator error while {}") -> None:
         message = " ".join(f"{type(original).__name__}: {original}".split())
         if len(message) > _LINE_LIMIT:
             message = message[:_LINE_LIMIT] + "..."
-        super().__init__(f"Carnator error while {what}: {message}")
+        super().__init__(f"{heading.format(what)}: {message}")
         self.original = original
         self._logged = False
 
@@ -53,6 +53,15 @@ def fault_of(what: str, error: Exception, expected: tuple[type[Exception], ...] 
             or getattr(error, _RAISED_BY_HOST, False)):
         return None
     return CarnatorFault(what, error)
+
+
+def host_failure_in_altered_run(error: Exception) -> CarnatorFault | None:
+    """The fault for an error the host raised while sampling a run Carnator altered (served, replayed or skipped a
+    call): what Carnator handed the host may be what it failed on, so the run is sampled again plain. None for an
+    interrupt, which stops the prompt as it would without Carnator."""
+    if isinstance(error, comfy.model_management.InterruptProcessingException):
+        return None
+    return CarnatorFault("a run Carnator altered", error, heading="the sampler failed in {}")
 
 
 @contextlib.contextmanager

@@ -9,15 +9,19 @@ is made in carnator_core.
                   reports it afterwards (the reuse sampler runs its SAMPLER under the same lifecycle)
 - SAMPLER_SAMPLE  probes donors with the loaded model, resumes from the accepted state
 - PREDICT_NOISE   answers a multistep sampler's calls before the resume step with the donor's predictions
-                  (`carnator_core.reuse.history_replay`), serves the accepted probe as the first evaluation
-                  after the resume (or, without one, the probing's step-0 evaluation as step 0), counts model
-                  calls, applies the optional guidance boost, and hands the run each prediction it records
-- CALC_COND_BATCH keeps cond - uncond where a probe or a checkpoint needs it
+                  (`carnator_core.reuse.history_replay`), counts model calls, applies the optional guidance boost,
+                  and hands the run each prediction it records
+- CALC_COND_BATCH serves the accepted probe's predictions per condition as the first evaluation after the resume (or,
+                  without one, the probing's step-0 evaluation as step 0), so the host's whole CFG path runs on
+                  them as on the model's own; keeps a probe's predictions, and cond - uncond where a probe or a
+                  checkpoint needs it
 
 Every one of them keeps Carnator's own code inside `nodes.fault_boundary` and the host's calls outside it: an error of
 Carnator's before sampling starts leaves the run plain, one in the recording stops the recording, and one after the
 run has left the plain path (a resume, a replay) samples the run again plain from the start (`sample_plain_again`).
-The report gives the error in one line; the host's own errors and interrupts pass through untouched.
+So does any error the host raises in a run Carnator altered (a served, replayed or skipped call, sparse attention):
+the run is sampled again plain, and only where that fails too does the prompt fail, as it would without Carnator.
+The report gives the error in one line; interrupts, and the host's errors in a run left plain, pass through untouched.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from collections.abc import Iterator
 import comfy.model_management
 import comfy.model_patcher
 import comfy.patcher_extension
+import comfy.samplers
 import torch
 
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError, content_fingerprint, noise_fingerprint
 from carnator_core.reuse.applicability import latent_reuse_refusal, starts_from_input
-from carnator_core.reuse.cached_evaluation import CachedEvaluation, same_sigma
+from carnator_core.reuse.cached_evaluation import Branches, CachedEvaluation, branches_of_state, same_sigma
 from carnator_core.reuse.decision import Decision
 from carnator_core.reuse.history_replay import HistoryReplay
 from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, unpack
@@ -48,7 +53,7 @@ from carnator_core.store.backend import StoreError
 from carnator_core.store.thumbnail import PreviewFrame
 
 from .attention_hooks import install_sparse_attention, settle, withdraw_sparse_attention
-from .fault_boundary import CarnatorFault, carnator_code, host_code
+from .fault_boundary import CarnatorFault, carnator_code, host_code, host_failure_in_altered_run
 from .host import (
     conditioning_frame_rate,
     hard_key,
@@ -95,7 +100,18 @@ class ReuseHolder:
         self.plain_reason = plain_reason
         self.plain_notes = plain_notes
         self.model_calls = 0
+        # a probe's predictions per condition, for the sampler's next call (`predict_noise_wrapper`); while that call
+        # runs, `serving` holds them for its batch evaluation (`calc_cond_batch_wrapper`), which sets `served_call`
         self.cached_eval: CachedEvaluation | None = None
+        self.serving: CachedEvaluation | None = None
+        self.served_call = False
+        # the predictions per condition of every state a probe evaluated, by that state, and the batch evaluations of
+        # the probe call under way (with which conditions each evaluated)
+        self.probe_branches: list[tuple[torch.Tensor, list, Branches]] = []
+        self.probe_outputs: list[tuple[list[torch.Tensor], list]] = []
+        # whether Carnator changed what the host computes in this run: a call served or replayed, steps skipped
+        self.altered = False
+        self.notes: list[str] = []  # what the report says of the run beyond the decision
         self.replay: HistoryReplay | None = None  # a multistep sampler's calls before the resume step, answered
         self.capture_guidance = False
         self.last_guidance: tuple[float, torch.Tensor] | None = None
@@ -121,6 +137,18 @@ class ReuseHolder:
     def step_cache_of(self, evaluated: torch.Tensor) -> object | None:
         return next((cache for x, cache in self.probe_step_caches if x is evaluated), None)
 
+    def branches_of(self, evaluated: torch.Tensor) -> tuple[list, Branches] | None:
+        """The conditions and predictions per condition of the first batch evaluation of the probe at the state
+        `evaluated`; None where its guider made none (then nothing of that probe is handed to the sampler)."""
+        return next(((conds, branches) for x, conds, branches in self.probe_branches if x is evaluated), None)
+
+    @property
+    def changed_the_run(self) -> bool:
+        """Whether the host's sampling of this run differs from the plain sampler's: a call served, replayed or
+        skipped, or attention computed sparse."""
+        attention = self.attention
+        return self.altered or (attention is not None and attention.sparse_calls > 0)
+
 
 def _positive_tensor(guider, name: str) -> torch.Tensor | None:
     """The first tensor named `name` in the guider's positive conditioning (`cross_attn`, `concat_latent_image`)."""
@@ -129,6 +157,21 @@ def _positive_tensor(guider, name: str) -> torch.Tensor | None:
         if isinstance(tensor, torch.Tensor):
             return tensor
     return None
+
+
+def guidance_form(guider) -> str | None:
+    """The identity of the guided output's unconditional branch (negative conditioning and CFG scale) where the output
+    is uncond + cfg x (cond - uncond): the host's own CFG guider, no CFG function, no pre- or post-CFG function. None
+    otherwise: the step-0 screen then judges the output itself (`carnator_core.reuse.probe.screen_basis`)."""
+    if type(guider).predict_noise is not comfy.samplers.CFGGuider.predict_noise:
+        return None
+    options = getattr(guider, "model_options", {})
+    if any(options.get(name) for name in CFG_PATH_OPTIONS if name != "disable_cfg1_optimization"):
+        return None
+    negative = [cond.get("cross_attn") for cond in getattr(guider, "conds", {}).get("negative", None) or []]
+    parts = [f"cfg={float(getattr(guider, 'cfg', 1.0))!r}"]
+    parts += [content_fingerprint(tensor) if isinstance(tensor, torch.Tensor) else repr(tensor) for tensor in negative]
+    return ";".join(parts)
 
 
 def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed,
@@ -153,6 +196,7 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
     return ReuseRun(settings=settings, store=store, hard_key=key, latent_shape=tuple(noise.shape),
                     noise_fingerprint=noise_fingerprint(noise), cond_vector=condition_vector(cross_attn),
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
+                    guidance_form=guidance_form(guider),
                     latent_reuse_refusal=refusal, continues=continues, packed=packed, input_latent=input_latent,
                     input_note=input_note, guide_image=guide)
 
@@ -223,7 +267,7 @@ def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
         return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
                                attention.summary() if attention is not None else None, state.plain_notes)
     report = state.run.finish(state.model_calls, state.attention, preview_frame(guider, state.last_x0, state.run.packed))
-    report.notes.extend(line for line in state.faults if line not in report.notes)
+    report.notes.extend(line for line in state.faults + state.notes if line not in report.notes)
     return report
 
 
@@ -245,7 +289,7 @@ def sample_plain_again(state: ReuseHolder, fault: CarnatorFault, consequence: st
     fault.log_once(consequence)
     state.run, state.plain_reason, state.plain_notes = None, f"{fault.line} ({consequence})", None
     state.sampling_plain_again = True
-    state.replay, state.cached_eval, state.capture_guidance = None, None, False
+    state.replay, state.cached_eval, state.serving, state.capture_guidance = None, None, None, False
     state.boost_sigmas, state.checkpoint_sigmas = set(), set()
     for options in transformer_options:
         options[PLAIN_RETRY_KEY] = fault.line
@@ -254,6 +298,17 @@ def sample_plain_again(state: ReuseHolder, fault: CarnatorFault, consequence: st
         if attention is not None:
             attention.inactive = attention.inactive or f"dense attention: {fault.line}"
             attention.defer_report()
+
+
+def failure_to_sample_again(state: ReuseHolder, error: Exception) -> CarnatorFault | None:
+    """The fault for which a run is sampled again plain from the start: a Carnator error, or any error the host raised
+    in a run Carnator altered (what Carnator handed it may be what it failed on); None for an error that fails the
+    prompt as it would without Carnator (an interrupt, the host's error in a run still plain)."""
+    if isinstance(error, CarnatorFault):
+        return error
+    if state.active and state.changed_the_run:
+        return host_failure_in_altered_run(error)
+    return None
 
 
 def outer_sample_wrapper(executor, *args, **kwargs):
@@ -265,7 +320,10 @@ def outer_sample_wrapper(executor, *args, **kwargs):
         with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
             try:
                 output = executor(*args, **kwargs)
-            except CarnatorFault as fault:
+            except Exception as error:
+                fault = failure_to_sample_again(state, error)
+                if fault is None:
+                    raise
                 sample_plain_again(state, fault, "sampled again plain from the start", transformer_options)
                 return executor(*args, **kwargs)
             if state.run is not None and state.run.hands_over and isinstance(output, torch.Tensor):
@@ -407,7 +465,7 @@ def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra
 
     def evaluate(states: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         x = torch.cat([s.to(device=noise.device, dtype=noise.dtype) for s in states])
-        state.capture_guidance, state.last_guidance = True, None
+        state.capture_guidance, state.last_guidance, state.probe_outputs = True, None, []
         try:
             with fresh_step_cache(extra_args["model_options"], guider) as cache:
                 if len(states) == 1:
@@ -417,6 +475,11 @@ def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra
                     x0 = guider(x, sigma_batch, model_options=extra_args["model_options"], seed=extra_args.get("seed"))
         finally:
             state.capture_guidance = False
+        if state.probe_outputs:  # the guider's first batch evaluation, which the sampler's call makes first too
+            outputs, conds = state.probe_outputs[0]
+            state.probe_branches.extend((s, conds, branches_of_state(outputs, conds, index, batch))
+                                        for index, s in enumerate(states))
+        state.probe_outputs = []
         guidance = state.last_guidance[1] if state.last_guidance is not None else None
         return list(zip(x0.split(batch), guidance.split(batch) if guidance is not None else [None] * len(states),
                         strict=True))
@@ -430,6 +493,7 @@ def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra
             return output
         if decision is not None:
             resumed = decision.target.step
+            state.altered = True
             state.replay = run.history_replay() if multistep else None
             resume_state = _resume_from(state, guider, extra_args, decision, noise, sigma_values)
             if state.replay is None:  # the sampler starts at the resume state, without history
@@ -441,8 +505,7 @@ def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra
                 sigmas = sigmas[start:]
         elif run.start_evaluation is not None:
             _adopt_step_cache(state, guider, extra_args, run.start_state)
-            x0, guidance = run.start_evaluation
-            state.cached_eval = CachedEvaluation(run.start_state, sigma_values[0], x0, guidance, exact=True)
+            state.cached_eval = _cached(state, run.start_state, run.start_state, sigma_values[0], exact=True)
 
     run.lend_masks(state.attention)
     return sample, sigmas, noise, latent_image, _recording_callback(state, extra_args, callback, start, resumed,
@@ -459,10 +522,25 @@ def _resume_from(state: ReuseHolder, guider, extra_args: dict, resume: Decision,
     start = resume.target.step
     x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
     if resume.x0 is not None:
-        state.cached_eval = CachedEvaluation(None if state.replay is not None else x_k, resume.target.sigma,
-                                             resume.x0, resume.guidance, exact=False)
+        state.cached_eval = _cached(state, resume.target.x, None if state.replay is not None else x_k,
+                                    resume.target.sigma, exact=False)
     state.boost_sigmas = state.settings.boost_sigmas(sigma_values, start)
     return _start_state(guider, resume.target.sigma, x_k)
+
+
+UNSERVED_NOTE = "the probe's evaluation was not handed to the sampler ({}): one model call more"
+
+
+def _cached(state: ReuseHolder, evaluated: torch.Tensor, x: torch.Tensor | None, sigma: float,
+            exact: bool) -> CachedEvaluation | None:
+    """The probe's evaluation at the state `evaluated`, for the sampler's next call at `x` (None: at `sigma` whatever
+    the state); None, and a note, where the probe's predictions per condition were not kept."""
+    kept = state.branches_of(evaluated)
+    if kept is None:
+        state.notes.append(UNSERVED_NOTE.format("its guider made no batch evaluation Carnator can see"))
+        return None
+    conds, branches = kept
+    return CachedEvaluation(x, sigma, conds, branches, exact)
 
 
 def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: int, resumed: int,
@@ -531,8 +609,19 @@ def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     with carnator_code("answering the sampler from the donor"):
         sigma = _first_sigma(timestep)
         state.model_input = (sigma, x)
-        served = _served_prediction(state, x, sigma)
-    x0 = served if served is not None else _model_prediction(state, executor, x, timestep, sigma, *args, **kwargs)
+        replayed = _replayed_prediction(state, executor.class_obj, model_options, x, sigma)
+        # the probe's evaluation, for this call's batch evaluation only, served or not
+        offered, state.cached_eval = (state.cached_eval, None) if replayed is None else (None, state.cached_eval)
+    x0 = replayed
+    if x0 is None:
+        state.serving, state.served_call = offered, False
+        try:
+            x0 = _model_prediction(state, executor, x, timestep, sigma, *args, **kwargs)
+        finally:
+            state.serving = None
+        if offered is not None and not state.served_call:
+            with carnator_code("answering the sampler from the donor"):
+                state.notes.append(UNSERVED_NOTE.format("the sampler's call evaluates other conditions"))
     if state.run is not None:
         try:
             with carnator_code("recording a prediction"):
@@ -542,41 +631,62 @@ def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     return x0
 
 
-def _served_prediction(state: ReuseHolder, x: torch.Tensor, sigma: float) -> torch.Tensor | None:
-    """The prediction for one of the sampler's calls that Carnator answers: replayed from the donor or served from the
-    decision's evaluation; None for the model to answer."""
+# what a sampler may add to the guider's CFG path for its own steps (CFG++ samplers read the unconditional prediction)
+CFG_PATH_OPTIONS = ("sampler_cfg_function", "sampler_pre_cfg_function", "sampler_post_cfg_function",
+                    "sampler_calc_cond_batch_function", "disable_cfg1_optimization")
+
+
+def _replayed_prediction(state: ReuseHolder, guider, model_options: dict, x: torch.Tensor,
+                         sigma: float) -> torch.Tensor | None:
+    """The donor's prediction for one of the sampler's calls before the resume step; None for the model to answer.
+
+    A replay hands over guided outputs: a sampler that adds its own step to the CFG path (one that reads the
+    unconditional prediction) cannot be given them, so such a run is sampled again plain (the error says why)."""
     replayed = state.replay.answer(sigma) if state.replay is not None else None
-    if replayed is not None:
-        return replayed.to(device=x.device, dtype=x.dtype)
-    cached, state.cached_eval = state.cached_eval, None  # for the sampler's next call only, served or not
-    if cached is not None and cached.serves(x, sigma):
-        if cached.guidance is not None:
-            state.last_guidance = (sigma, cached.guidance)
-        return cached.x0
-    return None
+    if replayed is None:
+        return None
+    run_options = getattr(guider, "model_options", {})
+    added = [name for name in CFG_PATH_OPTIONS if model_options.get(name) != run_options.get(name)]
+    if added:
+        raise ValueError(f"the sampler adds {', '.join(added)} to the CFG path, which a replayed history cannot feed")
+    state.altered = True
+    return replayed.to(device=x.device, dtype=x.dtype)
 
 
 def _model_prediction(state: ReuseHolder, executor, x, timestep, sigma: float, *args, **kwargs):
-    """The model's prediction for one of the sampler's calls, counted, with the guidance boost where it applies."""
-    state.model_calls += 1
+    """The host's prediction for one of the sampler's calls, with the guidance boost where it applies; counted as a
+    model call unless its batch evaluation was served (`calc_cond_batch_wrapper`)."""
     guider = executor.class_obj
-    if sigma in state.boost_sigmas and hasattr(guider, "cfg"):
-        original_cfg = guider.cfg
-        guider.cfg = original_cfg * (1.0 + state.settings.guidance_boost)
-        try:
-            return executor(x, timestep, *args, **kwargs)
-        finally:
-            guider.cfg = original_cfg
-    return executor(x, timestep, *args, **kwargs)
+    try:
+        if sigma in state.boost_sigmas and hasattr(guider, "cfg"):
+            original_cfg = guider.cfg
+            guider.cfg = original_cfg * (1.0 + state.settings.guidance_boost)
+            try:
+                return executor(x, timestep, *args, **kwargs)
+            finally:
+                guider.cfg = original_cfg
+        return executor(x, timestep, *args, **kwargs)
+    finally:
+        if not state.served_call:
+            state.model_calls += 1
 
 
 def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
-    output = executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
     if state is None or not state.active:
-        return output
+        return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
+    served = None
+    if state.serving is not None and not state.capture_guidance:
+        with carnator_code("answering the sampler from the donor"):
+            offered, state.serving = state.serving, None  # the call's first batch evaluation only
+            if offered.serves(x_in, _first_sigma(timestep), conds):
+                served = offered.predictions(x_in)
+                state.served_call = state.altered = True
+    output = served if served is not None else executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     try:
         with carnator_code("keeping the guidance"):
+            if state.capture_guidance:
+                state.probe_outputs.append((list(output), list(conds)))
             if len(output) < 2 or output[1] is None or conds[1] is None:
                 return output
             sigma = _first_sigma(timestep)

@@ -9,11 +9,11 @@ import comfy.samplers
 import nodes as comfy_nodes
 from comfy_api.latest import io
 
-from .fault_boundary import CarnatorFault
 from .host import missing_hooks, per_run_options
 from .keys import REUSE_KEY, REUSE_WRAPPER_KEY
 from .reuse_hooks import (
     calc_cond_batch_wrapper,
+    failure_to_sample_again,
     open_run,
     predict_noise_wrapper,
     reuse_lifecycle,
@@ -107,7 +107,10 @@ class ReuseSampler(comfy.samplers.Sampler):
                     return self.inner.sample(*plain)
                 try:
                     return sample_with_run(self.inner.sample, self.inner, state, *plain, match=self.match)
-                except CarnatorFault as fault:
+                except Exception as error:
+                    fault = failure_to_sample_again(state, error)
+                    if fault is None:
+                        raise
                     sample_plain_again(state, fault, "sampled again plain from the start", guider_options,
                                        model_options["transformer_options"])
                     return self.inner.sample(*plain)

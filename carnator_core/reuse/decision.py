@@ -27,7 +27,14 @@ import torch
 
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.plan import ProbeTarget, RequestFacts, ScreenOnly, StartPrediction
-from carnator_core.reuse.probe import ProbeSignals, conditional_agreement, probe_signals
+from carnator_core.reuse.probe import (
+    CONDITIONAL_BRANCHES,
+    GUIDANCE_FORM,
+    ProbeSignals,
+    conditional_agreement,
+    probe_signals,
+    screen_basis,
+)
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.trajectory import StageEnd
@@ -60,13 +67,17 @@ class ProbeRecord:
     confirms_deeper: bool  # a step-0 screen or a shallow confirmation, not a resume candidate of its own
     signals: ProbeSignals
     boundary: bool = False  # a later stage's first evaluation at the donor output its first stage was skipped to
+    screened_on: str = ""  # a step-0 screen's: what it judged the donor on (`screen_basis`)
 
     def as_dict(self) -> dict[str, Any]:
         """The report's JSON form: the record's fields with the signals flattened in."""
-        data = {name: value for name, value in asdict(self).items() if name not in ("signals", "boundary")}
+        data = {name: value for name, value in asdict(self).items()
+                if name not in ("signals", "boundary", "screened_on")}
         data.update(self.signals.as_dict())
         if self.boundary:
             data["boundary"] = True
+        if self.screened_on:
+            data["screened_on"] = self.screened_on
         return data
 
     @classmethod
@@ -82,7 +93,7 @@ class ProbeRecord:
                    step=int(data.get("step", 0)), passed=bool(data.get("passed")),
                    donor_given_up=bool(data.get("donor_given_up")), batched_with=int(data.get("batched_with", 0)),
                    confirms_deeper=bool(data.get("confirms_deeper")), signals=signals,
-                   boundary=bool(data.get("boundary")))
+                   boundary=bool(data.get("boundary")), screened_on=str(data.get("screened_on", "")))
 
 
 @dataclass
@@ -129,7 +140,8 @@ class Decider:
     start_state: torch.Tensor | None = None
     start_fingerprint: str | None = None
     on_start: Callable[[float, torch.Tensor, torch.Tensor, torch.Tensor | None], None] | None = None
-    cfg: float = 1.0  # the sampler's guidance scale: with CFG the screen judges the conditional branches
+    cfg: float = 1.0  # the sampler's guidance scale: with CFG the screen may judge the conditional branches
+    guidance_form: str | None = None  # `ReuseRun.guidance_form`: where it matches a donor's, the screen does
     probes: list[ProbeRecord] = field(default_factory=list)
     model_calls: int = 0
     # The request's own step-0 evaluation (x0, guidance) when the screen made it: without a resume the sampler's
@@ -342,12 +354,15 @@ class Decider:
             # a donor from another input started elsewhere: its prediction is judged against its own first state
             state = start.x.to(start_state.device) if start.x is not None else start_state
             signals = self._signals(0.0, state, x0_new, start.x0, guidance_new, start.guidance)
-            if guidance_new is not None and self.cfg > 1.0 and self.facts.packed is None:
+            basis = screen_basis(self.cfg, guidance_new, self.facts.packed is not None, self.guidance_form,
+                                 start.meta.extra.get(GUIDANCE_FORM))
+            if basis == CONDITIONAL_BRANCHES:
                 # judged on the conditional branches: the output's agreement falls with the guidance scale alone
                 signals = replace(signals, conditional_agreement=conditional_agreement(
                     state, x0_new, start.x0, guidance_new, self.cfg))
             passed = self.settings.thresholds.passes(signals)
-            self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True)
+            self._record(start.meta, 0, signals, passed, not passed, batched_with=0, confirms=True,
+                         screened_on=basis)
             if not passed and not keep_failed:
                 ruled_out.add(entry_id)
             else:
@@ -448,10 +463,10 @@ class Decider:
                              corrected)
 
     def _record(self, donor: EntryMeta, step: int, signals: ProbeSignals, passed: bool, given_up: bool,
-                batched_with: int, confirms: bool = False, boundary: bool = False) -> None:
+                batched_with: int, confirms: bool = False, boundary: bool = False, screened_on: str = "") -> None:
         self.probes.append(ProbeRecord(donor_id=donor.entry_id, donor_prompt=donor.prompt, step=step, passed=passed,
                                        donor_given_up=given_up, batched_with=batched_with, confirms_deeper=confirms,
-                                       signals=signals, boundary=boundary))
+                                       signals=signals, boundary=boundary, screened_on=screened_on))
 
     @staticmethod
     def _by_text_similarity(targets: list[ProbeTarget]) -> Decision | None:

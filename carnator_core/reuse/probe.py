@@ -123,6 +123,28 @@ def conditional_agreement(state: torch.Tensor, x0_new: torch.Tensor, x0_donor: t
     return _structure_agreement(conditional_new, conditional_new - (x0_new - x0_donor) / cfg_scale, state)
 
 
+GUIDANCE_FORM = "guidance_form"  # the entry extra that holds the run's guidance form (`ReuseRun.guidance_form`)
+CONDITIONAL_BRANCHES = "conditional branches"
+
+
+def screen_basis(cfg_scale: float, guidance_new: torch.Tensor | None, packed: bool, live_form: str | None,
+                 donor_form: object) -> str:
+    """What the step-0 screen judges a donor on: its conditional branches (`conditional_agreement`), or the guided
+    output and why. The conditional branches hold only where the two outputs share their unconditional branch and
+    both are uncond + cfg x (cond - uncond): the same negative conditioning and CFG scale, no CFG function."""
+    if guidance_new is None or cfg_scale <= 1.0:
+        return "output (no CFG)"
+    if packed:
+        return "output (a packed latent's parts)"
+    if live_form is None:
+        return "output (a CFG function or the guider shapes the output)"
+    if donor_form != live_form:
+        unknown = not isinstance(donor_form, str)
+        return "output (the donor's unconditional branch is unknown)" if unknown else \
+            "output (the donor's negative prompt, CFG scale or CFG function differs)"
+    return CONDITIONAL_BRANCHES
+
+
 def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_donor: torch.Tensor,
                   guidance_new: torch.Tensor | None, guidance_donor: torch.Tensor | None,
                   packed: PackedShapes | None = None, corrected: bool = False) -> ProbeSignals:

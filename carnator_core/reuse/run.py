@@ -41,6 +41,7 @@ from carnator_core.reuse.plan import (
     lacking_states,
     plan_probes,
 )
+from carnator_core.reuse.probe import GUIDANCE_FORM
 from carnator_core.reuse.recording import PendingEntry, RunRecorder, writer
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
@@ -71,6 +72,9 @@ class ReuseRun:
     sigmas: list[float]
     cfg: float
     seed: int | None
+    # the guided output's form where it is uncond + cfg x (cond - uncond): the unconditional branch's identity (negative
+    # conditioning and CFG scale); None where a CFG function or a guider of its own shapes the output
+    guidance_form: str | None = None
     latent_reuse_refusal: str = ""  # why latent reuse does not apply to this request ("" when it does)
     packed: PackedShapes | None = None  # the latents packed into `latent_shape`'s one (LTX-2's video and audio)
     # the input of a run that starts from one (`carnator_core.reuse.input_start`); None for a run from pure noise
@@ -146,7 +150,7 @@ class ReuseRun:
         if self._decider is None:
             self._decider = Decider(settings=self.settings, facts=self.facts, sigmas=self.sigmas,
                                     start_state=self.start_state, start_fingerprint=self.start_fingerprint,
-                                    cfg=float(self.cfg),
+                                    cfg=float(self.cfg), guidance_form=self.guidance_form,
                                     on_start=lambda sigma, x, x0, guidance: self.observe_step(0, sigma, x, x0, guidance))
         return self._decider
 
@@ -365,6 +369,8 @@ class ReuseRun:
             extra[INPUT_START] = True
         if self.guide_image is not None:
             extra[GUIDE_IMAGE] = True
+        if self.guidance_form is not None:
+            extra[GUIDANCE_FORM] = self.guidance_form
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=self.hard_key, prompt=self.settings.prompt,
                          latent_shape=tuple(self.latent_shape), noise_fingerprint=self.noise_fingerprint,
                          cfg=float(self.cfg), seed=self.seed, total_steps=self.total_steps,

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from carnator_core.reuse.probe import (
+    CONDITIONAL_BRANCHES,
     ProbeSignals,
     ProbeThresholds,
     conditional_agreement,
     downsample_guidance,
     probe_signals,
+    screen_basis,
 )
 
 VIDEO = (1, 16, 3, 8, 8)  # (batch, channels, frames, height, width)
@@ -151,3 +153,15 @@ def test_the_conditional_branches_agree_alike_at_every_guidance_scale(cfg_scale)
                            conditional_agreement=conditional)
     assert signals.weakest_structure == conditional  # what the screen's bar is compared with
     assert conditional_agreement(state, cond_new, cond_donor, cond_new - uncond, 1.0) == pytest.approx(at_cfg_1)
+
+
+def test_the_screen_judges_the_conditional_branches_only_where_the_unconditional_branch_is_shared():
+    guidance = torch.ones(1, 2, 2, 4, 4)
+    form = "cfg=6.0;negative"
+    assert screen_basis(6.0, guidance, False, form, form) == CONDITIONAL_BRANCHES
+    assert screen_basis(1.0, guidance, False, form, form) == "output (no CFG)"
+    assert screen_basis(6.0, None, False, form, form) == "output (no CFG)"
+    assert screen_basis(6.0, guidance, True, form, form) == "output (a packed latent's parts)"
+    assert screen_basis(6.0, guidance, False, None, form).startswith("output (a CFG function")
+    assert screen_basis(6.0, guidance, False, form, "cfg=4.0;negative").startswith("output (the donor's negative")
+    assert screen_basis(6.0, guidance, False, form, None) == "output (the donor's unconditional branch is unknown)"
