@@ -164,8 +164,8 @@ class SparseAttentionRun:
     def attend_outside_graph(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int,
                              step: int, key_valid: torch.Tensor | None = None,
                              scale: float | None = None) -> torch.Tensor | None:
-        """`attend` for a call that may be sparse, already under `outside_graph` (the host makes tensors of its own
-        for the call there too)."""
+        """`attend` for a call that may be sparse, already under `outside_graph`: a caller that makes tensors of its
+        own for the call (layouts, masks, the output's) steps out once around them and this."""
         n = q.shape[2]
         if key_valid is not None and not bool(key_valid.all()):
             return self._attend_valid_keys(q, k, v, heads, layer, step, key_valid, scale)
