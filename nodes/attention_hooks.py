@@ -7,9 +7,13 @@
   host would, its own override (if any) on the hook and its layers' preferred attention kept.
 - `transformer_options["optimized_attention_override"]` routes every attention call of the
   diffusion model through `carnator_attention_override`; calls Carnator leaves dense go to
-  the override that was there before (SageAttention and similar patch nodes) or to ComfyUI's.
-  Where the host passes q, k and v in `AttentionTensorContainer`s, the override's
-  `container_function` takes them only for a sparse call and hands a dense one on in its containers.
+  the override that was there before (SageAttention and similar patch nodes) or to the function
+  the model called. Where the host passes q, k and v in `AttentionTensorContainer`s and the override
+  before Carnator's takes them (`container_function`), Carnator's takes them only for a sparse call
+  and hands a dense one on in its containers; otherwise `wrap_attn` hands Carnator tensors.
+- A sparse call makes every tensor of its own outside the host's malloc graph; a run inside a graph
+  with no way out, or one a Carnator error turned dense, gives its attention back to the host at
+  once (the override off the evaluation's and the run's options), layers' own attention included.
 - Wan, HunyuanVideo and LTX-Video do not tell attention which block it is in, so every block
   gets a `patches_replace["dit"]` entry that sets the index (chaining to an existing entry).
 - The engine takes joint text+video attention video first; for a model that puts the text
@@ -22,6 +26,7 @@ dense through the attention the host would have used; one while setting up leave
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -66,6 +71,7 @@ from .keys import (
     PREVIOUS_OVERRIDE_KEY,
     REUSE_KEY,
     TEXT_FIRST_KEY,
+    WITHDRAW_KEY,
 )
 from .reports import publish
 
@@ -107,13 +113,16 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
     return model
 
 
-def _hook_into_run(options: dict, diffusion_model) -> None:
+def _hook_into_run(options: dict, diffusion_model, guider) -> None:
     """Put Carnator's override and block indices into one run's cloned options, chaining to what is there."""
     note_bypassed_attention(diffusion_model)
     previous = options.get("optimized_attention_override")
-    if previous is not None and previous is not carnator_attention_override:
+    if previous is not None and previous not in CARNATOR_OVERRIDES:
         options[PREVIOUS_OVERRIDE_KEY] = previous
-    options["optimized_attention_override"] = carnator_attention_override
+    takes_containers = hasattr(options.get(PREVIOUS_OVERRIDE_KEY), "container_function")
+    options["optimized_attention_override"] = (carnator_container_override if takes_containers
+                                               else carnator_attention_override)
+    options[WITHDRAW_KEY] = functools.partial(_withdraw_from_guider, guider)
     dit = options.setdefault("patches_replace", {}).setdefault("dit", {})
     for index, key in enumerate(_block_lists(diffusion_model)):
         dit[key] = _index_patch(index, dit.get(key))
@@ -121,13 +130,19 @@ def _hook_into_run(options: dict, diffusion_model) -> None:
 
 def withdraw_sparse_attention(options: dict) -> None:
     """Give a run's attention back to the host: the override that was on the hook before Carnator's, or none."""
-    if options.get("optimized_attention_override") is not carnator_attention_override:
+    if options.get("optimized_attention_override") not in CARNATOR_OVERRIDES:
         return
     previous = options.pop(PREVIOUS_OVERRIDE_KEY, None)
     if previous is None:
         options.pop("optimized_attention_override")
     else:
         options["optimized_attention_override"] = previous
+
+
+def _withdraw_from_guider(guider) -> None:
+    """`withdraw_sparse_attention` on the options the guider samples with now: the innermost run's clone (the reuse
+    wrapper clones the attention wrapper's), which every later model evaluation of the run reads."""
+    withdraw_sparse_attention(guider.model_options["transformer_options"])
 
 
 def attention_outer_sample(executor, *args, **kwargs):
@@ -152,7 +167,7 @@ def attention_outer_sample(executor, *args, **kwargs):
             return executor(*args, **kwargs)
         options[ATTENTION_RUN_KEY] = run
         if not run.inactive:
-            _hook_into_run(options, patcher.get_model_object("diffusion_model"))
+            _hook_into_run(options, patcher.get_model_object("diffusion_model"), guider)
         started = time.perf_counter()
         output = executor(*args, **kwargs)
         try:
@@ -211,14 +226,17 @@ def attention_patcher(diffusion_model) -> str:
 
 def _step_index(options: dict, run: SparseAttentionRun) -> int:
     """The sampling step of this call, computed once per model evaluation: every attention call of one
-    evaluation sees the same `sigmas` tensor object, so it is memoised on the run (`sigma_step`) by identity."""
+    evaluation sees the same `sigmas` tensor object, so it is memoised on the run (`sigma_step`) by identity.
+    Read outside the host's malloc graph, into Python numbers."""
     sigma, schedule = options.get("sigmas"), options.get("sample_sigmas")
     if not isinstance(sigma, torch.Tensor) or not isinstance(schedule, torch.Tensor) or schedule.numel() == 0:
         return 0
     memo = run.sigma_step
     if memo is not None and memo[0] is sigma:
         return memo[1]
-    step = int((schedule.flatten().float() - float(sigma.flatten()[0])).abs().argmin())
+    with run.outside_graph():
+        sigmas, now = schedule.flatten().tolist(), float(sigma.flatten()[0])
+    step = min(range(len(sigmas)), key=lambda index: abs(sigmas[index] - now))
     run.sigma_step = (sigma, step)  # holding the tensor keeps its identity from being reused
     return step
 
@@ -240,101 +258,146 @@ def _block_index(options: dict) -> int | None:
     return options.get("block_index") if index is None else index
 
 
-def _attend_video_first(run: SparseAttentionRun, options: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        heads: int, step: int, key_valid: torch.Tensor | None, scale) -> torch.Tensor | None:
-    """`run.attend` on (B, H, N, D) tensors with the video tokens first, where the engine expects them.
+# ComfyUI's attention functions' leading parameters, in order: a caller may pass any of them by position (core
+# `CrossAttention` passes the mask so).
+_ATTENTION_PARAMETERS = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
 
-    The tokens are reordered only for a call that can go sparse: a dense one (early steps, edge blocks) runs on
-    the host's own tensors without a copy.
-    """
-    layer, tokens = _block_index(options), q.shape[2]
-    text = tokens - run.video_tokens if options.get(TEXT_FIRST_KEY) and run.may_be_sparse(tokens, layer, step) else 0
-    if text > 0:
-        q, k, v = (x.roll(-text, dims=2) for x in (q, k, v))
-        key_valid = None if key_valid is None else key_valid.roll(-text)
-    out = run.attend(q, k, v, heads, layer, step, key_valid, scale)
-    return out.roll(text, dims=2) if out is not None and text > 0 else out
+
+def _by_name(args: tuple, kwargs: dict) -> dict:
+    """An attention call's arguments by name."""
+    return {**kwargs, **dict(zip(_ATTENTION_PARAMETERS, args, strict=False))}
+
+
+def _is_video_self_attention(run: SparseAttentionRun, queries: int, keys: int, mask) -> bool:
+    """Whether a call attends the video's tokens among themselves: queries and keys alike, or a slice of the queries
+    against all keys under a mask over them (LTX's guide-mask attention splits the queries so)."""
+    if keys < run.video_tokens:
+        return False
+    if queries == keys:
+        return True
+    return queries < keys and isinstance(mask, torch.Tensor) and mask.shape[-1] == keys
+
+
+def _give_back_attention(options: dict) -> None:
+    """Once the run cannot act: Carnator's override off this evaluation's options (the calls still to come in it) and
+    off the run's (every later evaluation), so the layers' own attention is theirs again."""
+    withdraw_sparse_attention(options)
+    withdraw_run = options.get(WITHDRAW_KEY)
+    if withdraw_run is not None:
+        withdraw_run()
 
 
 def _sparse_or_none(run: SparseAttentionRun | None, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The call's sparse attention, or None where it runs dense; a Carnator error turns the rest of the run dense."""
-    if run is None or run.inactive or options.get(PLAIN_RETRY_KEY):
+    """The call's sparse attention, or None where it runs dense; a run that cannot act (a Carnator error, a malloc
+    graph with no way out) is dense from here, its attention given back to the host."""
+    if run is None or options.get(PLAIN_RETRY_KEY):
         return None
+    out = None
     try:
-        return _sparse_attention(run, options, args, kwargs)
+        if not run.inactive:
+            out = _sparse_attention(run, options, args, kwargs)
     except Exception as error:
         fault = fault_of("running sparse attention", error)
         if fault is None:
             raise
         fault.log_once("this call and the rest of the run use dense attention")
         run.inactive = f"dense attention: {fault.line}"
-        return None
+    if run.inactive:
+        _give_back_attention(options)
+    return out
 
 
 def carnator_attention_override(func, *args, **kwargs):
+    """The run's attention: a sparse call's block-sparse result; a dense one goes to the override before Carnator's,
+    else to `func`, the function the model called."""
     options = kwargs.get("transformer_options") or {}
+    previous = options.get(PREVIOUS_OVERRIDE_KEY)
     out = _sparse_or_none(options.get(ATTENTION_RUN_KEY), options, args, kwargs)
     if out is not None:
         return out
-    previous = options.get(PREVIOUS_OVERRIDE_KEY)
     return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
 
-def carnator_container_attention(*args, **kwargs):
-    """`carnator_attention_override` for q, k and v in the host's `AttentionTensorContainer`s (`wrap_attn` hands them
-    to an override's `container_function`): a sparse call takes them; a dense one is handed on in its containers as
-    `wrap_attn` would without Carnator's override, to the previous override's `container_function`, else to it after
-    taking them, else to ComfyUI's attention, whose own `container_function` may then consume them."""
+def carnator_container_override(func, *args, **kwargs):
+    """`carnator_attention_override` where the override before Carnator's takes q, k and v in the host's
+    `AttentionTensorContainer`s (its `container_function`): `wrap_attn` then hands containers to this override's
+    `container_function`, `_containers_to_previous`."""
+    return carnator_attention_override(func, *args, **kwargs)
+
+
+def _containers_to_previous(*args, **kwargs):
+    """A sparse call takes the containers; a dense one goes in them to the previous override's `container_function`,
+    as `wrap_attn` would hand it without Carnator's override."""
     options = kwargs.get("transformer_options") or {}
+    previous = options[PREVIOUS_OVERRIDE_KEY]
     tensors = tuple(container.peek() for container in args[:3])
     out = _sparse_or_none(options.get(ATTENTION_RUN_KEY), options, tensors + args[3:], kwargs)
-    if out is not None:
-        for container in args[:3]:
-            container.take()
-        return out
-    previous = options.get(PREVIOUS_OVERRIDE_KEY)
-    attention = comfy.ldm.modules.attention.optimized_attention
-    if previous is None:
-        return attention(*args, **kwargs)
-    if hasattr(previous, "container_function"):
+    if out is None:
         return previous.container_function(*args, **kwargs)
-    return previous(attention, *(container.take() for container in args[:3]), *args[3:], **kwargs)
+    for container in args[:3]:
+        container.take()
+    return out
 
 
-if hasattr(comfy.ldm.modules.attention, "AttentionTensorContainer"):  # the host's container protocol
-    carnator_attention_override.container_function = carnator_container_attention
+carnator_container_override.container_function = _containers_to_previous
+# Carnator's overrides. `carnator_attention_override` has no `container_function`, so `wrap_attn` hands it q, k and v
+# as tensors together with the function the model called, which a dense call keeps.
+CARNATOR_OVERRIDES = (carnator_attention_override, carnator_container_override)
 
 
 def _sparse_attention(run: SparseAttentionRun, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The call's block-sparse attention in the layout the caller asked for, or None where it runs dense."""
-    if len(args) < 3 or not all(isinstance(t, torch.Tensor) for t in args[:3]):
+    call = _by_name(args, kwargs)
+    q, k, v = call.get("q"), call.get("k"), call.get("v")
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return None
-    if kwargs.get("enable_gqa", False) or kwargs.get("low_precision_attention", True) is False:
+    token_axis = 2 if call.get("skip_reshape", False) else 1
+    queries, keys = q.shape[token_axis], k.shape[token_axis]
+    if _is_video_self_attention(run, queries, keys, call.get("mask")):
+        run.self_attention_calls += 1
+    if call.get("enable_gqa", False) or call.get("low_precision_attention", True) is False:
         # grouped key/value heads (the sparse path takes one per query head), or a caller that asks for attention
         # as exact as the host's own
         return None
-    q, k, v = args[:3]
-    token_axis = 2 if kwargs.get("skip_reshape", False) else 1
-    if q.shape[token_axis] == k.shape[token_axis] >= run.video_tokens:
-        run.self_attention_calls += 1
-    step = _step_index(options, run)
+    layer = _block_index(options)
     # Cheap exits first: every call of a sampling run passes here, most of them dense (cross-attention,
     # early steps, edge blocks), and a miss should cost as little as possible over plain sampling.
-    if (q.shape[token_axis] != k.shape[token_axis]
-            or not run.may_be_sparse(q.shape[token_axis], _block_index(options), step)):
+    if queries != keys or not run.may_be_sparse(queries, layer, _step_index(options, run)) or call.get("heads") is None:
         run.dense_calls += 1
         return None
-    heads = args[3] if len(args) > 3 else kwargs.get("heads")
-    if heads is None:
+    if not run.can_step_out():
+        run.dense_calls += 1
         return None
+    with run.outside_graph():
+        return _sparse_outside_graph(run, options, call, token_axis, layer)
+
+
+def _sparse_outside_graph(run: SparseAttentionRun, options: dict, call: dict, token_axis: int,
+                          layer: int) -> torch.Tensor | None:
+    """`_sparse_attention` for a call that may be sparse, under the run's step-out of the host's malloc graph: every
+    tensor made here (head views, key validity, the text rolled behind the video and back, the output layout) is
+    Carnator's, none the graph's.
+
+    The engine takes (B, H, N, D) tensors with the video tokens first; the text of a model that puts it first is
+    rolled behind the video for the call and the output rolled back."""
+    heads, step = call["heads"], _step_index(options, run)
     if token_axis == 2:
-        q4, k4, v4 = q, k, v
+        q, k, v = call["q"], call["k"], call["v"]
     else:
-        q4, k4, v4 = (x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2) for x in (q, k, v))
-    key_valid = _key_validity(kwargs.get("mask"), k4.shape[2])
+        q, k, v = (x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2) for x in (call["q"], call["k"], call["v"]))
+    key_valid = _key_validity(call.get("mask"), k.shape[2])
     if key_valid is False:
+        run.dense_calls += 1
         return None
-    out = _attend_video_first(run, options, q4, k4, v4, heads, step, key_valid, kwargs.get("scale"))
-    if out is None or kwargs.get("skip_output_reshape", False):
+    text = q.shape[2] - run.video_tokens if options.get(TEXT_FIRST_KEY) else 0
+    if text > 0:
+        q, k, v = (x.roll(-text, dims=2) for x in (q, k, v))
+        key_valid = None if key_valid is None else key_valid.roll(-text)
+    out = run.attend_outside_graph(q, k, v, heads, layer, step, key_valid, call.get("scale"))
+    if out is None:
+        return None
+    if text > 0:
+        out = out.roll(text, dims=2)
+    if call.get("skip_output_reshape", False):
         return out
     return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)

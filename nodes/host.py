@@ -353,20 +353,46 @@ def _outside_no_graph() -> bool:
     return False
 
 
+def _pausable(graph) -> bool:
+    return callable(getattr(graph, "pause", None)) and callable(getattr(graph, "resume", None))
+
+
+@contextmanager
+def _active_graph_paused(active_graphs: dict) -> Iterator[None]:
+    """This thread's active malloc graph paused meanwhile, through the graph's own `pause`/`resume` (as the host's
+    `prefetch_queue_pop` keeps its own buffers out of it); nothing where no graph is active."""
+    graph = active_graphs.get(threading.get_ident())
+    if not _pausable(graph):
+        yield
+        return
+    graph.pause()
+    try:
+        yield
+    finally:
+        graph.resume()
+
+
+def _in_graph_without_pause(active_graphs: dict) -> bool:
+    graph = active_graphs.get(threading.get_ident())
+    return graph is not None and not _pausable(graph)
+
+
 def malloc_graph_exit() -> tuple[Callable[[], AbstractContextManager], Callable[[], bool]]:
     """How Carnator's tensors inside a model block stay out of the model compiler's malloc graph, as
     (context that steps out, whether this call is inside a graph it cannot step out of).
 
     `comfy.model_prefetch` (loaded by hosts that have the compiler) offers `pause_malloc_graph` in some versions; in
-    others a block's graph is only registered in `ACTIVE_MALLOC_GRAPHS` by thread, with no way out, so Carnator's
-    sparse attention stays dense inside it. A host without either has no graph.
+    others a block's graph is registered in `ACTIVE_MALLOC_GRAPHS` by thread, and Carnator pauses that graph itself.
+    A graph there without `pause`/`resume` has no way out. A host without either has no graph.
     """
     prefetch = sys.modules.get("comfy.model_prefetch")
     pause = getattr(prefetch, "pause_malloc_graph", None)
     if callable(pause):
         return pause, _outside_no_graph
-    if isinstance(getattr(prefetch, "ACTIVE_MALLOC_GRAPHS", None), dict):
-        return nullcontext, lambda: threading.get_ident() in prefetch.ACTIVE_MALLOC_GRAPHS
+    active_graphs = getattr(prefetch, "ACTIVE_MALLOC_GRAPHS", None)
+    if isinstance(active_graphs, dict):
+        return (functools.partial(_active_graph_paused, active_graphs),
+                functools.partial(_in_graph_without_pause, active_graphs))
     return nullcontext, _outside_no_graph
 
 

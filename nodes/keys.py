@@ -15,6 +15,8 @@ TEXT_FIRST_KEY = "carnator_text_first"  # the model's joint attention puts text 
 # Set for one sampling run and dropped in `finally`.
 ATTENTION_RUN_KEY = "carnator_attention_run"  # the run's SparseAttentionRun
 BLOCK_KEY = "carnator_block"  # the index of the transformer block being evaluated
+# Takes Carnator's override off the run's options (where the next model evaluation reads it) once the run cannot act.
+WITHDRAW_KEY = "carnator_withdraw_attention"
 # Set when a Carnator error made the run sample again plain (`nodes.fault_boundary`): every Carnator hook passes through.
 PLAIN_RETRY_KEY = "carnator_plain_retry"
 

@@ -35,9 +35,10 @@ TOO_FEW_TOKENS = "dense attention: {} video tokens, fewer than min_tokens ({})"
 # A model that carries ComfyUI's own block-sparse attention (its "Model Sparse Attention" node) keeps it: Carnator
 # puts no attention of its own into that run.
 COMFYUI_SPARSE_ATTENTION = "sparse attention is ComfyUI's (Model Sparse Attention): Carnator's attention stays off"
-# A host whose model compiler records a block's allocations into a graph without a way to step out of it.
-GRAPHED_DENSE = ("dense attention inside the model compiler's graphed blocks: this ComfyUI offers no way to step out "
-                 "of its malloc graph")
+# A host whose model compiler records a block's allocations into a graph that Carnator cannot step out of: the run's
+# attention is the host's from that call on.
+GRAPHED_DENSE = ("dense attention: the model's blocks run inside the model compiler's malloc graph, which offers no "
+                 "way to step out of it")
 # The attention a run's masks belong to, as its recorded masks name it: the video's self-attention (with text in a
 # joint block), never audio, text or cross-attention.
 MASKED_ATTENTION = "video self-attention"
@@ -116,9 +117,8 @@ class SparseAttentionRun:
     # Context under which every tensor of a sparse call is made (estimates, masks, kernel layouts and buffers): a host
     # that records a block's allocations into a replayed graph (ComfyUI's model compiler) must not own them.
     outside_graph: Callable[[], AbstractContextManager] = nullcontext
-    # Whether this call runs inside such a graph that offers no way to step out: it then runs dense.
+    # Whether this call runs inside such a graph that offers no way to step out: the run then goes inactive.
     in_unpausable_graph: Callable[[], bool] = field(default=lambda: False)
-    graphed_dense_calls: int = 0
 
     def __post_init__(self) -> None:
         self.hysteresis = HeadHysteresis(self.settings.enter_recall, self.settings.exit_recall)
@@ -146,21 +146,26 @@ class SparseAttentionRun:
         softmax scale the model asked for (None: 1/sqrt(D)); masks are estimated under it too.
         """
         n = q.shape[2]
-        if k.shape[2] != n or not self.may_be_sparse(n, layer, step):
-            self.dense_calls += 1
-            return None
-        if self.in_unpausable_graph():
-            if not self.graphed_dense_calls:
-                log.warning("Carnator: %s", GRAPHED_DENSE)
-            self.graphed_dense_calls += 1
+        if k.shape[2] != n or not self.may_be_sparse(n, layer, step) or not self.can_step_out():
             self.dense_calls += 1
             return None
         with self.outside_graph():
-            return self._attend(q, k, v, heads, layer, step, key_valid, scale)
+            return self.attend_outside_graph(q, k, v, heads, layer, step, key_valid, scale)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int, step: int,
-                key_valid: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
-        """`attend` for a call that may be sparse, outside the host's malloc graph."""
+    def can_step_out(self) -> bool:
+        """Whether a call that may be sparse can make its tensors outside the host's malloc graph. Where it runs inside
+        a graph with no way out, every later call would too: the run goes inactive (said once) and is dense from here."""
+        if not self.in_unpausable_graph():
+            return True
+        self.inactive = GRAPHED_DENSE
+        log.warning("Carnator: %s", GRAPHED_DENSE)
+        return False
+
+    def attend_outside_graph(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, layer: int,
+                             step: int, key_valid: torch.Tensor | None = None,
+                             scale: float | None = None) -> torch.Tensor | None:
+        """`attend` for a call that may be sparse, already under `outside_graph`: a caller that makes tensors of its
+        own for the call (layouts, masks, the output's) steps out once around them and this."""
         n = q.shape[2]
         if key_valid is not None and not bool(key_valid.all()):
             return self._attend_valid_keys(q, k, v, heads, layer, step, key_valid, scale)
@@ -188,7 +193,7 @@ class SparseAttentionRun:
         """Padded text keys never receive attention: drop them, attend, and let padded queries read
         the valid keys densely (their outputs never reach the video tokens)."""
         valid = key_valid.nonzero().flatten()
-        kept = self._attend(q[:, :, valid], k[:, :, valid], v[:, :, valid], heads, layer, step, None, scale)
+        kept = self.attend_outside_graph(q[:, :, valid], k[:, :, valid], v[:, :, valid], heads, layer, step, None, scale)
         if kept is None:
             return None
         out = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, valid], v[:, :, valid], scale=scale)

@@ -4,14 +4,17 @@
   none), never Carnator's, and bit for bit as without Carnator;
 - next to ComfyUI's own block-sparse attention (its "Model Sparse Attention" node's callback under that node's key):
   no attention of Carnator's in the run, latent reuse still hits, the report says in one line whose attention it is;
-- where the host passes q, k and v in containers, the override takes them for a sparse call only and hands a dense
-  one on in its containers.
+- where the host passes q, k and v in containers and the override before Carnator's takes them, Carnator's takes them
+  for a sparse call only and hands a dense one on in its containers;
+- a dense call runs the function the model called; a mask passed by position is honoured on a sparse call; LTX's
+  guide-mask slices count as video self-attention.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -131,30 +134,45 @@ def _acting_run(**overrides) -> SparseAttentionRun:
     return SparseAttentionRun(settings=settings, video_tokens=256, first_frame_tokens=64, num_layers=4, total_steps=4)
 
 
+def _run_options(run: SparseAttentionRun, previous=None) -> dict:
+    """A run's transformer_options with Carnator's hooks installed as a sampling run installs them."""
+    hooks, keys = pack_module("attention_hooks"), pack_module("keys")
+    options = {keys.ATTENTION_RUN_KEY: run}
+    if previous is not None:
+        options["optimized_attention_override"] = previous
+    hooks._hook_into_run(options, torch.nn.Module(), SimpleNamespace(model_options={"transformer_options": options}))
+    return options
+
+
+def _qkv(tokens: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, 2, tokens, 64, generator=generator) for _ in range(3))
+
+
+@pytest.mark.usefixtures("comfy")  # the pack loaded
 def test_containers_are_taken_for_sparse_calls_and_handed_on_for_dense_ones():
     attention = pytest.importorskip("comfy.ldm.modules.attention")
     if not hasattr(attention, "AttentionTensorContainer"):
         pytest.skip("this host passes no attention tensor containers")
-    hooks, keys = pack_module("attention_hooks"), pack_module("keys")
+    keys = pack_module("keys")
     container = attention.AttentionTensorContainer
-    generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 256, 64, generator=generator) for _ in range(3))
-    run = _acting_run()
-    options = {"optimized_attention_override": hooks.carnator_attention_override, keys.ATTENTION_RUN_KEY: run}
+    q, k, v = _qkv()
 
-    def call(layer: int, **extra_options):
+    def call(options: dict, layer: int):
         tensors = tuple(container(t) for t in (q, k, v))
         out = attention.optimized_attention(*tensors, 2, skip_reshape=True, skip_output_reshape=True,
-                                            transformer_options={**options, keys.BLOCK_KEY: layer, **extra_options})
+                                            transformer_options={**options, keys.BLOCK_KEY: layer})
         return out, tensors
 
-    sparse, taken = call(layer=2)
+    run = _acting_run()
+    options = _run_options(run)
+    sparse, taken = call(options, layer=2)
     assert run.sparse_calls == 1 and torch.equal(sparse, _acting_run().attend(q, k, v, 2, layer=2, step=0))
     for spent in taken:
         with pytest.raises(RuntimeError):
             spent.peek()
 
-    dense, handed_on = call(layer=0)  # a dense-first block: ComfyUI's attention gets the containers
+    dense, handed_on = call(options, layer=0)  # a dense-first block: the function the model called gets them
     assert run.sparse_calls == 1
     assert torch.equal(dense, attention.optimized_attention(q, k, v, 2, skip_reshape=True, skip_output_reshape=True))
     for spent in handed_on:
@@ -171,5 +189,68 @@ def test_containers_are_taken_for_sparse_calls_and_handed_on_for_dense_ones():
         return attention.optimized_attention(*args, **kwargs)
 
     previous.container_function = previous_containers
-    call(layer=0, **{keys.PREVIOUS_OVERRIDE_KEY: previous})
+    chained = _acting_run()
+    call(_run_options(chained, previous), layer=0)
     assert received == [True]  # the override before Carnator's got the dense call in its containers
+    sparse, _ = call(_run_options(chained, previous), layer=2)
+    assert chained.sparse_calls == 1 and received == [True]
+
+
+@pytest.mark.usefixtures("comfy")  # the pack loaded
+def test_a_dense_call_runs_the_attention_function_the_model_called():
+    """A model that calls an attention function of its own (an int8 or device-specific one) directly keeps it for
+    every call Carnator leaves dense, in containers or not."""
+    attention = pytest.importorskip("comfy.ldm.modules.attention")
+    keys = pack_module("keys")
+    called = []
+
+    @attention.wrap_attn
+    def device_attention(q, k, v, heads, **kwargs):
+        called.append(type(q))
+        return "device attention"
+
+    q, k, v = _qkv()
+    options = {**_run_options(_acting_run()), keys.BLOCK_KEY: 0}  # a dense-first block
+    inputs = [(q, k, v)]
+    if hasattr(attention, "AttentionTensorContainer"):
+        inputs.append(tuple(attention.AttentionTensorContainer(t) for t in (q, k, v)))
+    for tensors in inputs:
+        assert device_attention(*tensors, 2, skip_reshape=True, transformer_options=options) == "device attention"
+    assert called == [torch.Tensor] * len(inputs)
+
+
+@pytest.mark.usefixtures("comfy")  # the pack loaded
+def test_a_mask_passed_by_position_is_honoured_on_a_sparse_call():
+    """Core `CrossAttention` passes its mask by position (`optimized_attention_masked(q, k, v, heads, mask, ...)`)."""
+    attention = pytest.importorskip("comfy.ldm.modules.attention")
+    keys = pack_module("keys")
+    q, k, v = _qkv()
+    valid = torch.ones(1, 256, dtype=torch.bool)
+    valid[:, -32:] = False
+    run = _acting_run()
+    options = {**_run_options(run), keys.BLOCK_KEY: 2}
+    out = attention.optimized_attention(q, k, v, 2, valid, None, True, True, transformer_options=options)
+    assert run.sparse_calls == 1
+    assert torch.equal(out, _acting_run().attend(q, k, v, 2, layer=2, step=0, key_valid=valid[0]))
+    assert not torch.allclose(out, _acting_run().attend(q, k, v, 2, layer=2, step=0))
+
+
+@pytest.mark.usefixtures("comfy")  # the pack loaded
+def test_guide_mask_slices_count_as_video_self_attention_and_video_to_audio_does_not():
+    """LTX's guide-mask attention splits the queries of video self-attention in slices under a mask over every key;
+    a run whose self-attention all went so is not said to be patched by someone else."""
+    attention = pytest.importorskip("comfy.ldm.modules.attention")
+    hooks, keys = pack_module("attention_hooks"), pack_module("keys")
+    q, k, v = _qkv()
+    run = _acting_run()
+    options = {**_run_options(run), keys.BLOCK_KEY: 2}
+    audio = torch.randn(1, 2, 40, 64)
+    attention.optimized_attention(audio, k, v, 2, skip_reshape=True, transformer_options=options)  # video to audio
+    assert run.self_attention_calls == 0
+    for rows in (slice(0, 200), slice(200, 256)):
+        mask = torch.zeros(1, 1, rows.stop - rows.start, 256)
+        attention.optimized_attention(q[:, :, rows], k, v, 2, mask=mask, skip_reshape=True, low_precision_attention=False,
+                                      transformer_options=options)
+    assert run.self_attention_calls == 2 and run.sparse_calls == 0
+    hooks.settle(run, SimpleNamespace(get_model_object=lambda name: torch.nn.Module()))
+    assert run.inactive == ""

@@ -1,5 +1,6 @@
 """Sparse attention under a host's model compiler: every tensor of a sparse call is made under the host's context
-that steps out of its malloc graph; where the host has no way out, a call inside its graph runs dense, said once.
+that steps out of its malloc graph; where the host has no way out, the run goes dense from the first call inside its
+graph, said once in the log and in the report.
 
 Each tensor operation is seen by a TorchDispatchMode, which tells whether it ran inside the step-out context."""
 
@@ -12,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from carnator_core.attention.sparse_attention import GRAPHED_DENSE, SparseAttentionRun, SparseAttentionSettings
+from carnator_core.reuse.report import RunReport
 
 
 class _Operations(TorchDispatchMode):
@@ -62,13 +64,15 @@ def test_every_tensor_of_a_sparse_call_is_made_outside_the_graph():
         name for name, outside in operations.seen if not outside]
 
 
-def test_inside_a_graph_without_a_way_out_attention_stays_dense_and_says_so_once(caplog):
+def test_inside_a_graph_without_a_way_out_the_run_goes_dense_says_so_once_and_reports_it(caplog):
     q, k, v = _qkv()
     operations = _Operations()
     run = _run(in_unpausable_graph=lambda: True)
     with caplog.at_level(logging.WARNING, logger="carnator.attention"), operations:
         assert run.attend(q, k, v, 2, layer=2, step=0) is None
         assert run.attend(q, k, v, 2, layer=3, step=1) is None
-    assert operations.seen == [] and run.sparse_calls == 0 and run.graphed_dense_calls == 2
+    assert operations.seen == [] and run.sparse_calls == 0 and run.dense_calls == 2
     assert [record.getMessage() for record in caplog.records] == [f"Carnator: {GRAPHED_DENSE}"]
+    assert run.inactive == GRAPHED_DENSE and run.summary()["inactive"] == GRAPHED_DENSE
+    assert RunReport.of_sparse_attention(run, 0.0).reason == GRAPHED_DENSE
     assert _run(in_unpausable_graph=lambda: False).attend(q, k, v, 2, layer=2, step=0) is not None
