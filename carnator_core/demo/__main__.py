@@ -1,4 +1,4 @@
-"""`python -m carnator_core.demo run`: the main job end to end on a CPU, in minutes.
+"""`python -m carnator_core.demo run`: the main job end to end, under a minute on a 2-core CPU.
 
 Starts ComfyUI headless with this pack ($COMFYUI_PATH), queues a short prompt stream through the HTTP API (a
 scene, two one-word edits of it, a paraphrase, an unrelated scene) with CarnatorReuse in front of the stock
