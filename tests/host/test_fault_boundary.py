@@ -179,6 +179,29 @@ def test_a_failure_in_a_reuse_samplers_resumed_run_samples_it_again_plain(comfy,
     _one_line_error(reports[0], "answering the sampler from the donor")
 
 
+def test_a_host_error_in_a_run_carnator_altered_samples_it_again_plain(comfy, tiny_models, store_path):
+    """A step of the host's CFG path fails at the first call Carnator served on a resume (the same request again:
+    its screen and probe pass): what Carnator handed the host may be the cause, so the run is sampled again plain
+    from the start, the prompt succeeds with the plain graph's output bit for bit, and the report names the error."""
+    def graph(label: str, fail_at: int, reusing: bool = True) -> dict:
+        graph = _wan(tiny_models, seed=9)
+        graph["post_cfg"] = {"class_type": "HarnessFailingPostCfg",
+                             "inputs": {"model": graph[SAMPLER]["inputs"]["model"], "label": label, "fail_at": fail_at}}
+        graph[SAMPLER]["inputs"]["model"] = ["post_cfg", 0]
+        return with_reuse(graph, store_path, prompt="a red ball") if reusing else with_report(graph)
+
+    plain, _ = _sample(comfy, graph("plain", 0, reusing=False))
+    _, first = _sample(comfy, graph("donor", 0))
+    assert not first[0]["hit"]
+    # its calls: the step-0 screen, the probe, then the sampler's first call, served from the probe
+    guarded, reports = _sample(comfy, graph("glitch", 3))
+    assert torch.equal(plain, guarded)
+    assert reports[0]["reason"] == ("the sampler failed in a run Carnator altered: RuntimeError: host glitch "
+                                    "(sampled again plain from the start)"), json.dumps(reports[0])
+    _, unguarded = _sample(comfy, graph("steady", 0))  # without the glitch the same request resumes
+    assert unguarded[0]["skipped_steps"] > 0, json.dumps(unguarded[0])
+
+
 class UserModelError(RuntimeError):
     """A model that fails by itself, without Carnator."""
 

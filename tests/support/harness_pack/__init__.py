@@ -15,6 +15,8 @@ forwards (`model_calls`, by label), so a test sees which model ran how often wit
 `HarnessAttentionHooks` records the attention override a run samples with, puts another pack's override on the
 hook, or installs what ComfyUI's "Model Sparse Attention" node installs (its override, and its ON_PREPARE_STATE
 callback under that node's key that puts it back on top every step), declining every call as that node does off CUDA.
+`HarnessFailingPostCfg` stands in for a host step that fails once: a post-CFG function that raises at its n-th call
+(counted by label) and passes the output through otherwise.
 Both are ordinary V3 nodes loaded by ComfyUI's own custom-node loader, next to the Carnator pack.
 `CARNATOR_HARNESS_FAULT` ("module:Attribute.path" of a carnator_core function) makes that function raise
 `RuntimeError("injected fault")` in a server process, as monkeypatch does in-process (tests/server/test_fault_boundary_server.py).
@@ -271,6 +273,39 @@ class HarnessAttentionHooks(io.ComfyNode):
         return io.NodeOutput(model)
 
 
+post_cfg_calls: dict[str, int] = {}  # `HarnessFailingPostCfg`'s calls, by label
+HOST_GLITCH = "host glitch"
+
+
+def _failing_post_cfg(label: str, fail_at: int):
+    def post_cfg(args: dict):
+        post_cfg_calls[label] = post_cfg_calls.get(label, 0) + 1
+        if post_cfg_calls[label] == fail_at:
+            raise RuntimeError(HOST_GLITCH)
+        return args["denoised"]
+
+    return post_cfg
+
+
+class HarnessFailingPostCfg(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="HarnessFailingPostCfg",
+            category="testing/harness",
+            inputs=[io.Model.Input("model", tooltip="Model whose CFG path gains the post-CFG function."),
+                    io.String.Input("label", tooltip="Name its calls are counted under (`post_cfg_calls`)."),
+                    io.Int.Input("fail_at", default=0, min=0, tooltip="The call that raises (0: none).")],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model, label: str, fail_at: int) -> io.NodeOutput:
+        model = model.clone()
+        model.set_model_sampler_post_cfg_function(_failing_post_cfg(label, fail_at))
+        return io.NodeOutput(model)
+
+
 INJECTED_FAULT = "injected fault"
 
 
@@ -293,7 +328,7 @@ if os.environ.get("CARNATOR_HARNESS_FAULT"):
 class HarnessExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [HarnessTextConditioning, HarnessLatentStats, HarnessNewerHostArgument, HarnessBypassAttentionOverride,
-                HarnessCountCalls, HarnessAttentionHooks]
+                HarnessCountCalls, HarnessAttentionHooks, HarnessFailingPostCfg]
 
 
 async def comfy_entrypoint() -> HarnessExtension:
