@@ -133,7 +133,7 @@ function title(node) {
   return node.title || node.type;
 }
 
-function noticeElement(sources) {
+function noticeElement(node, sources) {
   const element = document.createElement("div");
   element.className = "carnator-seed-notice";
   const heading = document.createElement("div");
@@ -145,7 +145,7 @@ function noticeElement(sources) {
   const button = document.createElement("button");
   button.className = "carnator-seed-fix";
   button.textContent = keepLastSeedsLabel(sources);
-  button.addEventListener("click", () => keepLastSeeds(sources));
+  button.addEventListener("click", () => keepLastSeeds(randomizedSeeds(node)));
   element.append(heading, why, button);
   return element;
 }
@@ -166,11 +166,10 @@ function removeNotice(node) {
 }
 
 function showNotice(node, sources) {
-  const element = noticeElement(sources);
+  const element = noticeElement(node, sources);
   const widget = node.widgets?.find((w) => w.name === NOTICE);
   if (widget) {
     if (widget.element.textContent !== element.textContent) widget.element.replaceChildren(...element.childNodes);
-    widget.element.querySelector("button").onclick = () => keepLastSeeds(sources);
     return;
   }
   const added = node.addDOMWidget(NOTICE, "carnator-notice", element, {

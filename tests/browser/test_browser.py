@@ -488,7 +488,7 @@ def _frame(page, node_types: tuple[str, ...]) -> None:
       const nodes = app.graph.nodes.filter((n) => types.includes(n.type));
       const title = window.LiteGraph.NODE_TITLE_HEIGHT;
       const left = Math.min(...nodes.map((n) => n.pos[0])) - 20;
-      const top = Math.min(...nodes.map((n) => n.pos[1])) - title - 90;  // the badge row, below the tab bar
+      const top = Math.min(...nodes.map((n) => n.pos[1])) - title - 150;  // the badge row, below the toolbars
       const right = Math.max(...nodes.map((n) => n.pos[0] + n.size[0])) + 20;
       const bottom = Math.max(...nodes.map((n) => n.pos[1] + n.size[1])) + 20;
       const { width, height } = app.canvas.canvas.getBoundingClientRect();
@@ -514,6 +514,8 @@ def _wait_for_badge_text(page, node_type: str, part: str) -> str:
 
 def test_the_official_wan_template_with_a_randomized_seed_gets_a_notice_a_seed_miss_and_a_one_click_fix(
         page, server, tiny_models):
+    if page.locator(".carnator-panel").is_visible():  # the store panel would cover the canvas's right side
+        page.locator(".carnator-sidebar-icon").click()
     template = _template(WAN21_TEMPLATE)
     assert next(node for node in template["nodes"] if node["type"] == "KSampler")["widgets_values"][1] == "randomize"
     _open_template(page, _on_tiny_loaders(template, tiny_models["wan"].name), WAN21_TEMPLATE)
