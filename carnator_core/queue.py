@@ -9,6 +9,11 @@ text (or named with --text-node); Carnator nodes with a literal `prompt` input g
 lists the text. Each run is followed on the websocket to its end, its `carnator.status` events are
 collected, and a table (prompt, hit/miss, skipped steps, time) with totals is printed.
 
+Seeds: every prompt queued over the API carries its own seeds. `--seed fixed` (the default) keeps the workflow's,
+which is what reuse under the reuse nodes' default seed policy `same-noise` needs: an edited prompt reuses only a run
+made with the same seed. `--seed random` gives every prompt new seeds, so only seed policy `serving` reuses across
+them (a variation of an earlier clip); with a `same-noise` reuse node in the workflow a line says so first.
+
 Exit status: 0 when every prompt ran; 1 when some failed (validation error, node error, interrupted,
 timeout, server lost) — the rest of the batch still runs and is reported; 2 when nothing could run
 (server unreachable, malformed workflow or prompts file).
@@ -33,9 +38,12 @@ from carnator_core.lookup.prompt_text import find_text_inputs, text_node_inputs
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict
+from carnator_core.reuse.settings import SEED_POLICIES
 
-CARNATOR_PROMPT_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler", "CarnatorCompatibilityLookup")
+REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
+CARNATOR_PROMPT_NODES = (*REUSE_NODES, "CarnatorCompatibilityLookup")
 SEED_INPUTS = ("seed", "noise_seed")
+SAME_NOISE, _ = SEED_POLICIES  # the reuse nodes' default seed policy, and `serving`
 MAX_SEED = 2**50
 
 
@@ -131,6 +139,12 @@ class Workflow:
         reason = (f"the positive prompt is read from several text inputs: {_places(targets)}" if targets else
                   "no sampler's positive conditioning leads to a text input")
         raise WorkflowError(f"cannot tell which node holds the prompt text ({reason}); name it with --text-node ID")
+
+    def same_noise_nodes(self) -> list[str]:
+        """The Carnator reuse nodes that reuse only runs with the same initial noise (seed policy `same-noise`, their
+        default)."""
+        return [node_id for node_id, node in self.graph.items() if node["class_type"] in REUSE_NODES
+                and node["inputs"].get("seed_policy", SAME_NOISE) == SAME_NOISE]
 
     def for_prompt(self, text: str, seed: str, rng: random.Random) -> dict[str, dict]:
         """A copy of the graph with `text` in place (and fresh seeds with seed='random')."""
@@ -255,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflow", type=Path, required=True, help="API-format workflow JSON (workflows/api/)")
     parser.add_argument("--prompts", type=Path, required=True, help=f"UTF-8 text file, {PROMPT_FILE_RULE}")
     parser.add_argument("--seed", choices=("fixed", "random"), default="fixed",
-                        help="fixed: keep the workflow's seeds (the prompt-editing loop); random: new seeds per prompt")
+                        help="fixed: keep the workflow's seeds, as reuse under seed policy same-noise needs (the "
+                             "prompt-editing loop); random: new seeds per prompt, reused only under seed policy serving")
     parser.add_argument("--json", type=Path, help="also write the results and totals to this JSON file")
     parser.add_argument("--text-node", help="id of the node that holds the prompt text (default: found by tracing "
                                             "the sampler's positive conditioning)")
@@ -270,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     node_id, name = workflow.text_target
     print(f"{len(prompts)} prompts -> node {node_id} ({workflow.graph[node_id]['class_type']}.{name}), "
           f"seed {args.seed}, server {args.server}")
+    if args.seed == "random" and (same_noise := workflow.same_noise_nodes()):
+        print(f"note: --seed random gives every prompt new seeds, and node {', '.join(same_noise)} (seed policy "
+              f"{SAME_NOISE}) reuses only runs with the same seed: keep --seed fixed to reuse, or set seed_policy "
+              f"serving")
     try:
         results = run_batch(args.server, workflow, prompts, args.seed, args.timeout)
     except ComfyError as error:

@@ -51,9 +51,11 @@ export function verdictOf(report) {
   return report.hit ? "masks borrowed" : "miss";
 }
 
-/** One line for the node badge: HIT and what it reused (steps skipped, donor, density, time saved) or MISS (why). */
-export function badgeText(report) {
+/** One line for the node badge: HIT and what it reused (steps skipped, donor, density, time saved) or MISS (why);
+ * a miss only for the seed says so, and that a click keeps the seed where `seedFix` offers it. */
+export function badgeText(report, seedFix = false) {
   const verdict = verdictOf(report);
+  if (report.seed_miss) return `MISS · other seed than the donor${seedFix ? " · click to keep the last seed" : ""}`;
   if (verdict === "miss") return `MISS · ${shorten(report.reason || "no reuse", 40)}`;
   const parts = [];
   if (verdict === "masks borrowed") {
@@ -73,6 +75,10 @@ export function badgeText(report) {
 export function tooltipLines(report) {
   const verdict = verdictOf(report);
   const lines = [verdict === "miss" ? `Carnator MISS: ${report.reason || "no reuse"}` : `Carnator HIT: ${verdict}`];
+  if (report.seed_miss) {
+    lines.push("only the seed kept this run from reusing: with seed policy same-noise an edited prompt reuses " +
+               "only a run made with the same seed");
+  }
   lines.push(`mode ${report.mode}, ${report.total_steps} steps, ${report.model_calls ?? "–"} model calls`);
   if (report.prompt) lines.push(`prompt: “${shorten(report.prompt, 120)}”`);
   if (report.skipped_steps) lines.push(`resumed at step ${report.skipped_steps} of ${report.total_steps}`);

@@ -25,6 +25,8 @@ from carnator_core.store.stages import checkpoint_blob, stage_entry, stage_index
 
 log = logging.getLogger("carnator.planner")
 
+OTHER_SEED = "other initial noise (seed)"  # why a donor is left out under seed policy same-noise
+
 
 @dataclass
 class RequestFacts:
@@ -272,7 +274,7 @@ def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool
     if tuple(meta.latent_shape) != tuple(facts.latent_shape):
         return "other latent shape (batch or size)"
     if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
-        return "other initial noise (seed)"
+        return OTHER_SEED
     if bool(meta.extra.get(INPUT_START)) != facts.from_input:
         return "started from an input latent" if facts.input_latent is None else "started from pure noise"
     if bool(meta.extra.get(GUIDE_IMAGE)) != (facts.guide_image is not None):

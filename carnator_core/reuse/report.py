@@ -16,8 +16,11 @@ from typing import Any
 
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun
 from carnator_core.reuse.decision import ProbeRecord
+from carnator_core.reuse.plan import OTHER_SEED
 
 SPARSE_ATTENTION_MODE = "attention/"  # the mode prefix of a sparse-attention-only run
+SEED_ACTION = ("with seed policy 'same-noise' an edited prompt reuses only a run made with the same seed: keep the "
+               "last run's seed (seed control 'fixed'), or use seed policy 'serving'")
 
 # The JSON fields of a sparse-attention-only run, in their order.
 _SPARSE_ATTENTION_FIELDS = ("hit", "verdict", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement",
@@ -131,6 +134,12 @@ class RunReport:
             return Verdict.RESUMED
         return Verdict.MASKS_BORROWED if self.hit else Verdict.MISS
 
+    @property
+    def seed_miss(self) -> bool:
+        """Whether only the seed kept this run from reusing: a donor was left out for its other initial noise and
+        no donor reached the model."""
+        return self.verdict is Verdict.MISS and OTHER_SEED in self.skipped_donors and not self.probes
+
     def headline(self) -> str:
         """The first line of `text`: the verdict and what decides it (the log line)."""
         verdict = self.verdict
@@ -151,6 +160,8 @@ class RunReport:
         """One readable paragraph: the verdict, the run's cost, the prompt matched and notes, its attention and any
         kernel fallbacks."""
         lines = [self.headline(), f"  mode {self.mode}, {self.time_s:.1f} s, probes {len(self.probes)}"]
+        if self.seed_miss:
+            lines.append(f"  seed: {SEED_ACTION}")
         if self.prompt:
             lines.append(f"  prompt {self.prompt[:80]!r}")
         if self.judged_by:
@@ -187,6 +198,7 @@ class RunReport:
             "time_s": self.time_s,
             "time_saved_s": self.time_saved_s,
             "reason": self.reason,
+            "seed_miss": self.seed_miss,
             "probes": [probe.as_dict() for probe in self.probes],
             "candidates": self.candidates,
             "filtered": self.filtered,

@@ -7,11 +7,17 @@ with a tooltip; the store panel (sidebar tab) lists both entries live, searches,
 all after a confirmation; with the store unreachable it shows an empty state and does not retry by itself;
 a workflow naming a node this Carnator lacks gets ComfyUI's missing-node report and no JavaScript error; the
 calibration workflow, queued, shows its progress on its Calibrate node and in the store panel, whose Stop button
-stops it.
+stops it; ComfyUI's official Wan 2.1 text-to-video template, opened as the template browser opens it, with a Carnator
+Reuse node inserted, walks the editor flow: its KSampler randomizes the seed, so the node shows a notice, and an edited
+prompt misses for its seed alone (its badge says so); the notice's one click keeps the last run's seed, and the next
+edit is a hit.
 
 The demo workflow is queued on the tiny Wan model, edited in the page like a user would (model file, 8
 steps, probe thresholds a random-weight model passes with near-duplicate prompts; see tests/support/tiny_workflows.py),
-so its outcome does not depend on the demo model's training. Screenshots go to artifacts/browser/<frontend>/.
+so its outcome does not depend on the demo model's training. The template runs on the tiny Wan model and the tiny Wan
+2.1 VAE, 64 x 64 x 5 frames and 8 steps, its text encoder replaced by the harness's (no text encoder exists at
+test size; tests/support/tiny_workflows.py does the same to the shipped workflows). Screenshots go to
+artifacts/browser/<frontend>/.
 
 Where frontends differ (1.27 on ComfyUI 0.3.64, 1.45 on 0.28, 1.49 on 0.33, 1.58), a step finds the element either one
 renders. The scenario runs on the frontend the host pins, then on each version in CARNATOR_BROWSER_FRONTENDS (a
@@ -21,11 +27,13 @@ once into the user's cache, beside the host's pin, and the server serves it with
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +42,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect, sync_playwright
 from support.comfy_host import REPO_ROOT, ComfyServer, ServerFactory
+from support.tiny_models import WAN21_VAE, write_tiny_model
 from support.tiny_workflows import WORKFLOWS
 
 from carnator_core.calibration.profile import Profile, Score
@@ -87,8 +96,10 @@ def server(comfyui_path: Path, new_base_dir, frontend: str) -> Iterator[ComfySer
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
     # no first-run template dialog; node text and widgets drawn at any zoom (the whole workflow is on screen)
+    # and no missing-models dialog over an official template, which names the official model files
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "LiteGraph.Canvas.MinFontSizeForLOD": 1,
-                                    "Comfy.Minimap.Visible": False}))
+                                    "Comfy.Minimap.Visible": False, "Comfy.Workflow.ShowMissingModelsWarning": False}))
+    write_tiny_model("wan21_vae", base / "models" / "vae", filename=WAN21_VAE)
     factory = ServerFactory(comfyui_path, new_base_dir)
     root = _frontend_root(frontend)
     try:
@@ -366,4 +377,188 @@ def test_the_calibrate_workflow_shows_its_progress_on_the_node_and_in_the_panel_
     page.wait_for_function("(box) => box.value.startsWith('Stopped “browser”')", arg=status)
     assert server.get("/carnator/calibration").json()["phase"] == "stopped"
     _shot(page, "11_calibration_stopped")
+    assert not _carnator_errors(page)
+
+
+# ComfyUI's official Wan 2.1 text-to-video template (comfyui-workflow-templates-json): one KSampler whose seed control
+# is `randomize`
+WAN21_TEMPLATE = "text_to_video_wan"
+SEED_FLOW_NODES = ("KSampler", "CarnatorReuse")  # what the editor flow's screenshots frame
+TEMPLATE_PROMPTS = ("a fox moving quickly in a winter scenery", "a fox moving slowly in a winter scenery",
+                    "a fox moving slowly in a snowy winter scenery")
+
+
+def _template(name: str) -> dict:
+    return json.loads((importlib.resources.files("comfyui_workflow_templates_json") / "templates" / f"{name}.json")
+                      .read_text(encoding="utf-8"))
+
+
+def _on_tiny_loaders(workflow: dict, unet: str) -> dict:
+    """`workflow` with its model loaders set to the tiny Wan model and VAE, and its text encoder loader taken out
+    (_on_tiny_models swaps its text encoding in the page)."""
+    loaders = {"UNETLoader": unet, "VAELoader": WAN21_VAE}
+    encoder = next(node["id"] for node in workflow["nodes"] if node["type"] == "CLIPLoader")
+    cut = {link[0] for link in workflow["links"] if link[1] == encoder}
+    for node in workflow["nodes"]:
+        if node["type"] in loaders:
+            node["widgets_values"][0] = loaders[node["type"]]
+        for entry in node.get("inputs", []):
+            if entry.get("link") in cut:
+                entry["link"] = None
+    workflow["nodes"] = [node for node in workflow["nodes"] if node["id"] != encoder]
+    workflow["links"] = [link for link in workflow["links"] if link[1] != encoder]
+    return workflow
+
+
+def _open_template(page, workflow: dict, name: str) -> None:
+    """Load a template as the template browser does (into a new tab of the editor, named after it)."""
+    page.evaluate("([workflow, name]) => window.comfyAPI.app.app.loadGraphData(workflow, true, true, name)",
+                  [workflow, name])
+    page.wait_for_function("() => window.comfyAPI.app.app.graph.nodes.some((n) => n.type === 'KSampler')")
+
+
+def _on_tiny_models(page, prompt: str) -> None:
+    """Each CLIPTextEncode swapped for a HarnessTextConditioning in its place and links, the positive one with
+    `prompt`; a 64 x 64 clip of 5 frames (the VAE decodes it in seconds on a CPU) and 8 steps."""
+    page.evaluate("""(prompt) => {
+      const { app } = window.comfyAPI.app;
+      const graph = app.graph;
+      const set = (node, name, value) => { node.widgets.find((w) => w.name === name).value = value; };
+      const sampler = graph.nodes.find((n) => n.type === "KSampler");
+      for (const encode of graph.nodes.filter((n) => n.type === "CLIPTextEncode")) {
+        const harness = window.LiteGraph.createNode("HarnessTextConditioning");
+        graph.add(harness);
+        harness.pos = [...encode.pos];
+        set(harness, "text", sampler.getInputNode(1) === encode ? prompt : encode.widgets[0].value);
+        set(harness, "family", "wan");
+        for (const control of harness.widgets.find((w) => w.name === "seed").linkedWidgets ?? []) control.value = "fixed";
+        for (const target of encode.getOutputNodes(0)) {
+          target.inputs.forEach((_, slot) => {
+            if (target.getInputNode(slot) === encode) harness.connect(0, target, slot);
+          });
+        }
+        graph.remove(encode);
+      }
+      const latent = graph.nodes.find((n) => n.type === "EmptyHunyuanLatentVideo");
+      set(latent, "width", 64); set(latent, "height", 64); set(latent, "length", 5);
+      set(sampler, "steps", 8);
+    }""", prompt)
+
+
+def _insert_carnator_reuse(page) -> None:
+    """A Carnator Reuse node between the model chain's last node (ModelSamplingSD3) and the KSampler, as the README
+    says, with probe thresholds the tiny model passes."""
+    page.evaluate("""(thresholds) => {
+      const { app } = window.comfyAPI.app;
+      const graph = app.graph;
+      const sampler = graph.nodes.find((n) => n.type === "KSampler");
+      const chain = sampler.getInputNode(0);
+      const reuse = window.LiteGraph.createNode("CarnatorReuse");
+      graph.add(reuse);
+      reuse.pos = [sampler.pos[0] + sampler.size[0] - reuse.size[0] - 60, sampler.pos[1] + sampler.size[1] + 60];
+      for (const [name, value] of Object.entries(thresholds)) reuse.widgets.find((w) => w.name === name).value = value;
+      chain.connect(0, reuse, 0);
+      reuse.connect(0, sampler, 0);
+    }""", TINY_MODEL_THRESHOLDS)
+
+
+def _seed_control(page) -> list:
+    """The KSampler's seed and its control, as the widgets hold them."""
+    return page.evaluate("""() => {
+      const sampler = window.comfyAPI.app.app.graph.nodes.find((n) => n.type === "KSampler");
+      const seed = sampler.widgets.find((w) => w.name === "seed");
+      return [seed.value, seed.linkedWidgets[0].value];
+    }""")
+
+
+def _last_queued_seed(server: ComfyServer, prompts: int) -> int:
+    """The KSampler seed of the prompt queued last, as the server holds it once it holds `prompts` finished ones."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while len(history := server.get("/history").json()) < prompts:
+        assert time.monotonic() < deadline, f"{len(history)} prompts finished, not {prompts}"
+        time.sleep(0.5)
+    prompt = max(history.values(), key=lambda item: item["prompt"][0])["prompt"][2]
+    return next(node["inputs"]["seed"] for node in prompt.values() if node["class_type"] == "KSampler")
+
+
+def _frame(page, node_types: tuple[str, ...]) -> None:
+    """Zoom (at most 100%) and pan so the nodes of `node_types`, with the badge rows above them, fill the canvas."""
+    page.evaluate("""(types) => {
+      const app = window.comfyAPI.app.app;
+      const nodes = app.graph.nodes.filter((n) => types.includes(n.type));
+      const title = window.LiteGraph.NODE_TITLE_HEIGHT;
+      const left = Math.min(...nodes.map((n) => n.pos[0])) - 20;
+      const top = Math.min(...nodes.map((n) => n.pos[1])) - title - 150;  // the badge row, below the toolbars
+      const right = Math.max(...nodes.map((n) => n.pos[0] + n.size[0])) + 20;
+      const bottom = Math.max(...nodes.map((n) => n.pos[1] + n.size[1])) + 20;
+      const { width, height } = app.canvas.canvas.getBoundingClientRect();
+      const scale = Math.min(1, width / (right - left), height / (bottom - top));
+      app.canvas.ds.scale = scale;
+      app.canvas.ds.offset = [(width / scale - (right - left)) / 2 - left, (height / scale - (bottom - top)) / 2 - top];
+      app.canvas.setDirty(true, true);
+    }""", list(node_types))
+
+
+def _prompt_box(page):
+    return page.evaluate_handle("""() => window.comfyAPI.app.app.graph.nodes
+      .filter((n) => n.type === "HarnessTextConditioning")
+      .find((n) => window.comfyAPI.app.app.graph.nodes.find((s) => s.type === "KSampler").getInputNode(1) === n)
+      .widgets.find((w) => w.name === "text").element""").as_element()
+
+
+def _wait_for_badge_text(page, node_type: str, part: str) -> str:
+    page.wait_for_function(f"(t) => ({BADGES_JS})(t).some((text) => text.includes({json.dumps(part)}))",
+                           arg=node_type)
+    return next(text for text in page.evaluate(BADGES_JS, node_type) if part in text)
+
+
+def test_the_official_wan_template_with_a_randomized_seed_gets_a_notice_a_seed_miss_and_a_one_click_fix(
+        page, server, tiny_models):
+    if page.locator(".carnator-panel").is_visible():  # the store panel would cover the canvas's right side
+        page.locator(".carnator-sidebar-icon").click()
+    template = _template(WAN21_TEMPLATE)
+    assert next(node for node in template["nodes"] if node["type"] == "KSampler")["widgets_values"][1] == "randomize"
+    _open_template(page, _on_tiny_loaders(template, tiny_models["wan"].name), WAN21_TEMPLATE)
+    _on_tiny_models(page, TEMPLATE_PROMPTS[0])
+    _insert_carnator_reuse(page)
+    notice = page.locator(".carnator-seed-notice")
+    expect(notice).to_contain_text("the seed is randomized on every run")
+    _frame(page, SEED_FLOW_NODES)
+    _shot(page, "12_template_with_carnator_notice")
+
+    _run(page)
+    first = _wait_for_badge(page, "KSampler", "MISS")
+    assert "seed" not in first, first  # nothing earlier to reuse
+    finished = len(server.get("/history").json())
+    first_seed = _last_queued_seed(server, finished + 1)
+    assert _seed_control(page) != [first_seed, "randomize"]  # the widget holds the next random seed already
+    _prompt_box(page).fill(TEMPLATE_PROMPTS[1])
+    _run(page)
+    miss = _wait_for_badge_text(page, "KSampler", "other seed than the donor")
+    assert miss == "MISS · other seed than the donor · click to keep the last seed", miss
+    last_seed = _last_queued_seed(server, finished + 2)
+    assert last_seed != first_seed
+    expect(notice.locator("button")).to_have_text(f"Keep seed {last_seed} and fix it")
+    _frame(page, SEED_FLOW_NODES)
+    _hover_badge(page, "KSampler")
+    tooltip = page.locator(".carnator-tooltip")
+    tooltip.wait_for(state="visible")
+    assert "only the seed kept this run from reusing" in tooltip.inner_text()
+    assert f"Click the badge: keep seed {last_seed} and fix it" in tooltip.inner_text()
+    _shot(page, "13_seed_miss_badge_and_notice")
+
+    notice.locator("button").click()
+    expect(notice).to_have_count(0)
+    assert _seed_control(page) == [last_seed, "fixed"]
+    page.wait_for_function(f"(t) => ({BADGES_JS})(t).includes('MISS · other seed than the donor')", arg="KSampler")
+    _frame(page, SEED_FLOW_NODES)
+    _shot(page, "14_seed_kept_and_fixed")
+
+    _prompt_box(page).fill(TEMPLATE_PROMPTS[2])
+    _run(page)
+    hit = _wait_for_badge(page, "KSampler", "HIT")
+    assert hit.startswith("HIT resumed"), hit
+    assert _last_queued_seed(server, finished + 3) == last_seed and _seed_control(page) == [last_seed, "fixed"]
+    _frame(page, SEED_FLOW_NODES)
+    _shot(page, "15_hit_after_the_fix")
     assert not _carnator_errors(page)

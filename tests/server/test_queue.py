@@ -71,6 +71,17 @@ def test_server_down_is_a_clear_message_and_exit_2(tiny_models, tmp_path, capsys
     assert "cannot reach ComfyUI at http://127.0.0.1:" in capsys.readouterr().err
 
 
+def test_random_seeds_with_a_same_noise_reuse_node_say_how_to_keep_seeds_for_reuse(tiny_models, tmp_path, capsys):
+    down = ["--server", f"http://127.0.0.1:{free_port()}", "--prompts", str(_prompts(tmp_path, NEAR_DUPLICATES))]
+    assert main([*down, "--workflow", str(_workflow(tmp_path, tiny_models)), "--seed", "random"]) == 2
+    assert "keep --seed fixed to reuse" in capsys.readouterr().out
+    assert main([*down, "--workflow", str(_workflow(tmp_path, tiny_models))]) == 2
+    assert "keep --seed fixed" not in capsys.readouterr().out
+    serving = _workflow(tmp_path, tiny_models, CarnatorReuse={"seed_policy": "serving"})
+    assert main([*down, "--workflow", str(serving), "--seed", "random"]) == 2
+    assert "keep --seed fixed" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("{not json", "not valid JSON"),
     (json.loads((REPO_ROOT / "workflows" / "carnator_demo_cpu.json").read_text()), "UI-format workflow"),

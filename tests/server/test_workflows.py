@@ -58,6 +58,7 @@ from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
 from carnator_core.demo.oracle import score
 from carnator_core.lookup.prompt_text import is_link
+from carnator_core.queue import SEED_INPUTS
 from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE
 from carnator_core.reuse.recording import writer
 
@@ -68,6 +69,9 @@ TWINS = NAMES + sorted(GROUP_ENABLED)  # the API twins
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute"}  # virtual nodes: the frontend never sends them to the server
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+# what every shipped workflow's note says about its seed controls, all `fixed`
+SEED_NOTE = ("The sampler's seed control is **fixed**: with seed policy same-noise (the default) an edited prompt "
+             "reuses only a run made with the same seed, so a seed randomized on every run never finds its donor.")
 LOADER_FOLDERS = {  # loader's widget (by position) -> model folder, for the placeholder files
     ("UNETLoader", 0): "diffusion_models",
     ("CLIPLoader", 0): "text_encoders",
@@ -179,8 +183,18 @@ def widget_specs(node: dict, info: dict) -> dict[str, tuple[list, object]]:
     """A UI node's widgets_values by input name, each with the spec it is checked against; fails on too few or
     too many values. A dynamic combo's value is followed by the widgets of the option it chose, named as the
     host's flat inputs of the same name (what an API prompt sets)."""
+    return _widgets(node, info)[0]
+
+
+def widget_controls(node: dict, info: dict) -> dict[str, str]:
+    """A UI node's value controls (control_after_generate) by the input they change."""
+    return _widgets(node, info)[1]
+
+
+def _widgets(node: dict, info: dict) -> tuple[dict[str, tuple[list, object]], dict[str, str]]:
     values = list(node.get("widgets_values") or [])
     named: dict[str, tuple[list, object]] = {}
+    controls: dict[str, str] = {}
     pending = _widget_inputs(info["input"], info.get("input_order", {}))
     while pending:
         name, spec, optional = pending.pop(0)
@@ -192,11 +206,12 @@ def widget_specs(node: dict, info: dict) -> dict[str, tuple[list, object]]:
         if _has_control(name, spec):
             control = values.pop(0) if values else None
             assert control in CONTROL_VALUES, f"node {node['id']} ({node['type']}): bad control value {control!r}"
+            controls[name] = control
         if spec[0] == DYNAMIC_COMBO:
             chosen = next((o for o in spec[1]["options"] if o["key"] == value), {"inputs": {}})
             pending = _widget_inputs(chosen["inputs"]) + pending
     assert not values, f"node {node['id']} ({node['type']}): {len(values)} widget values more than inputs: {values}"
-    return named
+    return named, controls
 
 
 def widget_values(node: dict, info: dict) -> dict:
@@ -264,6 +279,18 @@ def test_ui_workflow_validates_against_object_info(object_info, name):
         wanted = _input_spec(object_info[sink["type"]], sink["inputs"][target_slot]["name"])[0]
         assert _types_match(output, wanted), f"{name}: link {link_id} {output} -> {sink['type']} wants {wanted}"
         assert link_type in (output, "*"), f"{name}: link {link_id} is typed {link_type}, its source gives {output}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_seed_control_is_fixed_and_the_note_says_why(object_info, name):
+    skip_where_the_host_lacks_the_model(name)
+    workflow = ui_workflow(name)
+    controls = {f"{node['id']} ({node['type']}).{field}": control for node in workflow["nodes"]
+                if node["type"] not in FRONTEND_ONLY
+                for field, control in widget_controls(node, object_info[node["type"]]).items() if field in SEED_INPUTS}
+    assert controls and set(controls.values()) == {"fixed"}, f"{name}: {controls}"
+    notes = [node["widgets_values"][0] for node in workflow["nodes"] if node["type"] in ("Note", "MarkdownNote")]
+    assert any(SEED_NOTE in note for note in notes), f"{name}: no note says why the seed is fixed"
 
 
 BYPASSED = 4  # a UI node's mode: the frontend queues its input of the output's type in its place

@@ -11,7 +11,7 @@ from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import ProbeRecord
 from carnator_core.reuse.plan import ProbeTarget
 from carnator_core.reuse.probe import ProbeSignals
-from carnator_core.reuse.report import RunReport, Verdict
+from carnator_core.reuse.report import SEED_ACTION, RunReport, Verdict
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -22,7 +22,7 @@ KEY = HardKey("model", (2, 4, 4), "schedule")
 SHAPE = (1, 16, 2, 8, 8)
 FULL_FIELDS = ["hit", "verdict", "mode", "prompt", "judged_by", "donor_id", "donor_prompt", "text_similarity", "agreement", "structure_agreement",
                "guidance_cosine", "skipped_steps", "total_steps", "attention_density", "attention", "heads_reuse",
-               "heads_own", "model_calls", "time_s", "time_saved_s", "reason", "probes", "candidates", "filtered",
+               "heads_own", "model_calls", "time_s", "time_saved_s", "reason", "seed_miss", "probes", "candidates", "filtered",
                "skipped_donors", "notes", "stage"]
 ATTENTION_FIELDS = ["hit", "verdict", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "skipped_steps",
                     "total_steps", "attention_density", "heads_reuse", "heads_own", "time_s", "time_saved_s", "reason",
@@ -42,10 +42,11 @@ def _run(tmp_path, **settings) -> ReuseRun:
 DONOR_X0 = torch.linspace(-1.0, 1.0, 16 * 2 * 8 * 8).reshape(SHAPE)
 
 
-def _planned(run: ReuseRun, **match) -> list[ProbeTarget]:
-    """`run` planned against one stored donor ("a red ball", checkpoint at step 5, predicting DONOR_X0 there)."""
+def _planned(run: ReuseRun, noise: str = "noise", **match) -> list[ProbeTarget]:
+    """`run` planned against one stored donor ("a red ball", checkpoint at step 5, predicting DONOR_X0 there) made
+    from the initial noise `noise`."""
     meta = EntryMeta(entry_id="donor-1", hard_key=KEY, prompt="a red ball", latent_shape=SHAPE,
-                     noise_fingerprint="noise", total_steps=10, sample_seconds=4.0,
+                     noise_fingerprint=noise, total_steps=10, sample_seconds=4.0,
                      checkpoints=[{"step": 5, "sigma": 0.5, "guidance": False, "evaluated": True}])
     run.store.put(meta, {"checkpoints": encode_tensors({"x_5": torch.zeros(SHAPE), "x0_5": DONOR_X0})},
                   IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
@@ -86,6 +87,21 @@ def test_a_reuse_miss_says_why(tmp_path):
     assert (data["hit"], data["verdict"], data["reason"], data["donor_id"], data["model_calls"]) == (
         False, "miss", "probe rejected", None, 11)
     assert [(p["step"], p["passed"], p["donor_given_up"]) for p in data["probes"]] == [(5, False, True)]
+    assert data["seed_miss"] is False
+
+
+def test_a_miss_only_for_the_seed_says_so_and_how_to_keep_it(tmp_path):
+    run = _run(tmp_path)
+    assert run.decide(_planned(run, noise="other noise"), lambda states, sigma: []) is None
+    report = run.finish(model_calls=10)
+    data = report.as_dict()
+    assert (data["verdict"], data["reason"], data["seed_miss"]) == (
+        "miss", "filtered: other initial noise (seed)", True)
+    assert f"  seed: {SEED_ACTION}" in report.text().splitlines()
+    assert RunReport.from_dict(data).seed_miss
+    served = _run(tmp_path / "serving", seed_policy="serving")
+    targets = _planned(served, noise="other noise")
+    assert targets and not served.finish(model_calls=10).seed_miss  # serving takes the donor to the model
 
 
 def test_a_reuse_run_without_its_store_reports_it_unavailable(tmp_path):
@@ -106,7 +122,8 @@ def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
         "donor_prompt": None, "text_similarity": None,
         "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0,
         "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
-        "model_calls": 10, "time_s": 3.0, "time_saved_s": 0.0, "reason": "denoise mask (inpainting)", "probes": [],
+        "model_calls": 10, "time_s": 3.0, "time_saved_s": 0.0, "reason": "denoise mask (inpainting)",
+        "seed_miss": False, "probes": [],
         "candidates": [], "filtered": {}, "skipped_donors": {}, "notes": ["denoise mask (inpainting)"], "stage": {},
     }
     unavailable = RunReport.plain("fast", STORE_UNAVAILABLE, 8, 8, 1.0, ATTENTION_SUMMARY,
