@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from carnator_core.reuse.cached_evaluation import same_sigma
-from carnator_core.reuse.plan import ProbeTarget, RequestFacts, ScreenOnly, StartPrediction
+from carnator_core.reuse.plan import RequestFacts, ScreenOnly
 from carnator_core.reuse.probe import (
     CONDITIONAL_BRANCHES,
     GUIDANCE_FORM,
@@ -37,7 +37,7 @@ from carnator_core.reuse.probe import (
 )
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
-from carnator_core.reuse.trajectory import StageEnd
+from carnator_core.reuse.targets import ProbeTarget, StageEnd, StartPrediction
 from carnator_core.store.entry import EntryMeta
 
 log = logging.getLogger("carnator.decision")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from carnator_core.reuse.cached_evaluation import same_sigma
-from carnator_core.reuse.plan import ProbeTarget
 from carnator_core.reuse.recording import HISTORY_BLOB
 from carnator_core.reuse.start_difference import StartDifference
+from carnator_core.reuse.targets import ProbeTarget
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.stages import stage_index
 

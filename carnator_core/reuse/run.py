@@ -32,19 +32,12 @@ from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecor
 from carnator_core.reuse.history_replay import REPLAY_NOTE, HistoryReplay, replay_for
 from carnator_core.reuse.input_start import GUIDE_IMAGE, GUIDE_NOTE, INPUT_NOTE, INPUT_START
 from carnator_core.reuse.packed_latent import PackedShapes
-from carnator_core.reuse.plan import (
-    ProbeTarget,
-    RequestFacts,
-    ScreenOnly,
-    StartPrediction,
-    boundary_prediction,
-    lacking_states,
-    plan_probes,
-)
+from carnator_core.reuse.plan import RequestFacts, ScreenOnly, boundary_prediction, lacking_states, plan_probes
 from carnator_core.reuse.probe import GUIDANCE_FORM
 from carnator_core.reuse.recording import PendingEntry, RunRecorder, writer
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 from carnator_core.reuse.trajectory import Handover, append_stage, handovers
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.profiles import profile_for

@@ -26,14 +26,11 @@ prompt the difference is exactly zero and every corrected tensor equals the dono
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from carnator_core.reuse.probe import downsample_guidance
-
-if TYPE_CHECKING:  # the plan's types hold stage ends, whose hand-over holds a difference
-    from carnator_core.reuse.plan import ProbeTarget, StartPrediction
+from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 
 
 def _as_stored(tensor: torch.Tensor) -> torch.Tensor:

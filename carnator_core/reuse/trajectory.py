@@ -26,6 +26,7 @@ from carnator_core.lookup.fingerprint import content_fingerprint
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
 from carnator_core.reuse.start_difference import StartDifference
+from carnator_core.reuse.targets import StageEnd
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.stages import (
     StageRecord,
@@ -38,21 +39,6 @@ from carnator_core.store.stages import (
 from carnator_core.store.thumbnail import PreviewFrame
 
 log = logging.getLogger("carnator.trajectory")
-
-
-@dataclass
-class StageEnd:
-    """A donor stage's output (what its sampler returned, leftover noise included) and the trajectory around it."""
-
-    sigma: float
-    latent: torch.Tensor
-    stage_steps: int
-    trajectory_steps: int
-
-    @property
-    def share(self) -> float:
-        """The stage's share of the trajectory's steps: the depth a request reaches by skipping it."""
-        return self.stage_steps / max(1, self.trajectory_steps)
 
 
 def stage_end_of(meta: EntryMeta, tensors: dict[str, torch.Tensor] | None,

@@ -17,6 +17,13 @@ from collections.abc import Mapping, Sequence
 Record = dict[str, float]
 
 
+def is_store_url(location: str) -> bool:
+    """Whether a store location is a URL rather than a directory: anything with `://` in it. The one such test of
+    the pack; a URL that is not `redis://` or `rediss://` is then refused by `parse_redis_url`, never taken for a
+    directory."""
+    return "://" in location
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or used as asked; the message says what to do."""
 

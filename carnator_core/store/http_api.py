@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from carnator_core.calibration.profile import Profile, ProfileError, profile_key
 from carnator_core.store import profiles
-from carnator_core.store.backend import CorruptValueError, StoreError, StoreUnavailable
+from carnator_core.store.backend import CorruptValueError, StoreError, StoreUnavailable, is_store_url
 from carnator_core.store.entry import EntryMeta
-from carnator_core.store.location import host_address, is_loopback_host, is_store_url, opened_stores, store_key
+from carnator_core.store.location import host_address, is_loopback_host, opened_stores, store_key
 from carnator_core.store.reuse_store import EntryStats, ReuseStore
 
 ENTRY_ID = re.compile(r"[0-9a-f]{32}")

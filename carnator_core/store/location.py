@@ -10,13 +10,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
-from typing import TYPE_CHECKING
 
-from carnator_core.store.backend import StoreError
+from carnator_core.store.backend import StoreError, is_store_url
 from carnator_core.store.redis_backend import parse_redis_url
-
-if TYPE_CHECKING:  # reuse_store asks `is_store_url` of this module: ReuseStore is imported where a store is opened
-    from carnator_core.store.reuse_store import ReuseStore
+from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT, ReuseStore
 
 ALLOW_OUTSIDE_ENV = "CARNATOR_ALLOW_STORE_OUTSIDE_BASE"
 _open_stores: dict[str, ReuseStore] = {}
@@ -48,13 +45,6 @@ def resolve_store_directory(user_path: str, base_directory: str, default_directo
         raise StoreError(f"store path {user_path!r} resolves to {candidate}, outside the ComfyUI base directory "
                          f"{base}; use a path inside it or set {ALLOW_OUTSIDE_ENV}=1 on the server")
     return candidate
-
-
-def is_store_url(location: str) -> bool:
-    """Whether a store location is a URL rather than a directory: anything with `://` in it. The one such test of
-    the pack; a URL that is not `redis://` or `rediss://` is then refused by `parse_redis_url`, never taken for a
-    directory."""
-    return "://" in location
 
 
 def host_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -116,8 +106,6 @@ def open_store(location: str, size_limit: int | None = None, blob_cache_root: st
 
     `size_limit=None` keeps the limit the store was opened with (default for a new one).
     """
-    from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT, ReuseStore
-
     key = store_key(location)
     with _open_stores_lock:
         store = _open_stores.get(key)

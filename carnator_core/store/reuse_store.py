@@ -50,11 +50,11 @@ from carnator_core.store.backend import (
     StoreUnavailable,
     Unreadable,
     UnsafeValueError,
+    is_store_url,
 )
 from carnator_core.store.blob_cache import BlobCache
 from carnator_core.store.diskcache_backend import DiskcacheBackend
 from carnator_core.store.entry import SCHEMA_VERSION, CorruptEntryError, EntryMeta, HardKey
-from carnator_core.store.location import is_store_url
 from carnator_core.store.redis_backend import RedisBackend, parse_redis_url
 from carnator_core.store.tensor_codec import CorruptBlobError, decode_metadata, decode_tensors, encode_tensors
 

@@ -9,11 +9,11 @@ from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseA
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import ProbeRecord
-from carnator_core.reuse.plan import ProbeTarget
 from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.report import SEED_ACTION, RunReport, Verdict
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
+from carnator_core.reuse.targets import ProbeTarget
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors

@@ -24,9 +24,9 @@ import redis
 import torch
 from support.store_writer import Exploit, synthetic_entry
 
-from carnator_core.store.backend import StoreError, UnsafeValueError
+from carnator_core.store.backend import StoreError, UnsafeValueError, is_store_url
 from carnator_core.store.entry import SCHEMA_VERSION, EntryMeta, HardKey
-from carnator_core.store.location import is_loopback_host, is_store_url, resolve_store_directory
+from carnator_core.store.location import is_loopback_host, resolve_store_directory
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import decode_tensors, encode_tensors
 

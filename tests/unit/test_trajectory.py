@@ -11,16 +11,16 @@ import torch
 
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider
-from carnator_core.reuse.plan import ProbeTarget, RequestFacts, plan_probes
+from carnator_core.reuse.plan import RequestFacts, plan_probes
 from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
+from carnator_core.reuse.targets import ProbeTarget, StageEnd
 from carnator_core.reuse.trajectory import (
     CONTINUED_BEFORE,
     Handover,
     HandoverRegistry,
-    StageEnd,
     stage_end_of,
 )
 from carnator_core.store.entry import EntryMeta, HardKey
