@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from carnator_core.bench import report
-from carnator_core.bench.results import RunConditions
+from carnator_core.bench.results import CpuUse, RunConditions
 
 SHARED = RunConditions(
     command="python -m carnator_core.bench workload --stream edit-loop --n 8", commit="0" * 40,
@@ -94,3 +94,17 @@ def test_an_unknown_table_or_a_missing_run_fails_with_its_name(published, capsys
     (report.RESULTS_DIR / "mixed.json").unlink()
     assert report.main(["--check"]) == 1
     assert "mixed.json" in capsys.readouterr().err
+
+
+def test_a_run_had_the_machine_alone_only_while_other_processes_stayed_near_idle(tmp_path):
+    before = CpuUse(machine_seconds=100.0, own_seconds=10.0, wall=0.0, load=(0.5, 0.5, 0.5))
+    quiet = CpuUse(machine_seconds=161.0, own_seconds=70.0, wall=60.0, load=(1.0, 0.8, 0.6))
+    busy = CpuUse(machine_seconds=190.0, own_seconds=70.0, wall=60.0, load=(2.0, 1.2, 0.8))
+    alone = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, before, quiet)
+    shared = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, before, busy)
+    assert (alone.others_cpu_cores, alone.alone, alone.why_no_time) == (0.017, True, None)
+    assert (shared.others_cpu_cores, shared.alone) == (0.5, False)
+    assert shared.why_no_time == f"not shown: other processes used 0.50 of the {shared.cores} cores during the run"
+    assert (shared.wall_seconds, shared.load_before, shared.load_after, shared.torch_threads) == \
+        (60.0, (0.5, 0.5, 0.5), (2.0, 1.2, 0.8), 1)
+    assert len(shared.commit) == 40 and shared.comfyui_version == "unknown"
