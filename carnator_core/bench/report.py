@@ -60,7 +60,7 @@ class StoredRun:
 
     def time(self, config: dict[str, Any]) -> str:
         """The configuration's median time against plain, where the run had the machine to itself."""
-        return f"{config['speedup']:.2f}x" if self.conditions.alone else "—"
+        return f"{config['speedup']:.2f}x" if self.conditions.alone else "— (shared machine)"
 
 
 def load_runs(names: Iterable[str], results_dir: Path) -> dict[str, StoredRun]:
@@ -81,7 +81,7 @@ def readme_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
     for name, label in STREAM_RUNS.items():
         run = runs[name]
         modes = [run.config(mode) for mode in MODES]
-        time = " / ".join(run.time(c) for c in modes) if run.conditions.alone else _why_no_time(run)
+        time = run.conditions.why_no_time or " / ".join(run.time(c) for c in modes)
         quality = [f"{c['model_calls']:.1f}, {c['psnr']:.1f} dB, {_adherence(c)}" for c in modes]
         lines.append(f"| [{label}]({link(name)}) | {time} | {quality[0]} | {quality[1]} | {_equal_quality(modes)} | "
                      f"{_fewer_steps(run)} |")
@@ -98,8 +98,7 @@ def streams_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str
             equal = c["equal_quality_speedup"]
             against = "" if equal is None else (f"{equal['calls']:.2f}x" + (
                 f", {equal['time']:.2f}x" if run.conditions.alone else "") + f"; {equal['against']}")
-            time = run.time(c) if c["name"] != "plain" or run.conditions.alone else _why_no_time(run)
-            lines.append(f"| [{label}]({link(name)}) | {c['name']} | {time} | {c['model_calls']:.1f} | "
+            lines.append(f"| [{label}]({link(name)}) | {c['name']} | {run.time(c)} | {c['model_calls']:.1f} | "
                          f"{c['psnr']:.1f} | {c['ssim']:.3f} | {_adherence(c)} | {against} |")
     return "\n".join(lines) + "\n"
 
@@ -113,7 +112,7 @@ def runs_list(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
         lines.append(
             f"- [`{name}`]({link(name)}): `{run.command}`; commit {code}; ComfyUI {run.comfyui_version}, frontend "
             f"{run.frontend_version or 'none'}, torch {run.torch_version}; {run.cores} cores, "
-            f"{run.torch_threads or 'every core as'} torch thread(s), GPU {run.gpu or 'none'}; "
+            f"{_threads(run.torch_threads)}, GPU {run.gpu or 'none'}; "
             f"{run.wall_seconds:.0f} s, load average {run.load_before[0]:.1f} before and {run.load_after[0]:.1f} "
             f"after; other processes used {run.others_cpu_cores:.2f} cores: "
             + ("alone, times shown." if run.alone else "shared, times not shown."))
@@ -124,8 +123,8 @@ TABLES: dict[str, Callable[[dict[str, StoredRun], Callable[[str], str]], str]] =
     "readme": readme_table, "streams": streams_table, "runs": runs_list}
 
 
-def _why_no_time(run: StoredRun) -> str:
-    return run.conditions.why_no_time or ""
+def _threads(count: int) -> str:
+    return "torch on every core" if count == 0 else f"{count} torch thread" + "s" * (count > 1)
 
 
 def _adherence(config: dict[str, Any]) -> str:
@@ -141,7 +140,7 @@ def _equal_quality(modes: list[dict[str, Any]]) -> str:
     """The modes' equal-quality speedups by calls, in bold where plain at fewer steps is as good and cheaper."""
     speedups = [c["equal_quality_speedup"] for c in modes]
     ratios = " / ".join(f"{s['calls']:.2f}x" for s in speedups)
-    if any(s["calls"] < 1 for s in speedups):
+    if any(round(s["calls"], 2) < 1 for s in speedups):
         ratios = f"**{ratios}**"
     against = {s["against"] for s in speedups}
     if len(against) == 1:
@@ -185,14 +184,14 @@ def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]
 
 def update(documents: Iterable[Path], results_dir: Path, check: bool) -> list[str]:
     """Regenerate the documents' tables (with `check`, only compare); one line per table that differed."""
-    stale = []
+    differed = []
     for document in documents:
         text = document.read_text()
         rendered, changed = render(document, text, results_dir)
-        stale += [f"{document}: table {name!r} differs from what {results_dir} gives" for name in changed]
+        differed += [f"{document.name}: table {name!r}" for name in changed]
         if changed and not check:
             document.write_text(rendered)
-    return stale
+    return differed
 
 
 def main(argv: list[str]) -> int:
@@ -201,13 +200,14 @@ def main(argv: list[str]) -> int:
                         help="change nothing; exit 1 if a table differs from what its JSON gives")
     args = parser.parse_args(argv)
     try:
-        stale = update(DOCUMENTS, RESULTS_DIR, args.check)
+        differed = update(DOCUMENTS, RESULTS_DIR, args.check)
     except (OSError, KeyError, ValueError) as error:
         print(f"carnator bench report: {error}", file=sys.stderr)
         return 1
-    for line in stale:
-        print(("stale: " if args.check else "rewrote: ") + line, file=sys.stderr if args.check else sys.stdout)
-    if args.check and stale:
+    for line in differed:
+        print(f"{line} differs from its stored runs" if args.check else f"rewrote {line}",
+              file=sys.stderr if args.check else sys.stdout)
+    if args.check and differed:
         print("run `python -m carnator_core.bench report` and commit the tables", file=sys.stderr)
         return 1
     return 0
