@@ -114,8 +114,7 @@ def runs_list(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
             f"{run.frontend_version or 'none'}, torch {run.torch_version}; {run.cores} cores, "
             f"{_threads(run.torch_threads)}, GPU {run.gpu or 'none'}; "
             f"{run.wall_seconds:.0f} s, load average {run.load_before[0]:.1f} before and {run.load_after[0]:.1f} "
-            f"after; other processes used {run.others_cpu_cores:.2f} cores: "
-            + ("alone, times shown." if run.alone else "shared, times not shown."))
+            f"after; {run.beside}: " + ("alone, times shown." if run.alone else "shared, times not shown."))
     return "\n".join(lines) + "\n"
 
 

@@ -32,18 +32,21 @@ RECORD_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 class CpuUse:
     """CPU seconds busy on the whole machine (/proc/stat) and in this process and its reaped children, at a moment."""
 
-    machine_seconds: float
+    machine_seconds: float | None  # None where the system does not say (no /proc/stat)
     own_seconds: float
     wall: float
     load: tuple[float, float, float]
 
     @classmethod
     def now(cls) -> CpuUse:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + fields[4]  # idle and iowait
-        busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is counted in user)
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except OSError:
+            busy = None
+        else:  # user nice system idle iowait irq softirq steal (guest is counted in user)
+            busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
         own = os.times()
-        return cls(machine_seconds=busy / os.sysconf("SC_CLK_TCK"),
+        return cls(machine_seconds=busy,
                    own_seconds=own.user + own.system + own.children_user + own.children_system,
                    wall=time.monotonic(), load=os.getloadavg())
 
@@ -64,7 +67,7 @@ class RunConditions:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     wall_seconds: float
-    others_cpu_cores: float  # other processes' CPU seconds over the run's wall seconds
+    others_cpu_cores: float | None  # other processes' CPU seconds over the run's wall seconds; None: unknown
     alone: bool  # whether others stayed under OTHERS_CPU_LIMIT: only then are the run's times published
 
     @classmethod
@@ -75,8 +78,8 @@ class RunConditions:
         import torch
 
         wall = max(after.wall - before.wall, 1e-9)
-        others = max(0.0, (after.machine_seconds - before.machine_seconds)
-                     - (after.own_seconds - before.own_seconds)) / wall
+        others = None if before.machine_seconds is None or after.machine_seconds is None else \
+            max(0.0, after.machine_seconds - before.machine_seconds - (after.own_seconds - before.own_seconds)) / wall
         return cls(command=command, commit=_git("rev-parse", "HEAD") or "unknown",
                    uncommitted_changes=bool(_git("status", "--porcelain", "--untracked-files=no")),
                    comfyui_version=comfyui_version(comfy), frontend_version=_installed("comfyui-frontend-package"),
@@ -84,15 +87,20 @@ class RunConditions:
                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                    load_before=tuple(round(x, 2) for x in before.load),
                    load_after=tuple(round(x, 2) for x in after.load), wall_seconds=round(wall, 1),
-                   others_cpu_cores=round(others, 3), alone=others <= OTHERS_CPU_LIMIT)
+                   others_cpu_cores=None if others is None else round(others, 3),
+                   alone=others is not None and others <= OTHERS_CPU_LIMIT)
+
+    @property
+    def beside(self) -> str:
+        """What else used the machine's CPU during the run, in words."""
+        if self.others_cpu_cores is None:
+            return "this system does not say what else used the CPU during the run"
+        return f"other processes used {self.others_cpu_cores:.2f} of the {self.cores} cores during the run"
 
     @property
     def why_no_time(self) -> str | None:
         """Why this run's times are not published, None when they are."""
-        if self.alone:
-            return None
-        return (f"not shown: other processes used {self.others_cpu_cores:.2f} of the {self.cores} cores "
-                f"during the run")
+        return None if self.alone else f"not shown: {self.beside}"
 
 
 def command_line(benchmark: str, argv: list[str]) -> str:

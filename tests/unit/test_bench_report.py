@@ -69,7 +69,8 @@ def test_a_shared_run_shows_calls_and_quality_and_says_why_its_time_is_empty(pub
             "1.57x; plain |") in text
     assert "| [edit-loop (8)](results/edit-loop.json) | fast | 1.61x | 19.1 | 46.4 | 0.990 | 1.000 | 1.57x, 1.61x; plain |" \
         in text
-    assert "other processes used 1.20 cores: shared, times not shown." in text
+    assert "other processes used 1.20 of the 2 cores during the run: shared, times not shown." in text
+    assert "other processes used 0.01 of the 2 cores during the run: alone, times shown." in text
 
 
 def test_the_readme_table_and_text_outside_the_markers(published, monkeypatch):
@@ -109,3 +110,10 @@ def test_a_run_had_the_machine_alone_only_while_other_processes_stayed_near_idle
     assert (shared.wall_seconds, shared.load_before, shared.load_after, shared.torch_threads) == \
         (60.0, (0.5, 0.5, 0.5), (2.0, 1.2, 0.8), 1)
     assert len(shared.commit) == 40 and shared.comfyui_version == "unknown"
+
+
+def test_where_the_system_does_not_say_what_else_ran_no_time_is_shown(tmp_path):
+    blind = CpuUse(machine_seconds=None, own_seconds=10.0, wall=0.0, load=(0.5, 0.5, 0.5))
+    conditions = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, blind, blind)
+    assert (conditions.others_cpu_cores, conditions.alone) == (None, False)
+    assert conditions.why_no_time == "not shown: this system does not say what else used the CPU during the run"
