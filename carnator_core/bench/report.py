@@ -60,7 +60,7 @@ class StoredRun:
 
     def time(self, config: dict[str, Any]) -> str:
         """The configuration's median time against plain, where the run had the machine to itself."""
-        return f"{config['speedup']:.2f}x" if self.conditions.alone else "— (shared machine)"
+        return f"{config['speedup']:.2f}x" if self.conditions.alone else "— (not measured alone)"
 
 
 def load_runs(names: Iterable[str], results_dir: Path) -> dict[str, StoredRun]:

@@ -65,7 +65,7 @@ def test_check_passes_on_the_generated_tables_and_fails_on_a_hand_edit(published
 
 def test_a_shared_run_shows_calls_and_quality_and_says_why_its_time_is_empty(published):
     text = published.read_text()
-    assert ("| [near-dup (8)](results/near-dup.json) | fast | — (shared machine) | 19.1 | 46.4 | 0.990 | 1.000 | "
+    assert ("| [near-dup (8)](results/near-dup.json) | fast | — (not measured alone) | 19.1 | 46.4 | 0.990 | 1.000 | "
             "1.57x; plain |") in text
     assert "| [edit-loop (8)](results/edit-loop.json) | fast | 1.61x | 19.1 | 46.4 | 0.990 | 1.000 | 1.57x, 1.61x; plain |" \
         in text
