@@ -1,4 +1,4 @@
-"""`python -m carnator_core.bench <name> [options]`: run one benchmark.
+"""`python -m carnator_core.bench <name> [options]`: run one benchmark, or `report` to regenerate the published tables.
 
 Each benchmark is a module of this package with a `main(argv: list[str]) -> int`.
 """
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "screen": "carnator_core.bench.screen",
     "stages": "carnator_core.bench.stages",
     "inputs": "carnator_core.bench.inputs",
+    "report": "carnator_core.bench.report",
 }
 
 

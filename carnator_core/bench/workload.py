@@ -2,7 +2,7 @@
 
     python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial,edit-loop}
         [--prompts FILE] [--graph single|two-expert] [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0]
-        [--weights FILE] [--threads 1] [--attention-heavy] [--json] [--out DIR]
+        [--weights FILE] [--threads 1] [--attention-heavy] [--json] [--out DIR] [--record NAME]
 
 Configurations (each with its own store directory, all in one server so they share the loaded model):
 plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verification=text-only: skip depth from
@@ -70,10 +70,11 @@ from carnator_core.bench import plot, stages
 from carnator_core.bench.fewer_steps import cheapest_as_good, fewer_steps, fewer_steps_count, step_count
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
+from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
-from carnator_core.comfyui_location import ComfyNotFound
+from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
@@ -736,6 +737,9 @@ def main(argv: list[str]) -> int:
                              "against it; plain-<n> rows only where named, e.g. plain-10); default: all")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
+    parser.add_argument("--record", metavar="NAME", type=record_name,
+                        help="also store the run's JSON, with the conditions it ran under, as docs/results/NAME.json: "
+                             "the source of the published table NAME (`bench report`)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the ComfyUI server is stopped
     say = (lambda message: print(message, file=sys.stderr, flush=True)) if args.json else \
@@ -747,11 +751,16 @@ def main(argv: list[str]) -> int:
             raise DemoSetupError("--threads must be 0 (every core) or more")
         prompts = read_prompt_file(args.prompts) if args.prompts else make_stream(args.stream, args.n)
         weights = demo_weights(args.weights)
+        before = CpuUse.now()
         result, settings, details = _run(args, prompts, weights, say)
+        conditions = RunConditions.measured(command_line("workload", argv), find_comfyui(), args.threads, before,
+                                            CpuUse.now())
     except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:
         print(f"carnator workload benchmark: {error}", file=sys.stderr)
         return 1
     paths = write_outputs(args.out, result, settings, details)
+    if args.record:
+        paths.append(write_result(args.record, conditions, {**result, "settings": settings, "per_prompt": details}))
     if args.json:
         print(json.dumps(result))
     else:

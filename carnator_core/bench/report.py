@@ -1,0 +1,212 @@
+"""`python -m carnator_core.bench report [--check]`: the results tables of the README and docs/measurements.md,
+generated from the stored runs in docs/results/ (`bench workload --record NAME`).
+
+Each table sits between `<!-- results:TABLE -->` and `<!-- /results:TABLE -->`, and all between is rewritten: a figure
+typed there by hand does not survive the next report, and `--check` (run in CI) fails while a table differs from what
+its JSON gives. A time ratio is shown only from a run that had the machine to itself (`RunConditions.alone`);
+otherwise the time cell says why it is empty, and the calls and quality stand alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from carnator_core.bench.fewer_steps import fewer_steps_count
+from carnator_core.bench.results import REPO_DIR, RESULTS_DIR, RunConditions, read_result
+
+DOCUMENTS = (REPO_DIR / "README.md", REPO_DIR / "docs" / "measurements.md")
+MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",
+                    re.S)
+# The stored runs behind the stream tables, in table order: result name -> the stream as a row names it.
+STREAM_RUNS = {
+    "edit-loop": "edit-loop (8)",
+    "reword-and-edit": "reword-and-edit (16)",
+    "reword-and-edit-cfg4": "reword-and-edit (16), cfg 4",
+    "near-dup": "near-dup (8)",
+    "mixed": "mixed (8)",
+    "unrelated": "unrelated (8)",
+    "two-expert-30-steps": "two experts, edit-loop (8), 30 steps",
+    "two-expert-4-steps": "two experts, edit-loop (8), 4 steps",
+}
+MODES = ("balanced", "fast")
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One stored benchmark run: the conditions it had and the benchmark's JSON."""
+
+    name: str
+    conditions: RunConditions
+    result: dict[str, Any]
+
+    def config(self, name: str) -> dict[str, Any]:
+        for config in self.result["configs"]:
+            if config["name"] == name:
+                return config
+        raise KeyError(f"{self.name}: the run has no configuration {name!r}")
+
+    @property
+    def fewer_steps(self) -> list[dict[str, Any]]:
+        """Plain at fewer steps, most steps first."""
+        runs = [c for c in self.result["configs"] if fewer_steps_count(c["name"]) is not None]
+        return sorted(runs, key=lambda c: -(fewer_steps_count(c["name"]) or 0))
+
+    def time(self, config: dict[str, Any]) -> str:
+        """The configuration's median time against plain, where the run had the machine to itself."""
+        return f"{config['speedup']:.2f}x" if self.conditions.alone else "— (not measured alone)"
+
+
+def load_runs(names: Iterable[str], results_dir: Path) -> dict[str, StoredRun]:
+    runs = {}
+    for name in names:
+        conditions, result = read_result(name, results_dir)
+        runs[name] = StoredRun(name, conditions, result)
+    return runs
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+def readme_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
+    """The README's short table: per stream the modes' calls and quality, and plain at fewer steps beside them."""
+    lines = ["| stream | time against plain (balanced / fast) | balanced: calls, PSNR, adherence | "
+             "fast: calls, PSNR, adherence | equal quality, by calls (balanced / fast) | "
+             "plain at fewer steps: PSNR, adherence |", "|---|---|---|---|---|---|"]
+    for name, label in STREAM_RUNS.items():
+        run = runs[name]
+        modes = [run.config(mode) for mode in MODES]
+        time = run.conditions.why_no_time or " / ".join(run.time(c) for c in modes)
+        quality = [f"{c['model_calls']:.1f}, {c['psnr']:.1f} dB, {_adherence(c)}" for c in modes]
+        lines.append(f"| [{label}]({link(name)}) | {time} | {quality[0]} | {quality[1]} | {_equal_quality(modes)} | "
+                     f"{_fewer_steps(run)} |")
+    return "\n".join(lines) + "\n"
+
+
+def streams_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
+    """Every stored stream run, each configuration it ran on a row of its own."""
+    lines = ["| stream | config | time | model calls | PSNR (dB) | SSIM | adherence | "
+             "equal-quality speedup (calls[, time]; against) |", "|---|---|---|---|---|---|---|---|"]
+    for name, label in STREAM_RUNS.items():
+        run = runs[name]
+        for c in [run.config("plain"), *run.fewer_steps, *(run.config(mode) for mode in MODES)]:
+            equal = c["equal_quality_speedup"]
+            against = "" if equal is None else (f"{equal['calls']:.2f}x" + (
+                f", {equal['time']:.2f}x" if run.conditions.alone else "") + f"; {equal['against']}")
+            lines.append(f"| [{label}]({link(name)}) | {c['name']} | {run.time(c)} | {c['model_calls']:.1f} | "
+                         f"{c['psnr']:.1f} | {c['ssim']:.3f} | {_adherence(c)} | {against} |")
+    return "\n".join(lines) + "\n"
+
+
+def runs_list(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
+    """What each stored run was: its command, code, versions, machine and what else ran beside it."""
+    lines = []
+    for name in STREAM_RUNS:
+        run = runs[name].conditions
+        code = run.commit[:10] + (" with uncommitted changes" if run.uncommitted_changes else "")
+        lines.append(
+            f"- [`{name}`]({link(name)}): `{run.command}`; commit {code}; ComfyUI {run.comfyui_version}, frontend "
+            f"{run.frontend_version or 'none'}, torch {run.torch_version}; {run.cores} cores, "
+            f"{_threads(run.torch_threads)}, GPU {run.gpu or 'none'}; "
+            f"{run.wall_seconds:.0f} s, load average {run.load_before[0]:.1f} before and {run.load_after[0]:.1f} "
+            f"after; {run.beside}: " + ("alone, times shown." if run.alone else "shared, times not shown."))
+    return "\n".join(lines) + "\n"
+
+
+TABLES: dict[str, Callable[[dict[str, StoredRun], Callable[[str], str]], str]] = {
+    "readme": readme_table, "streams": streams_table, "runs": runs_list}
+
+
+def _threads(count: int) -> str:
+    return "torch on every core" if count == 0 else f"{count} torch thread" + "s" * (count > 1)
+
+
+def _adherence(config: dict[str, Any]) -> str:
+    return "n/a" if config["adherence"] is None else f"{config['adherence']:.3f}"
+
+
+def _against(name: str) -> str:
+    steps = fewer_steps_count(name)
+    return "against plain" if steps is None else f"plain at {steps} steps"
+
+
+def _equal_quality(modes: list[dict[str, Any]]) -> str:
+    """The modes' equal-quality speedups by calls, in bold where plain at fewer steps is as good and cheaper."""
+    speedups = [c["equal_quality_speedup"] for c in modes]
+    ratios = " / ".join(f"{s['calls']:.2f}x" for s in speedups)
+    if any(round(s["calls"], 2) < 1 for s in speedups):
+        ratios = f"**{ratios}**"
+    against = {s["against"] for s in speedups}
+    if len(against) == 1:
+        return f"{ratios} ({_against(against.pop())})"
+    return f"{ratios} ({' / '.join(_against(s['against']) for s in speedups)})"
+
+
+def _fewer_steps(run: StoredRun) -> str:
+    fewer = run.fewer_steps
+    if not fewer:
+        return "not run"
+    adherences = {_adherence(c) for c in fewer}
+    if len(adherences) > 1:
+        return " · ".join(f"{fewer_steps_count(c['name'])}: {c['psnr']:.1f} dB, {_adherence(c)}" for c in fewer)
+    cells = [f"{fewer_steps_count(c['name'])}: {c['psnr']:.1f}" for c in fewer]
+    every = "all " if len(cells) > 1 else ""
+    return f"{cells[0]} dB" + "".join(f" · {cell}" for cell in cells[1:]) + f"; {every}{adherences.pop()}"
+
+
+# ------------------------------------------------------------------------------------------------ documents
+
+def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]]:
+    """`text` with every marked table regenerated, and the names of the tables that changed."""
+    changed: list[str] = []
+    runs = load_runs(STREAM_RUNS, results_dir) if MARKED.search(text) else {}
+
+    def link(name: str) -> str:
+        return Path(os.path.relpath(results_dir / f"{name}.json", document.parent)).as_posix()
+
+    def table(match: re.Match[str]) -> str:
+        name = match["table"]
+        if name not in TABLES:
+            raise ValueError(f"{document}: no results table {name!r} (have: {', '.join(TABLES)})")
+        body = TABLES[name](runs, link)
+        if body != match["body"]:
+            changed.append(name)
+        return match["open"] + body + match["close"]
+
+    return MARKED.sub(table, text), changed
+
+
+def update(documents: Iterable[Path], results_dir: Path, check: bool) -> list[str]:
+    """Regenerate the documents' tables (with `check`, only compare); one line per table that differed."""
+    differed = []
+    for document in documents:
+        text = document.read_text()
+        rendered, changed = render(document, text, results_dir)
+        differed += [f"{document.name}: table {name!r}" for name in changed]
+        if changed and not check:
+            document.write_text(rendered)
+    return differed
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m carnator_core.bench report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a table differs from what its JSON gives")
+    args = parser.parse_args(argv)
+    try:
+        differed = update(DOCUMENTS, RESULTS_DIR, args.check)
+    except (OSError, KeyError, ValueError) as error:
+        print(f"carnator bench report: {error}", file=sys.stderr)
+        return 1
+    for line in differed:
+        print(f"{line} differs from its stored runs" if args.check else f"rewrote {line}",
+              file=sys.stderr if args.check else sys.stdout)
+    if args.check and differed:
+        print("run `python -m carnator_core.bench report` and commit the tables", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,119 @@
+"""Published tables come from stored runs: `bench report` writes them between their markers, `--check` fails on a
+hand edit to one, and a time ratio shows only from a run that had the machine to itself."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from carnator_core.bench import report
+from carnator_core.bench.results import CpuUse, RunConditions
+
+SHARED = RunConditions(
+    command="python -m carnator_core.bench workload --stream edit-loop --n 8", commit="0" * 40,
+    uncommitted_changes=False, comfyui_version="0.3.64", frontend_version="1.27.10", torch_version="2.14.1",
+    cores=2, torch_threads=1, gpu=None, load_before=(3.1, 3.0, 2.9), load_after=(4.2, 3.5, 3.0), wall_seconds=300.0,
+    others_cpu_cores=1.2, alone=False)
+ALONE = replace(SHARED, others_cpu_cores=0.01, alone=True)
+
+
+def _config(name: str, calls: float, speedup: float, psnr: float, against: str | None = "plain") -> dict:
+    equal = None if against is None else {"against": against, "calls": round(30 / calls, 3), "time": speedup}
+    return {"name": name, "speedup": speedup, "model_calls": calls, "psnr": psnr, "ssim": 0.99, "adherence": 1.0,
+            "equal_quality_speedup": equal}
+
+
+def _store(results_dir: Path, name: str, conditions: RunConditions) -> None:
+    configs = [_config("plain", 30.0, 1.0, 100.0, None), _config("plain-15", 15.0, 1.98, 38.3, None),
+               _config("plain-10", 10.0, 2.97, 33.5, None), _config("balanced", 23.1, 1.27, 46.8),
+               _config("fast", 19.1, 1.61, 46.4)]
+    payload = {"run": asdict(conditions), "stream": name, "prompts": [], "configs": configs}
+    (results_dir / f"{name}.json").write_text(json.dumps(payload))
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch) -> Path:
+    """A results folder with every stream run (edit-loop alone on the machine, the others shared) and a document
+    holding the generated tables, as `bench report` leaves it; `report.main` reads these."""
+    results_dir = tmp_path / "docs" / "results"
+    results_dir.mkdir(parents=True)
+    for name in report.STREAM_RUNS:
+        _store(results_dir, name, ALONE if name == "edit-loop" else SHARED)
+    document = tmp_path / "docs" / "measurements.md"
+    document.write_text("# Results\n\n<!-- results:streams -->\n<!-- /results:streams -->\n\nText.\n\n"
+                        "<!-- results:runs -->\n<!-- /results:runs -->\n")
+    monkeypatch.setattr(report, "DOCUMENTS", (document,))
+    monkeypatch.setattr(report, "RESULTS_DIR", results_dir)
+    assert report.main([]) == 0
+    return document
+
+
+def test_check_passes_on_the_generated_tables_and_fails_on_a_hand_edit(published):
+    assert report.main(["--check"]) == 0
+    text = published.read_text()
+    assert "| [edit-loop (8)](results/edit-loop.json) | fast | 1.61x | 19.1 | 46.4 |" in text
+    published.write_text(text.replace("| fast | 1.61x | 19.1 |", "| fast | 1.67x | 18.0 |"))
+    assert report.main(["--check"]) == 1
+    assert "1.67x" in published.read_text(), "--check changes nothing"
+    assert report.main([]) == 0
+    assert report.main(["--check"]) == 0
+    assert "| fast | 1.61x | 19.1 |" in published.read_text()
+
+
+def test_a_shared_run_shows_calls_and_quality_and_says_why_its_time_is_empty(published):
+    text = published.read_text()
+    assert ("| [near-dup (8)](results/near-dup.json) | fast | — (not measured alone) | 19.1 | 46.4 | 0.990 | 1.000 | "
+            "1.57x; plain |") in text
+    assert "| [edit-loop (8)](results/edit-loop.json) | fast | 1.61x | 19.1 | 46.4 | 0.990 | 1.000 | 1.57x, 1.61x; plain |" \
+        in text
+    assert "other processes used 1.20 of the 2 cores during the run: shared, times not shown." in text
+    assert "other processes used 0.01 of the 2 cores during the run: alone, times shown." in text
+
+
+def test_the_readme_table_and_text_outside_the_markers(published, monkeypatch):
+    document = published.parent.parent / "README.md"
+    document.write_text("Intro.\n<!-- results:readme -->\nhand-typed 3.51x\n<!-- /results:readme -->\nOutro.\n")
+    monkeypatch.setattr(report, "DOCUMENTS", (published, document))
+    assert report.main(["--check"]) == 1
+    assert report.main([]) == 0
+    text = document.read_text()
+    assert text.startswith("Intro.\n<!-- results:readme -->\n| stream |") and text.endswith("<!-- /results:readme -->\nOutro.\n")
+    assert "3.51x" not in text
+    assert ("| [near-dup (8)](docs/results/near-dup.json) | not shown: other processes used 1.20 of the 2 cores during "
+            "the run | 23.1, 46.8 dB, 1.000 |") in text
+    assert ("| [edit-loop (8)](docs/results/edit-loop.json) | 1.27x / 1.61x | 23.1, 46.8 dB, 1.000 | "
+            "19.1, 46.4 dB, 1.000 | 1.30x / 1.57x (against plain) | 15: 38.3 dB · 10: 33.5; all 1.000 |") in text
+
+
+def test_an_unknown_table_or_a_missing_run_fails_with_its_name(published, capsys):
+    published.write_text(published.read_text() + "<!-- results:nope -->\n<!-- /results:nope -->\n")
+    assert report.main(["--check"]) == 1
+    assert "no results table 'nope'" in capsys.readouterr().err
+    published.write_text(published.read_text().replace("<!-- results:nope -->\n<!-- /results:nope -->\n", ""))
+    (report.RESULTS_DIR / "mixed.json").unlink()
+    assert report.main(["--check"]) == 1
+    assert "mixed.json" in capsys.readouterr().err
+
+
+def test_a_run_had_the_machine_alone_only_while_other_processes_stayed_near_idle(tmp_path):
+    before = CpuUse(machine_seconds=100.0, own_seconds=10.0, wall=0.0, load=(0.5, 0.5, 0.5))
+    quiet = CpuUse(machine_seconds=161.0, own_seconds=70.0, wall=60.0, load=(1.0, 0.8, 0.6))
+    busy = CpuUse(machine_seconds=190.0, own_seconds=70.0, wall=60.0, load=(2.0, 1.2, 0.8))
+    alone = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, before, quiet)
+    shared = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, before, busy)
+    assert (alone.others_cpu_cores, alone.alone, alone.why_no_time) == (0.017, True, None)
+    assert (shared.others_cpu_cores, shared.alone) == (0.5, False)
+    assert shared.why_no_time == f"not shown: other processes used 0.50 of the {shared.cores} cores during the run"
+    assert (shared.wall_seconds, shared.load_before, shared.load_after, shared.torch_threads) == \
+        (60.0, (0.5, 0.5, 0.5), (2.0, 1.2, 0.8), 1)
+    assert len(shared.commit) == 40 and shared.comfyui_version == "unknown"
+
+
+def test_where_the_system_does_not_say_what_else_ran_no_time_is_shown(tmp_path):
+    blind = CpuUse(machine_seconds=None, own_seconds=10.0, wall=0.0, load=(0.5, 0.5, 0.5))
+    conditions = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, blind, blind)
+    assert (conditions.others_cpu_cores, conditions.alone) == (None, False)
+    assert conditions.why_no_time == "not shown: this system does not say what else used the CPU during the run"
