@@ -40,11 +40,12 @@ from carnator_core.attention.sparse_attention import masks_to_blob
 from carnator_core.bench.lookup import build_index
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 from carnator_core.lookup.fingerprint import noise_fingerprint
-from carnator_core.reuse.recording import HISTORY_BLOB, RunRecorder
+from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
+from carnator_core.store.tensor_names import HISTORY_BLOB
 from carnator_core.store.thumbnail import preview_png
 
 WAN_LATENT = (1, 16, 21, 60, 104)  # Wan 2.1 1.3B, 832x480, 81 frames

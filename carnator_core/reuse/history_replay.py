@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 
 from carnator_core.reuse.cached_evaluation import same_sigma
-from carnator_core.reuse.recording import HISTORY_BLOB
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.targets import ProbeTarget
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.stages import stage_index
+from carnator_core.store.tensor_names import HISTORY_BLOB, history_tensor
 
 REPLAY_NOTE = "multistep sampler: retraced the donor's recorded predictions to the resume step, resuming with its history"
 
@@ -51,7 +51,7 @@ def replay_for(store: ReuseStore, target: ProbeTarget, start_fingerprint: str | 
     tensors = store.get_tensors(target.meta.entry_id, HISTORY_BLOB)
     if tensors is None:
         return None
-    predictions = [tensors.get(f"p_{step}") for step in range(target.step)]
+    predictions = [tensors.get(history_tensor(step)) for step in range(target.step)]
     if any(p is None or p.shape != target.x0.shape or not torch.isfinite(p).all() for p in predictions):
         return None
     if target.corrected and difference is not None:

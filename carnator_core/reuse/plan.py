@@ -17,12 +17,18 @@ import torch
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.input_start import GUIDE_IMAGE, INPUT_START, input_mismatch
 from carnator_core.reuse.packed_latent import PackedShapes
-from carnator_core.reuse.recording import GUIDE_TENSOR, INPUT_TENSOR
 from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 from carnator_core.reuse.trajectory import stage_end_of
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.stages import checkpoint_blob, stage_entry, stage_index, start_blob
+from carnator_core.store.tensor_names import (
+    GUIDE_TENSOR,
+    INPUT_TENSOR,
+    guidance_tensor,
+    prediction_tensor,
+    state_tensor,
+)
 
 log = logging.getLogger("carnator.planner")
 
@@ -182,7 +188,7 @@ def lacking_states(planned: list[ProbeTarget | ScreenOnly], recorded_steps: Call
         if meta.entry_id in seen:
             continue
         seen.add(meta.entry_id)
-        held = {int(c["step"]) for c in meta.checkpoints}
+        held = {c.step for c in meta.checkpoints}
         resumed_at = int(meta.lineage.get("depth", 0) or 0)
         lacked = [step for step in recorded_steps(meta.total_steps) if resumed_at < step <= max_step and step not in held]
         if lacked:
@@ -217,7 +223,7 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
         if reason is not None:
             reads.skip(reason, meta)
             continue
-        offers += [Offer(int(c["step"]), rank, float(c["sigma"]), candidate, meta) for c in checkpoints]
+        offers += [Offer(c.step, rank, c.sigma, candidate, meta) for c in checkpoints]
     offers.sort(key=lambda offer: (-offer.step, offer.rank))
     return offers
 
@@ -241,11 +247,11 @@ def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool
     return None
 
 
-def _resumable_checkpoints(meta: EntryMeta, max_step: int) -> tuple[list[dict], str | None]:
+def _resumable_checkpoints(meta: EntryMeta, max_step: int) -> tuple[list[CheckpointRecord], str | None]:
     """The donor's checkpoints a resume may start from: past step 0, within the mode's depth and evaluated by the
     model (not a step cache's extrapolation); with the reason when there is none."""
-    within = [c for c in meta.checkpoints if 0 < int(c["step"]) <= max_step]
-    evaluated = [c for c in within if c.get("evaluated", True)]
+    within = [c for c in meta.checkpoints if 0 < c.step <= max_step]
+    evaluated = [c for c in within if c.evaluated]
     if evaluated:
         return evaluated, None
     if not within:
@@ -319,7 +325,7 @@ def _checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float
                        meta: EntryMeta, latent_shape: tuple[int, ...]) -> ProbeTarget | None:
     """The target at `step`: None unless its state and prediction are finite and of the live latent's shape; an
     unusable guidance field is dropped alone (the probe then compares structure only)."""
-    x, x0, guidance = tensors.get(f"x_{step}"), tensors.get(f"x0_{step}"), tensors.get(f"g_{step}")
+    x, x0, guidance = (tensors.get(name(step)) for name in (state_tensor, prediction_tensor, guidance_tensor))
     if not (_usable(x, latent_shape) and _usable(x0, latent_shape)):
         return None
     if guidance is not None and not _usable(guidance, None):
@@ -342,12 +348,12 @@ def _anchor_for(reads: _Reads, meta: EntryMeta, step: int, candidate: Candidate)
     """The donor's shallowest evaluated checkpoint before `step` (not step 0, which holds no state), up its
     lineage: where a deep pass is confirmed while the prompt still decides layout and motion."""
     for owner, before in _lineage(reads.store, meta, step):
-        early = [c for c in owner.checkpoints if 0 < int(c["step"]) < before and c.get("evaluated", True)]
+        early = [c for c in owner.checkpoints if 0 < c.step < before and c.evaluated]
         if early:
-            first = min(early, key=lambda c: int(c["step"]))
+            first = min(early, key=lambda c: c.step)
             tensors = _checkpoints_of(reads, owner)
             return None if tensors is None else _checkpoint_target(
-                tensors, int(first["step"]), float(first["sigma"]), candidate, owner, reads.facts.latent_shape)
+                tensors, first.step, first.sigma, candidate, owner, reads.facts.latent_shape)
     return None
 
 
@@ -355,15 +361,16 @@ def _start_for(reads: _Reads, meta: EntryMeta) -> StartPrediction | None:
     """The donor's step-0 prediction and the fingerprint of the state it was made at (up the lineage): what the
     live request's own first evaluation screens the donor against; None when it is missing or unusable."""
     for owner, _ in _lineage(reads.store, meta, meta.total_steps):
-        record = next((c for c in owner.checkpoints if int(c["step"]) == 0 and c.get("start")), None)
+        record = next((c for c in owner.checkpoints if c.step == 0 and c.start), None)
         if record is None:
             continue
         tensors = _start_record_of(reads, owner)
-        x0 = None if tensors is None else tensors.get("x0_0")
+        x0 = None if tensors is None else tensors.get(prediction_tensor(0))
         if not _usable(x0, reads.facts.latent_shape):
             return None
-        guidance, state, latent, guide = (tensors.get(name) for name in ("g_0", "x_0", INPUT_TENSOR, GUIDE_TENSOR))
-        return StartPrediction(meta=owner, sigma=float(record["sigma"]), state=str(record["start"]), x0=x0,
+        guidance, state, latent, guide = (tensors.get(name) for name in (
+            guidance_tensor(0), state_tensor(0), INPUT_TENSOR, GUIDE_TENSOR))
+        return StartPrediction(meta=owner, sigma=record.sigma, state=str(record.start), x0=x0,
                                guidance=guidance if _usable(guidance, None) else None,
                                x=state if _usable(state, reads.facts.latent_shape) else None,
                                input=latent if _usable(latent, None) else None,

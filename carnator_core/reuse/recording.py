@@ -22,18 +22,23 @@ from carnator_core.lookup.embeddings import EmbeddingError
 from carnator_core.lookup.prompt_vectors import prompt_vectors
 from carnator_core.reuse.probe import downsample_guidance
 from carnator_core.store.backend import StoreUnavailable
-from carnator_core.store.entry import EntryMeta
+from carnator_core.store.entry import CheckpointRecord, EntryMeta
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
+from carnator_core.store.tensor_names import (
+    END_TENSOR,
+    GUIDE_TENSOR,
+    HISTORY_BLOB,
+    INPUT_TENSOR,
+    guidance_tensor,
+    history_tensor,
+    prediction_tensor,
+    state_tensor,
+)
 from carnator_core.store.thumbnail import PreviewFrame
 
 log = logging.getLogger("carnator.recorder")
 
-END_TENSOR = "end"  # a stage's output in its checkpoint blob (`carnator_core.reuse.trajectory`)
-INPUT_TENSOR = "input"  # a run's input latent in its step-0 blob (`carnator_core.reuse.input_start`)
-GUIDE_TENSOR = "guide"  # the image its conditioning carried, in the same blob
-# a multistep sampler's predictions before the deepest checkpoint, tensors p_<step> (`carnator_core.reuse.history_replay`)
-HISTORY_BLOB = "history"
 
 @dataclass
 class Checkpoint:
@@ -109,7 +114,7 @@ class RunRecorder:
         """Keep the stage's output (what its sampler returned, leftover noise included) as a CPU fp16 copy."""
         self.end = (float(sigma), self._stored(output))
 
-    def blobs(self) -> tuple[list[dict], dict[str, bytes]]:
+    def blobs(self) -> tuple[list[CheckpointRecord], dict[str, bytes]]:
         """Checkpoint metadata list and the safetensors blobs holding the tensors: `checkpoints`, step 0's record
         apart in `start` (what the step-0 screen reads of a donor), and the sampler's predictions in `history`."""
         for device in self.copying_from:  # whatever stream each copy was queued on (once per run, after sampling)
@@ -122,19 +127,19 @@ class RunRecorder:
             checkpoint = self.checkpoints[step]
             kept = start if step == 0 else tensors
             if checkpoint.x is not None:
-                kept[f"x_{step}"] = checkpoint.x
-            kept[f"x0_{step}"] = checkpoint.x0
+                kept[state_tensor(step)] = checkpoint.x
+            kept[prediction_tensor(step)] = checkpoint.x0
             if checkpoint.input is not None:
                 kept[INPUT_TENSOR] = checkpoint.input
             if checkpoint.guide is not None:
                 kept[GUIDE_TENSOR] = checkpoint.guide
             if checkpoint.guidance is not None:
-                kept[f"g_{step}"] = checkpoint.guidance
-            listing.append({"step": step, "sigma": checkpoint.sigma, "guidance": checkpoint.guidance is not None,
-                            "evaluated": checkpoint.evaluated, **({"start": checkpoint.start} if step == 0 else {})})
+                kept[guidance_tensor(step)] = checkpoint.guidance
+            listing.append(CheckpointRecord(step=step, sigma=checkpoint.sigma, guidance=checkpoint.guidance is not None,
+                                            evaluated=checkpoint.evaluated, start=checkpoint.start if step == 0 else None))
         if self.end is not None:
             tensors[END_TENSOR] = self.end[1]
-        history = {f"p_{step}": prediction for step, prediction in self.history.items()}
+        history = {history_tensor(step): prediction for step, prediction in self.history.items()}
         blobs = {name: encode_tensors(kept) for name, kept in
                  (("checkpoints", tensors), ("start", start), (HISTORY_BLOB, history)) if kept}
         return listing, blobs

@@ -24,7 +24,7 @@ import torch
 
 from carnator_core.lookup.fingerprint import content_fingerprint
 from carnator_core.reuse.cached_evaluation import same_sigma
-from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, writer
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.targets import StageEnd
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -36,6 +36,7 @@ from carnator_core.store.stages import (
     start_blob,
     trajectory_steps,
 )
+from carnator_core.store.tensor_names import END_TENSOR
 from carnator_core.store.thumbnail import PreviewFrame
 
 log = logging.getLogger("carnator.trajectory")

@@ -20,6 +20,38 @@ class CorruptEntryError(ValueError):
 
 
 @dataclass(frozen=True)
+class CheckpointRecord:
+    """What an entry's metadata says of one recorded checkpoint; its tensors are in the entry's blobs, under the names
+    `carnator_core.store.tensor_names` gives."""
+
+    step: int
+    sigma: float
+    guidance: bool = False  # whether its guidance (cond - uncond) was kept
+    evaluated: bool = True  # False: its prediction is a step cache's extrapolation (EasyCache skipped the step)
+    start: str | None = None  # step 0: the fingerprint of the state the run started from
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (`start` only where it is set, as step 0's record has it)."""
+        record: dict[str, Any] = {"step": self.step, "sigma": self.sigma, "guidance": self.guidance,
+                                  "evaluated": self.evaluated}
+        if self.start is not None:
+            record["start"] = self.start
+        return record
+
+    @classmethod
+    def parse(cls, record: Any) -> CheckpointRecord:
+        """The record behind its JSON form; CorruptEntryError where a field is missing or of the wrong type."""
+        if not isinstance(record, dict):
+            raise CorruptEntryError("a checkpoint record is not an object")
+        step, sigma, start = record.get("step"), record.get("sigma"), record.get("start")
+        if (not isinstance(step, int) or isinstance(step, bool) or step < 0 or isinstance(sigma, bool)
+                or not isinstance(sigma, (int, float)) or not (start is None or isinstance(start, str))):
+            raise CorruptEntryError("a checkpoint record lacks its step or sigma, or has a malformed start")
+        return cls(step=step, sigma=float(sigma), guidance=bool(record.get("guidance", False)),
+                   evaluated=bool(record.get("evaluated", True)), start=start)
+
+
+@dataclass(frozen=True)
 class HardKey:
     """What a donor must share exactly with a request to be a candidate at all."""
 
@@ -62,7 +94,7 @@ class EntryMeta:
     seed: int | None = None
     total_steps: int = 0
     sample_seconds: float = 0.0
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = field(default_factory=list)
     masks: dict[str, Any] = field(default_factory=dict)
     lineage: dict[str, Any] = field(default_factory=dict)
     blob_bytes: dict[str, int] = field(default_factory=dict)
@@ -78,6 +110,7 @@ class EntryMeta:
 
     def to_json(self) -> str:
         record = asdict(self)
+        record["checkpoints"] = [checkpoint.as_dict() for checkpoint in self.checkpoints]
         record["schema_version"] = SCHEMA_VERSION
         return json.dumps(record, sort_keys=True, allow_nan=False)
 
@@ -93,6 +126,7 @@ class EntryMeta:
             hard_key = HardKey(model=str(key["model"]), grid=tuple(int(v) for v in key["grid"]),
                                schedule=str(key["schedule"]), frame_rate=float(key.get("frame_rate", 0.0)))
             record["latent_shape"] = tuple(int(v) for v in record.get("latent_shape", ()))
+            record["checkpoints"] = [CheckpointRecord.parse(c) for c in record.get("checkpoints", [])]
             meta = cls(hard_key=hard_key, **record)
         except (TypeError, ValueError, KeyError, json.JSONDecodeError) as error:
             raise CorruptEntryError(f"unreadable entry metadata: {error}") from error

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from carnator_core.store.entry import EntryMeta
+from carnator_core.store.entry import CheckpointRecord, CorruptEntryError, EntryMeta
 
 
 def checkpoint_blob(stage: int) -> str:
@@ -40,7 +40,7 @@ class StageRecord:
     model: str
     schedule: str
     steps: int
-    checkpoints: list[dict[str, Any]]
+    checkpoints: list[CheckpointRecord]
     masks: dict[str, Any]
     end_sigma: float | None = None  # where the stage ended, when it hands over to another
 
@@ -52,27 +52,25 @@ class StageRecord:
         model, schedule, steps, listing = (record.get("model"), record.get("schedule"), record.get("steps"),
                                            record.get("checkpoints"))
         if not (isinstance(model, str) and isinstance(schedule, str) and isinstance(steps, int) and steps > 0
-                and _valid_checkpoints(listing)):
+                and isinstance(listing, list)):
+            return None
+        try:
+            checkpoints = [CheckpointRecord.parse(c) for c in listing]
+        except CorruptEntryError:
             return None
         end = record.get("end")
         end_sigma = end.get("sigma") if isinstance(end, dict) else None
         masks = record.get("masks")
-        return cls(model=model, schedule=schedule, steps=steps, checkpoints=list(listing),
+        return cls(model=model, schedule=schedule, steps=steps, checkpoints=checkpoints,
                    masks=dict(masks) if isinstance(masks, dict) else {},
                    end_sigma=float(end_sigma) if isinstance(end_sigma, (int, float)) else None)
 
     def as_dict(self) -> dict[str, Any]:
         record: dict[str, Any] = {"model": self.model, "schedule": self.schedule, "steps": self.steps,
-                                  "checkpoints": self.checkpoints, "masks": self.masks}
+                                  "checkpoints": [c.as_dict() for c in self.checkpoints], "masks": self.masks}
         if self.end_sigma is not None:
             record["end"] = {"sigma": self.end_sigma}
         return record
-
-
-def _valid_checkpoints(listing: Any) -> bool:
-    return isinstance(listing, list) and all(
-        isinstance(c, dict) and isinstance(c.get("step"), int) and isinstance(c.get("sigma"), (int, float))
-        for c in listing)
 
 
 def _raw_records(meta: EntryMeta) -> list[Any]:

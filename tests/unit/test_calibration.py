@@ -31,7 +31,7 @@ from carnator_core.prompt_file import PromptFileError, prompt_lines
 from carnator_core.reuse.probe import ProbeThresholds
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.profiles import DOCUMENT, profile_for, save_profile, stored_profiles
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
@@ -95,7 +95,7 @@ def test_a_profile_larger_than_the_bound_or_not_json_is_refused_unread():
 
 # ------------------------------------------------------------------ in the store, judging runs
 def _donor(store: ReuseStore) -> Candidate:
-    checkpoints = [{"step": s, "sigma": 1 - s / STEPS, "guidance": False, "evaluated": True} for s in range(1, STEPS)]
+    checkpoints = [CheckpointRecord(step=s, sigma=1 - s / STEPS) for s in range(1, STEPS)]
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt="donor", latent_shape=SHAPE,
                      noise_fingerprint="noise", total_steps=STEPS, checkpoints=checkpoints)
     tensors = {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in range(1, STEPS) for kind in ("x", "x0")}

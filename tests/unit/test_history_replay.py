@@ -7,12 +7,13 @@ import torch
 
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.history_replay import replay_for
-from carnator_core.reuse.recording import HISTORY_BLOB, RunRecorder
+from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import decode_tensors, encode_tensors
+from carnator_core.store.tensor_names import HISTORY_BLOB
 
 SHAPE = (1, 16, 2, 4, 4)
 SIGMAS = [1.0 - step / 10 for step in range(11)]

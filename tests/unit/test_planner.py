@@ -14,7 +14,7 @@ from carnator_core.reuse.plan import RequestFacts, ScreenOnly, plan_probes
 from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
 
@@ -29,10 +29,10 @@ def _donor(store: ReuseStore, name: str, steps: list[int], tensors: dict | None 
            extrapolated: tuple[int, ...] = (), lineage: dict | None = None, start: str | None = None) -> Candidate:
     """A stored donor with checkpoints at `steps`; with `start` also its step-0 prediction (tensors' "x0_0") made at
     the state of that fingerprint."""
-    checkpoints = [{"step": s, "sigma": 1 - s / 10, "guidance": False, "evaluated": s not in extrapolated}
+    checkpoints = [CheckpointRecord(step=s, sigma=1 - s / 10, evaluated=s not in extrapolated)
                    for s in steps]
     if start is not None:
-        checkpoints.insert(0, {"step": 0, "sigma": 1.0, "guidance": False, "evaluated": True, "start": start})
+        checkpoints.insert(0, CheckpointRecord(step=0, sigma=1.0, start=start))
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=name, lineage=lineage or {},
                      latent_shape=SHAPE, noise_fingerprint="noise", total_steps=10, checkpoints=checkpoints)
     tensors = tensors or {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in steps for kind in ("x", "x0")}

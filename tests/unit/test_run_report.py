@@ -14,7 +14,7 @@ from carnator_core.reuse.report import SEED_ACTION, RunReport, Verdict
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.targets import ProbeTarget
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
 
@@ -47,7 +47,7 @@ def _planned(run: ReuseRun, noise: str = "noise", **match) -> list[ProbeTarget]:
     from the initial noise `noise`."""
     meta = EntryMeta(entry_id="donor-1", hard_key=KEY, prompt="a red ball", latent_shape=SHAPE,
                      noise_fingerprint=noise, total_steps=10, sample_seconds=4.0,
-                     checkpoints=[{"step": 5, "sigma": 0.5, "guidance": False, "evaluated": True}])
+                     checkpoints=[CheckpointRecord(step=5, sigma=0.5)])
     run.store.put(meta, {"checkpoints": encode_tensors({"x_5": torch.zeros(SHAPE), "x0_5": DONOR_X0})},
                   IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
     return run.plan(Match(store_location="store", request=None, candidates=[CANDIDATE], **match))

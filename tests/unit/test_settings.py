@@ -17,7 +17,7 @@ from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import INPUT_RANGES, ReuseSettings, input_range
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
 
@@ -29,7 +29,7 @@ STEPS = 10  # the donor's and the request's schedule
 def _donor(store: ReuseStore, noise: str = "noise") -> Candidate:
     """A stored 10-step donor with a checkpoint at every step (as a short schedule records), made from `noise`."""
     steps = range(1, STEPS)
-    checkpoints = [{"step": s, "sigma": 1 - s / STEPS, "guidance": False, "evaluated": True} for s in steps]
+    checkpoints = [CheckpointRecord(step=s, sigma=1 - s / STEPS) for s in steps]
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt="donor", latent_shape=SHAPE,
                      noise_fingerprint=noise, total_steps=STEPS, checkpoints=checkpoints)
     tensors = {f"{kind}_{s}": torch.full(SHAPE, float(s)) for s in steps for kind in ("x", "x0")}

@@ -25,7 +25,7 @@ import torch
 from support.store_writer import Exploit, synthetic_entry
 
 from carnator_core.store.backend import StoreError, UnsafeValueError, is_store_url
-from carnator_core.store.entry import SCHEMA_VERSION, EntryMeta, HardKey
+from carnator_core.store.entry import SCHEMA_VERSION, CheckpointRecord, CorruptEntryError, EntryMeta, HardKey
 from carnator_core.store.location import is_loopback_host, resolve_store_directory
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import decode_tensors, encode_tensors
@@ -67,13 +67,13 @@ def test_round_trip_latents_and_masks(location):
     packed = torch.from_numpy(np.packbits(mask.numpy(), axis=-1))
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey("m", (5, 8, 8), "s", frame_rate=23.976),
                      prompt="a red ball",
-                     checkpoints=[{"step": 5, "sigma": 0.8}], masks={"block_size": 64, "grid": [40, 40]})
+                     checkpoints=[CheckpointRecord(step=5, sigma=0.8)], masks={"block_size": 64, "grid": [40, 40]})
     store.put(meta, {"checkpoints": encode_tensors({"x_5": latent.half()}), "masks": encode_tensors({"w0": packed})},
               _vectors())
 
     reopened = ReuseStore(location)
     loaded = reopened.get_meta(meta.entry_id)
-    assert loaded.prompt == "a red ball" and loaded.checkpoints == [{"step": 5, "sigma": 0.8}]
+    assert loaded.prompt == "a red ball" and loaded.checkpoints == [CheckpointRecord(step=5, sigma=0.8)]
     assert loaded.hard_key == meta.hard_key == reopened.index_entries([meta.entry_id])[0].hard_key  # both records
     restored = reopened.get_tensors(meta.entry_id, "checkpoints")["x_5"]
     assert restored.dtype == torch.float16
@@ -320,3 +320,21 @@ def test_tensor_codec_rejects_garbage():
     with pytest.raises(CorruptBlobError):
         decode_tensors(b"\xff" * 32)
     assert torch.equal(decode_tensors(encode_tensors({"a": torch.arange(4)}))["a"], torch.arange(4))
+
+
+def test_checkpoint_records_read_and_write_the_entry_json_as_recorded():
+    """The metadata's checkpoint list, as a run records it, is read into typed records and written back unchanged;
+    a malformed record makes the entry corrupt (skipped), never a KeyError in the planner."""
+    listing = [{"step": 0, "sigma": 1.0, "guidance": True, "evaluated": True, "start": "noise"},
+               {"step": 15, "sigma": 0.5, "guidance": True, "evaluated": False}]
+    meta = EntryMeta(entry_id="e", hard_key=HardKey(model="m", grid=(1, 2, 2), schedule="s"))
+    record = json.loads(meta.to_json())
+    record["checkpoints"] = listing
+    loaded = EntryMeta.from_json(json.dumps(record))
+    assert loaded.checkpoints == [CheckpointRecord(step=0, sigma=1.0, guidance=True, start="noise"),
+                                  CheckpointRecord(step=15, sigma=0.5, guidance=True, evaluated=False)]
+    assert json.loads(loaded.to_json())["checkpoints"] == listing
+    for malformed in ({"sigma": 0.5}, {"step": "15", "sigma": 0.5}, {"step": 1, "sigma": 0.5, "start": 3}, [1, 0.5]):
+        record["checkpoints"] = [malformed]
+        with pytest.raises(CorruptEntryError):
+            EntryMeta.from_json(json.dumps(record))

@@ -13,7 +13,7 @@ from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider
 from carnator_core.reuse.plan import RequestFacts, plan_probes
 from carnator_core.reuse.probe import ProbeSignals
-from carnator_core.reuse.recording import END_TENSOR, PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, writer
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.targets import ProbeTarget, StageEnd
@@ -23,10 +23,11 @@ from carnator_core.reuse.trajectory import (
     HandoverRegistry,
     stage_end_of,
 )
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.stages import stage_entry, trajectory_steps
 from carnator_core.store.tensor_codec import encode_tensors
+from carnator_core.store.tensor_names import END_TENSOR
 
 SHAPE = (1, 16, 2, 8, 8)
 KEY = HardKey("high-noise", (2, 4, 4), "first-half")
@@ -39,7 +40,7 @@ def _meta(*stages, stage_end: bool = True) -> EntryMeta:
     if stage_end:
         extra["stage_end"] = {"sigma": 0.5}
     return EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, latent_shape=SHAPE, total_steps=2,
-                     checkpoints=[{"step": 0, "sigma": 1.0, "start": "noise"}, {"step": 1, "sigma": 0.75}],
+                     checkpoints=[CheckpointRecord(step=0, sigma=1.0, start="noise"), CheckpointRecord(step=1, sigma=0.75)],
                      extra=extra)
 
 
@@ -47,7 +48,7 @@ def test_a_later_stage_reads_as_an_entry_of_its_own_model_schedule_and_steps():
     meta = _meta(SECOND)
     view = stage_entry(meta, 1)
     assert view.hard_key == HardKey("low-noise", KEY.grid, "second-half") and view.total_steps == 2
-    assert view.entry_id == meta.entry_id and [c["step"] for c in view.checkpoints] == [0, 1]
+    assert view.entry_id == meta.entry_id and [c.step for c in view.checkpoints] == [0, 1]
     assert view.lineage == {} and view.extra["stage"] == 1 and view.extra["trajectory_steps"] == 4
     assert stage_entry(meta, 0) is meta and trajectory_steps(meta) == 4
 
