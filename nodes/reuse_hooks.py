@@ -507,6 +507,7 @@ def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra
             _adopt_step_cache(state, guider, extra_args, run.start_state)
             state.cached_eval = _cached(state, run.start_state, run.start_state, sigma_values[0], exact=True)
 
+    state.probe_branches = []  # what the sampler is handed is in `cached_eval`: the probes' predictions are dropped
     run.lend_masks(state.attention)
     return sample, sigmas, noise, latent_image, _recording_callback(state, extra_args, callback, start, resumed,
                                                                     sigma_values)
