@@ -137,9 +137,9 @@ class ReuseSettings:
 
     @property
     def contained_resume_fraction(self) -> float | None:
-        """The resume depth of the next shallower mode that resumes (balanced's, for fast): this mode asks every state
-        that mode would ask, as it would, and goes deeper only after a pass (`Decider._deepen`). None where no
-        shallower mode resumes, and for a forced resume."""
+        """The resume depth of the next shallower mode that resumes (balanced's, for fast): this mode resumes at least
+        as deep as that mode, at most one call dearer (`Decider._probe`). None where no shallower mode resumes, and
+        for a forced resume."""
         if self.forced_resume_fraction is not None:
             return None
         shallower = [RESUME_LIMITS[mode] for mode in MODES[:MODES.index(self.mode)] if RESUME_LIMITS[mode] > 0]
