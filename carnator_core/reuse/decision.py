@@ -266,14 +266,15 @@ class Decider:
 
     def _deepen(self, decision: Decision, deeper: list[ProbeTarget], evaluate: Evaluate) -> Decision:
         """From a pass, one call at the deepest of the donor's deeper states that the pass makes likely; a failed call
-        resumes at the pass.
+        resumes at the pass. A state one step deeper is never asked: its call would be the pass's next step's, so it
+        saves nothing (a 3- or 4-step schedule).
 
         Likely: the pass's signals clear the deeper state's bar with room to spare as large as the bar's own rise
         between the two depths (they pass at the depth as far beyond the deeper state as that state lies beyond the
         pass). At a corrected state agreement falls with depth, and falls fastest for an edit the remaining steps can
         no longer fix, so a pass that only just clears the deeper bar predicts a failed call."""
         signals = decision.signals
-        likely = [t for t in deeper if t.step > decision.step and signals is not None
+        likely = [t for t in deeper if t.step > decision.step + 1 and signals is not None
                   and self.settings.thresholds.passes(replace(signals, depth=2 * t.depth - signals.depth))]
         if not likely:
             return decision
