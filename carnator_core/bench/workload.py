@@ -41,7 +41,8 @@ least 1), safe, balanced and fast, and the first expert's calls per request repo
 the calls and the speedup of the requests that resumed; `edit-loop` adds which kinds of edit resumed and how deep.
 
 `--shared-store` has safe, balanced and fast look up in one store, each prompt recorded there by one of them in turn,
-so that every mode meets the same donors, recorded by requests in every mode; the nesting check (`nesting`) then
+which runs it after the others: every mode meets the same donors, recorded by requests in every mode, and none meets
+its own prompt's; the nesting check (`nesting`) then
 compares the modes on the same store: per prompt, steps skipped beside model calls.
 
 `--attention-heavy` adds a timing-only configuration: a random-weight Wan 2.1 model on >= 4k video tokens,
@@ -480,6 +481,11 @@ def _recorder(shared: list[str], i: int) -> str | None:
     return shared[i % len(shared)] if shared else None
 
 
+def _recorder_last(names: tuple[str, ...], recorder: str | None) -> tuple[str, ...]:
+    """`names` in their order with the recorder moved last: no mode meets the entry of its own prompt."""
+    return tuple(name for name in names if name != recorder) + ((recorder,) if recorder in names else ())
+
+
 def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
                seed_policy: str, progress: Callable[[str], None], fewer: list[str],
                configs: tuple[str, ...] = CONFIGS,
@@ -509,7 +515,7 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
     samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
-        for name in _rotated(names, i):
+        for name in _recorder_last(_rotated(names, i), _recorder(shared, i)):
             records = name not in shared or name == _recorder(shared, i)
             graph = config_graph(name, base, prompt, donor, seed_policy=seed_policy, shared=name in shared,
                                  records=records)
@@ -554,7 +560,7 @@ def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: li
         bench.sample(name, graph(name, WARMUP_PROMPT, 1, run_steps, "warmup"), run_steps, expert_boundary(run_steps))
     samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
-        for name in _rotated(names, i):
+        for name in _recorder_last(_rotated(names, i), _recorder(shared, i)):
             run_steps = fewer_steps_count(name) or steps
             records = name not in shared or name == _recorder(shared, i)
             store = store_of(name) if name in recording and records else None
