@@ -182,9 +182,11 @@ class Decider:
         A mode that contains a shallower one (fast contains balanced, `ReuseSettings.contained_resume_fraction`) makes
         at most one call beyond that mode's and never resumes shallower than it, in any store: where the step-0 screen
         makes a deeper state likely (`_likely_deep`) it asks that state first and, where it fails, asks the states
-        within that mode's depth exactly as that mode does (`_probe_within`), going no deeper; otherwise it asks those
-        states first and goes one call deeper from the pass where that mode would resume (`_deepen`). Where no donor
-        holds a state within that depth (that mode misses), the deeper states are climbed as the mode's own.
+        within that mode's depth exactly as that mode does (`_probe_within`), going no deeper. Otherwise, where the
+        donor the screen agreed with most resumed deeper than that depth, it asks its line's state first
+        (`_lead_line_state`) and, where that fails, asks as that mode does, going no deeper; else it asks as that mode
+        does. From a pass at that mode's depth it goes one call deeper (`_deepen`). Where no donor holds a state within
+        that depth (that mode misses), the deeper states are climbed as the mode's own.
         """
         contained = self._contained_step()
         if contained is None:
@@ -199,7 +201,12 @@ class Decider:
             return self._probe_within(within, evaluate, batch_limit)[0]
         if not within:
             return self._probe_within(deeper, evaluate, batch_limit)[0]
-        decision, _ = self._probe_within(within, evaluate, batch_limit)
+        line_state = self._lead_line_state(within, deeper)
+        decision = self._ask(line_state, evaluate) if line_state is not None else None
+        if decision is None:
+            decision, _ = self._probe_within(within, evaluate, batch_limit)
+            if line_state is not None:
+                return decision
         if decision is None or not deeper:
             return decision
         donor = decision.target.candidate.entry_id
@@ -208,6 +215,23 @@ class Decider:
         line = {donor, decision.target.meta.entry_id}
         return self._deepen(decision, [t for t in deeper if t.candidate.entry_id == donor or _continues(t, line)],
                             evaluate)
+
+    def _lead_line_state(self, within: list[ProbeTarget], deeper: list[ProbeTarget]) -> ProbeTarget | None:
+        """The state within the contained mode's depth to ask first where the donor the step-0 screen agreed with most
+        holds only deeper states (it resumed deeper than that depth): the deepest state within that depth of the donor
+        it continues (its line), where that state lies at the deepest step any donor holds within the depth and the
+        lead's screen cleared its bar by the give-up margin. Up to its resume step the lead's trajectory is that
+        state's line, so the contained mode, in a store where the lead resumed within its depth, asks the same state
+        first on the same screen. None where there is no such lead or state."""
+        holders = {t.meta.entry_id for t in within}
+        lead = max(deeper, key=self._screen_agreement, default=None)
+        if lead is None or lead.meta.entry_id in holders or lead.anchor is None or \
+                self._screen_agreement(lead) <= max(map(self._screen_agreement, within)):
+            return None
+        line = lead.anchor.meta.entry_id
+        deepest = max(t.step for t in within)
+        state = next((t for t in within if t.meta.entry_id == line and t.step == deepest), None)
+        return state if state is not None and self._screen_clears(lead, state.depth) else None
 
     def _likely_deep(self, deeper: list[ProbeTarget]) -> ProbeTarget | None:
         """The state deeper than the contained mode's depth to ask first: the deepest one, of the donor the step-0
@@ -420,12 +444,16 @@ class Decider:
         give-up margin to spare. Why: a deep pass asked first costs no anchor call (a hit's cost is its steps and
         one call), but a deep miss ends probing, so only a donor the screen says is nearly certain goes first deep;
         the others climb from the anchor, where a one-word edit still passes."""
+        return self._screen_clears(target, target.depth)
+
+    def _screen_clears(self, target: ProbeTarget, depth: float) -> bool:
+        """Whether the target donor's step-0 screen passed at `depth` with the give-up margin to spare."""
         screened = self._screened.get(target.meta.entry_id)
         if screened is None:
             return False
-        thresholds, signals = self.settings.thresholds, replace(screened[0], depth=target.depth)
+        thresholds, signals = self.settings.thresholds, replace(screened[0], depth=depth)
         return thresholds.passes(signals) and \
-            signals.weakest_structure >= thresholds.needed_structure(target.depth) + thresholds.give_up_margin
+            signals.weakest_structure >= thresholds.needed_structure(depth) + thresholds.give_up_margin
 
     def _ask_anchor(self, target: ProbeTarget, evaluate: Evaluate) -> Decision | None:
         """One call at the target donor's shallowest checkpoint, where the prompt still decides layout and motion: a

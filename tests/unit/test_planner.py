@@ -553,3 +553,20 @@ def test_fast_asks_the_line_of_the_donor_the_screen_agreed_with_most_before_an_e
     asked, resumed, _ = _decided(store, "fast", candidates, start, evaluate)
     assert all(donor != "edit" for donor, _ in asked)
     assert resumed == ("rewording", 8)
+
+
+def test_fast_asks_first_the_line_of_a_deep_only_donor_the_screen_agreed_with_most(tmp_path):
+    """The rewording that resumed at 80 % from the scene agrees most at step 0, not enough to ask its deep state
+    first but enough for the scene's half-way state, which it continued: fast asks that state first, as balanced does
+    in a store where the rewording resumed half-way, and resumes there; not the edit, which the screen ranks above the
+    scene and which fails half-way, where balanced, in this store, asks it and misses."""
+    store = ReuseStore(str(tmp_path / "store"))
+    agreement = {("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99,
+                 ("edit", 2): 0.99, ("edit", 5): 0.70, ("edit", 8): 0.60}
+    candidates, start, evaluate = _line_of_a_rewording(
+        store, {"scene": 0.94, "edit": 0.95, "rewording": 0.96}, agreement)
+    balanced = _decided(store, "balanced", candidates, start, evaluate)
+    fast = _decided(store, "fast", candidates, start, evaluate)
+    assert balanced[:2] == ([("edit", 5)], None)
+    assert fast[:2] == ([("scene", 5)], ("scene", 5))
+    assert fast[2] < balanced[2]
