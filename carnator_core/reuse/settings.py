@@ -59,7 +59,7 @@ class ReuseSettings:
     prompt: str = ""
     top_k: int = 4
     min_similarity: float = 0.5
-    max_probes: int = 3  # probe calls (model evaluations) per run
+    max_probes: int = 3  # probe calls (model evaluations) per run; fast makes at most one more (`Decider._probe`)
     # Same-noise donors the step-0 screen may judge, most similar first, whatever their similarity: the screen is
     # the request's own first evaluation, so this bounds reading their step-0 records, not model calls.
     screen_limit: int = 16
