@@ -234,13 +234,15 @@ class Decider:
         return state if state is not None and self._screen_clears(lead, state.depth) else None
 
     def _likely_deep(self, deeper: list[ProbeTarget]) -> ProbeTarget | None:
-        """The state deeper than the contained mode's depth to ask first: the deepest one, of the donor the step-0
-        screen agreed with most, whose donor's screen cleared that state's bar by the give-up margin (`_enters_deep`).
-        Where the screen clears it so, the deep probe passes for every rewording of the calibration streams; the
-        one-attribute edit the screen cannot tell from a rewording fails it and costs one call (docs/measurements.md,
-        "Fast contains balanced"). None where no state is that likely."""
-        likely = [t for t in deeper if self._enters_deep(t)]
-        return max(likely, key=lambda t: (t.step, self._screen_agreement(t)), default=None)
+        """The deepest state of all, of the donor the step-0 screen agreed with most, where that donor's screen cleared
+        the state's bar by the give-up margin (`_enters_deep`): the state to ask first. Where the screen clears it so,
+        the deep probe passes for every rewording of the calibration streams; the one-attribute edit the screen cannot
+        tell from a rewording fails it and costs one call (docs/measurements.md, "Deep first where the screen makes it
+        likely"). A shallower deep state the screen clears is not asked first: a pass at the contained mode's depth
+        may make the deepest one likely, which saves more. None where no state is that likely."""
+        deepest = max((t.step for t in deeper), default=None)
+        likely = [t for t in deeper if t.step == deepest and self._enters_deep(t)]
+        return max(likely, key=self._screen_agreement, default=None)
 
     def _probe_within(self, pending: list[ProbeTarget], evaluate: Evaluate,
                       batch_limit: int) -> tuple[Decision | None, int]:
