@@ -203,10 +203,13 @@ class Decider:
             return self._probe_within(deeper, evaluate, batch_limit)[0]
         line_state = self._lead_line_state(within, deeper)
         decision = self._ask(line_state, evaluate) if line_state is not None else None
+        if decision is None and line_state is not None:
+            if self._first_call(within, batch_limit) == [line_state]:
+                return None  # the contained mode asks this state first, alone: it fails there and ends probing
+            # the state's verdict is known: the contained mode's other calls, without asking it again
+            return self._probe_within([t for t in within if t is not line_state], evaluate, batch_limit)[0]
         if decision is None:
             decision, _ = self._probe_within(within, evaluate, batch_limit)
-            if line_state is not None:
-                return decision
         if decision is None or not deeper:
             return decision
         donor = decision.target.candidate.entry_id
@@ -215,6 +218,20 @@ class Decider:
         line = {donor, decision.target.meta.entry_id}
         return self._deepen(decision, [t for t in deeper if t.candidate.entry_id == donor or _continues(t, line)],
                             evaluate)
+
+    def _first_call(self, pending: list[ProbeTarget], batch_limit: int) -> list[ProbeTarget] | None:
+        """The targets `_probe_within` evaluates in its first call on `pending`; None where that call is an anchor's."""
+        first = pending[0]
+        if first.anchor is not None and not self._enters_deep(first):
+            return None
+        return self._call(pending, batch_limit)
+
+    def _call(self, pending: list[ProbeTarget], batch_limit: int) -> list[ProbeTarget]:
+        """The first pending target and, up to `batch_limit`, other donors' states at its step: another donor's state
+        joins the call only if it needs no anchor call first."""
+        first = pending[0]
+        return [t for t in pending if t.step == first.step and (
+            t.anchor is None or self._enters_deep(t))][:max(1, batch_limit)]
 
     def _lead_line_state(self, within: list[ProbeTarget], deeper: list[ProbeTarget]) -> ProbeTarget | None:
         """The state within the contained mode's depth to ask first where the donor the step-0 screen agreed with most
@@ -270,9 +287,7 @@ class Decider:
                 pending = [replace(t, anchor=None) for t in pending
                            if t.meta.entry_id == first.meta.entry_id and t.step > held.step]
                 continue
-            # another donor's state joins the call only if it needs no anchor call first
-            call = [t for t in pending if t.step == first.step and (
-                t.anchor is None or self._enters_deep(t))][:max(1, batch_limit)]
+            call = self._call(pending, batch_limit)
             pending = [t for t in pending if not any(t is c for c in call)]
             results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1

@@ -570,3 +570,14 @@ def test_fast_asks_first_the_line_of_a_deep_only_donor_the_screen_agreed_with_mo
     assert balanced[:2] == ([("edit", 5)], None)
     assert fast[:2] == ([("scene", 5)], ("scene", 5))
     assert fast[2] < balanced[2]
+
+
+def test_fast_does_not_ask_again_the_line_s_state_that_failed(tmp_path):
+    """The line's half-way state, asked first for the rewording that resumed at 80 %, fails: balanced asks that very
+    state first and misses there, so fast misses after that one call too, at balanced's cost."""
+    store = ReuseStore(str(tmp_path / "store"))
+    agreement = {("scene", 2): 0.99, ("scene", 5): 0.50, ("scene", 8): 0.50, ("rewording", 8): 0.50}
+    candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.955, "rewording": 0.96}, agreement)
+    balanced = _decided(store, "balanced", candidates, start, evaluate)
+    fast = _decided(store, "fast", candidates, start, evaluate)
+    assert balanced == fast == ([("scene", 5)], None, balanced[2])
