@@ -2,7 +2,7 @@
 
     python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial,edit-loop}
         [--prompts FILE] [--graph single|two-expert] [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0]
-        [--weights FILE] [--threads 1] [--attention-heavy] [--json] [--out DIR] [--record NAME]
+        [--weights FILE] [--threads 1] [--attention-heavy] [--shared-store] [--json] [--out DIR] [--record NAME]
 
 Configurations (each with its own store directory, all in one server so they share the loaded model):
 plain · easycache (ComfyUI's EasyCache) · text-only (CarnatorReuse verification=text-only: skip depth from
@@ -39,6 +39,11 @@ each loader -> ModelSamplingSD3 -> (CarnatorReuse) -> KSamplerAdvanced, the firs
 with leftover noise and the second continuing; configurations plain, its plain-<n> (the boundary at n // 2, at
 least 1), safe, balanced and fast, and the first expert's calls per request reported apart. Every table also gives
 the calls and the speedup of the requests that resumed; `edit-loop` adds which kinds of edit resumed and how deep.
+
+`--shared-store` has safe, balanced and fast look up in one store, each prompt recorded there by one of them in turn,
+which runs it after the others: every mode meets the same donors, recorded by requests in every mode, and none meets
+its own prompt's; the nesting check (`nesting`) then
+compares the modes on the same store: per prompt, steps skipped beside model calls.
 
 `--attention-heavy` adds a timing-only configuration: a random-weight Wan 2.1 model on >= 4k video tokens,
 where attention dominates a step as in full-size models, plain versus CarnatorSparseAttention with own masks.
@@ -110,6 +115,10 @@ STREAM_TARGETS: dict[str, dict[str, dict[str, float]]] = {
 }
 AT_LEAST = frozenset({"calls_speedup", "time_speedup"})  # the measures a target bounds from below, the others above
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
+# `--shared-store`: these modes look up in one store, and each prompt is recorded there by one of them in turn, so
+# that every mode meets the same donors, recorded by requests in every mode.
+SHARED_MODES = ("safe", "balanced", "fast")
+SHARED_STORE = "shared"
 WARMUP_PROMPT = "a green square resting on a white background"
 WARMUP_STEPS = 2
 DONOR_SEED = 987654321
@@ -141,18 +150,20 @@ def expert_boundary(steps: int) -> int:
 
 
 def config_graph(name: str, base: dict, prompt: str, donor_prompt: str, store_prefix: str = "stores",
-                 seed_policy: str = "same-noise") -> dict:
+                 seed_policy: str = "same-noise", shared: bool = False, records: bool = True) -> dict:
     """The base demo graph with configuration `name` spliced in front of its sampler (plain at fewer steps: the
-    base graph with its sampler's steps lowered)."""
+    base graph with its sampler's steps lowered). `shared`: its reuse node uses the store of `SHARED_STORE`, and
+    records there only where `records`."""
     steps = fewer_steps_count(name)
     if steps is not None:
         graph = copy.deepcopy(base)
         graph[graphs.SAMPLER]["inputs"]["steps"] = steps
         return graph
-    store = _store_dir(name, store_prefix)
+    store = _store_dir(SHARED_STORE if shared else name, store_prefix)
+    record = {} if records else {"record": False}
 
     def reuse(graph: dict, **options) -> dict:
-        return graphs.with_reuse(graph, store, prompt, seed_policy=seed_policy, **options)
+        return graphs.with_reuse(graph, store, prompt, seed_policy=seed_policy, **record, **options)
 
     def any_donor() -> dict:
         graph, match = graphs.with_donor_lookup(base, store, donor_prompt)
@@ -397,19 +408,22 @@ def targets(stream: str, samples: dict[str, list[Sample]]) -> list[dict[str, Any
 
 
 def nesting(prompts: list[str], samples: dict[str, list[Sample]]) -> dict[str, list[dict[str, Any]]]:
-    """Where the modes are not nested, per prompt: fast taking more model calls than balanced, and balanced more than
-    safe plus one (its one probe call a miss may cost); each such prompt with both calls and resume steps. Empty
-    lists are the goal. Only the checks whose modes all ran are there."""
-    checks = {"fast_over_balanced": ("fast", "balanced", 0), "balanced_over_safe_plus_one": ("balanced", "safe", 1)}
+    """Where the modes are not nested, per prompt: fast resuming shallower than balanced (fewer steps skipped), fast
+    taking more than balanced's model calls plus one (its one call beyond balanced's), and balanced more than safe
+    plus one (its one probe call a miss may cost); each such prompt with both calls and steps skipped. Empty lists
+    are the goal. Only the checks whose modes all ran are there."""
+    checks: dict[str, tuple[str, str, Callable[[Sample, Sample], bool]]] = {
+        "fast_shallower_than_balanced": ("fast", "balanced", lambda a, b: a.skipped_steps < b.skipped_steps),
+        "fast_over_balanced_plus_one": ("fast", "balanced", lambda a, b: a.model_calls > b.model_calls + 1),
+        "balanced_over_safe_plus_one": ("balanced", "safe", lambda a, b: a.model_calls > b.model_calls + 1)}
     found: dict[str, list[dict[str, Any]]] = {}
-    for check, (deeper, shallower, allowance) in checks.items():
+    for check, (deeper, shallower, broken) in checks.items():
         if deeper not in samples or shallower not in samples:
             continue
         found[check] = [
             {"prompt": prompt, deeper: {"model_calls": a.model_calls, "skipped_steps": a.skipped_steps},
              shallower: {"model_calls": b.model_calls, "skipped_steps": b.skipped_steps}}
-            for prompt, a, b in zip(prompts, samples[deeper], samples[shallower], strict=True)
-            if a.model_calls > b.model_calls + allowance]
+            for prompt, a, b in zip(prompts, samples[deeper], samples[shallower], strict=True) if broken(a, b)]
     return found
 
 
@@ -417,7 +431,8 @@ def _nesting_lines(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The markdown's line on nested modes, and a line per prompt where they are not."""
     if not found:
         return []
-    said = {"fast_over_balanced": "fast took more model calls than balanced",
+    said = {"fast_shallower_than_balanced": "fast resumed shallower than balanced",
+            "fast_over_balanced_plus_one": "fast took more than balanced + 1 model calls",
             "balanced_over_safe_plus_one": "balanced took more than safe + 1"}
     lines = ["", "Nested modes: " + "; ".join(f"{said[check]} on {len(rows)} prompt{'s' * (len(rows) != 1)}"
                                               for check, rows in found.items()) + "."]
@@ -425,7 +440,8 @@ def _nesting_lines(found: dict[str, list[dict[str, Any]]]) -> list[str]:
         for row in rows:
             modes = [name for name in row if name != "prompt"]
             lines.append(f"- {row['prompt']!r}: " + ", ".join(
-                f"{name} {row[name]['model_calls']} calls (resumed at {row[name]['skipped_steps']})" for name in modes))
+                f"{name} {row[name]['model_calls']} calls ({row[name]['skipped_steps']} steps skipped)"
+                for name in modes))
     return lines
 
 
@@ -461,11 +477,24 @@ def _mask_donor_graph(base: dict, store: str, donor: str) -> dict:
                              mode="safe", sparse_attention="off")
 
 
+def _recorder(shared: list[str], i: int) -> str | None:
+    """Which of the modes sharing one store records the `i`th prompt there: each in turn."""
+    return shared[i % len(shared)] if shared else None
+
+
+def _recorder_last(names: tuple[str, ...], recorder: str | None) -> tuple[str, ...]:
+    """`names` in their order with the recorder moved last: no mode meets the entry of its own prompt."""
+    return tuple(name for name in names if name != recorder) + ((recorder,) if recorder in names else ())
+
+
 def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
                seed_policy: str, progress: Callable[[str], None], fewer: list[str],
-               configs: tuple[str, ...] = CONFIGS) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
-    """Every configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) on every prompt."""
+               configs: tuple[str, ...] = CONFIGS,
+               shared_store: bool = False) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
+    """Every configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) on every prompt;
+    with `shared_store` the reuse modes of `SHARED_MODES` share one store (`_recorder`)."""
     names = _with_fewer_steps(configs, fewer)
+    shared = [name for name in names if shared_store and name in SHARED_MODES]
     donor = donor_prompt_for(prompts)
     warm_base = graphs.base_graph(unet, WARMUP_PROMPT, seed=1, steps=WARMUP_STEPS, cfg=cfg)
     masks_borrowed = "any-donor-masks" in names
@@ -487,37 +516,44 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
     samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
-        for name in _rotated(names, i):
-            graph = config_graph(name, base, prompt, donor, seed_policy=seed_policy)
-            store = _store_dir(name) if name in RECORDING else None
+        for name in _recorder_last(_rotated(names, i), _recorder(shared, i)):
+            records = name not in shared or name == _recorder(shared, i)
+            graph = config_graph(name, base, prompt, donor, seed_policy=seed_policy, shared=name in shared,
+                                 records=records)
+            store = _store_dir(SHARED_STORE if name in shared else name) if name in RECORDING and records else None
             samples[name].append(bench.sample_recorded(name, graph, fewer_steps_count(name) or steps, store=store,
                                                        entries=i + 1))
         times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in names)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
     store_bytes = {}
     for name in RECORDING & set(names):
-        totals = bench.wait_for_entries(_store_dir(name), len(prompts))
+        totals = bench.wait_for_entries(_store_dir(SHARED_STORE if name in shared else name), len(prompts))
         store_bytes[name] = totals["bytes"] / max(1, totals["entries"])
     return samples, store_bytes, donor
 
 
 def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
                           seed_policy: str, progress: Callable[[str], None], fewer: list[str],
-                          configs: tuple[str, ...] = TWO_EXPERT_CONFIGS) -> dict[str, list[Sample]]:
+                          configs: tuple[str, ...] = TWO_EXPERT_CONFIGS,
+                          shared_store: bool = False) -> dict[str, list[Sample]]:
     """The stream on the two-expert graph (the demo model as both experts, the boundary half-way), every
     configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) per prompt in rotated
-    order, as `run_stream` does."""
+    order, as `run_stream` does, `shared_store` included."""
     names = _with_fewer_steps(configs, fewer)
 
     recording = [name for name in configs if name != "plain"]
+    shared = [name for name in recording if shared_store and name in SHARED_MODES]
 
-    def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = "stores") -> dict:
+    def store_of(name: str, prefix: str = "stores") -> str:
+        return _store_dir(f"two-expert-{SHARED_STORE if name in shared and prefix == 'stores' else name}", prefix)
+
+    def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = "stores", records: bool = True) -> dict:
         base = graphs.two_expert_graph(unet, prompt, seed=seed, steps=run_steps, boundary=expert_boundary(run_steps),
                                        cfg=cfg)
         if name not in recording:
             return base
-        return graphs.with_expert_reuse(base, _store_dir(f"two-expert-{name}", prefix), prompt, mode=name,
-                                        seed_policy=seed_policy)
+        return graphs.with_expert_reuse(base, store_of(name, prefix), prompt, mode=name, seed_policy=seed_policy,
+                                        **({} if records else {"record": False}))
 
     for name in names:
         progress(f"warm-up: two-expert {name}")
@@ -525,11 +561,13 @@ def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: li
         bench.sample(name, graph(name, WARMUP_PROMPT, 1, run_steps, "warmup"), run_steps, expert_boundary(run_steps))
     samples: dict[str, list[Sample]] = {name: [] for name in names}
     for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
-        for name in _rotated(names, i):
+        for name in _recorder_last(_rotated(names, i), _recorder(shared, i)):
             run_steps = fewer_steps_count(name) or steps
-            store = _store_dir(f"two-expert-{name}") if name in recording else None
-            samples[name].append(bench.sample_recorded(name, graph(name, prompt, seed, run_steps), run_steps,
-                                                       expert_boundary(run_steps), store=store, entries=i + 1))
+            records = name not in shared or name == _recorder(shared, i)
+            store = store_of(name) if name in recording and records else None
+            samples[name].append(bench.sample_recorded(name, graph(name, prompt, seed, run_steps, records=records),
+                                                       run_steps, expert_boundary(run_steps), store=store,
+                                                       entries=i + 1))
         calls = ", ".join(f"{n} {samples[n][-1].model_calls} calls ({samples[n][-1].first_expert_calls} first expert)"
                           for n in names)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {calls}")
@@ -595,7 +633,8 @@ def attention_heavy(bench: Bench, unet: str, repeats: int = 2,
 
 def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     lines = [f"### Workload `{result['stream']}` ({len(result['prompts'])} prompts, {settings['steps']} steps, "
-             f"seed {settings['seed']}, cfg {settings['cfg']})", "",
+             f"seed {settings['seed']}, cfg {settings['cfg']}"
+             f"{', one store shared by ' + ', '.join(SHARED_MODES) if settings.get('shared_store') else ''})", "",
              "| config | speedup | CPU speedup | equal-quality speedup | model calls | first-expert calls | hit rate | "
              "calls per hit | speedup per hit | masks-only rate | attention density | PSNR (dB) | SSIM | adherence | "
              "bytes/entry |",
@@ -735,6 +774,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--configs", type=_config_list, default=None,
                         help="only these configurations, comma-separated (plain always runs: quality is measured "
                              "against it; plain-<n> rows only where named, e.g. plain-10); default: all")
+    parser.add_argument("--shared-store", action="store_true",
+                        help="safe, balanced and fast look up in one store, each prompt recorded there by one of "
+                             "them in turn: every mode meets the same donors, recorded by requests in every mode")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
     parser.add_argument("--record", metavar="NAME", type=record_name,
@@ -797,12 +839,13 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
             if args.graph == "two-expert":
                 donor = None
                 samples = run_two_expert_stream(bench, unet, prompts, seeds, args.steps, args.cfg, seed_policy, say,
-                                                fewer, configs)
-                store_bytes = {name: _bytes_per_entry(base_dir / _store_dir(f"two-expert-{name}"))
+                                                fewer, configs, args.shared_store)
+                store_bytes = {name: _bytes_per_entry(base_dir / _store_dir(
+                    f"two-expert-{SHARED_STORE if args.shared_store and name in SHARED_MODES else name}"))
                                for name in configs if name != "plain"}
             else:
                 samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg,
-                                                         seed_policy, say, fewer, configs)
+                                                         seed_policy, say, fewer, configs, args.shared_store)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:
         if (base_dir / "comfyui.log").exists():
@@ -819,7 +862,7 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
         result["per_kind"] = per_kind(edit_kinds(args.stream, len(prompts)), samples)
     if not args.prompts:
         result["targets"] = targets(args.stream, samples)
-    settings = {"graph": args.graph, "steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
+    settings = {"graph": args.graph, "shared_store": args.shared_store, "steps": args.steps, "seed": args.seed, "seeds": seeds, "cfg": args.cfg, "weights": str(weights),
                 "donor_prompt": donor, "clip": list(world.CLIP), "attention_heavy": heavy, "machine": _machine(),
                 "seed_policy": seed_policy, "comfyui_args": list(DENSE_ATTENTION), "server_threads": args.threads}
     return result, settings, _details(prompts, seeds, samples)

@@ -12,6 +12,9 @@ and returns a `Decision`. Its contract:
 - at most `max_probes` probe calls, and one step-0 screen that is the request's own first evaluation (it serves the
   sampler's first call on a miss); a miss costs at most one probe call, since a call that passes nothing ends
   probing unless an earlier one passed;
+- a mode that contains a shallower one (fast contains balanced) asks what that mode asks, resumes at least as deep,
+  and makes at most one call more: its deep state asked first, or one call deeper after that mode's pass (`_probe`);
+  a miss after a failed deep-first call costs that call too;
 - every call asked is one `ProbeRecord`, in the order asked, so the report shows each verdict and its signals.
 """
 
@@ -176,35 +179,37 @@ class Decider:
     def _probe(self, pending: list[ProbeTarget], evaluate: Evaluate, batch_limit: int) -> Decision | None:
         """The probe calls of `decide`, within the budget; a miss costs at most one of them.
 
-        A mode that contains a shallower one (fast contains balanced, `ReuseSettings.contained_resume_fraction`) first
-        asks the states within that mode's depth exactly as that mode does (`_probe_within`), and goes deeper only from
-        the pass where that mode would resume (`_deepen`): it never gives up depth the shallower mode keeps. No deeper
-        state is asked first, whatever the step-0 screen says: the screen cannot tell a one-attribute edit that holds
-        half-way but not deeper from a rewording (docs/measurements.md, "Fast contains balanced"). A donor that itself
-        resumed deeper than that depth continues its own donor's trajectory, so it is asked as part of that line: after
-        a pass on its lineage's state within the depth, where the pass makes it likely. Where the screen agreed with
-        such a donor most, its line's states within the depth are asked first (the shallower mode, in a store where the
-        donor resumed within its depth, asks the donor itself first), or, where its line holds nothing within the
-        depth, it is climbed alone.
+        A mode that contains a shallower one (fast contains balanced, `ReuseSettings.contained_resume_fraction`) makes
+        at most one call beyond that mode's and never resumes shallower than it, in any store: where the step-0 screen
+        makes a deeper state likely (`_likely_deep`) it asks that state first and, where it fails, asks the states
+        within that mode's depth exactly as that mode does (`_probe_within`), going no deeper. Otherwise, where the
+        donor the screen agreed with most resumed deeper than that depth, it asks its line's state first
+        (`_lead_line_state`) and, where that fails, asks as that mode does, going no deeper; else it asks as that mode
+        does. From a pass at that mode's depth it goes one call deeper (`_deepen`). Where no donor holds a state within
+        that depth (that mode misses), the deeper states are climbed as the mode's own.
         """
         contained = self._contained_step()
-        deeper = [t for t in pending if contained is not None and t.step > contained]
-        within = [t for t in pending if not any(t is d for d in deeper)]
-        holders = {t.meta.entry_id for t in within}
-        lead = max(pending, key=lambda t: (self._screen_agreement(t), t.meta.entry_id in holders), default=None)
-        if lead is not None and lead.meta.entry_id not in holders and self._screen_agreement(lead) > -math.inf:
-            # the donor the screen agreed with most holds only deeper states: it itself resumed deeper than the
-            # shallower mode goes
-            lead_line = {t.anchor.meta.entry_id for t in deeper if t.meta.entry_id == lead.meta.entry_id
-                         and t.anchor is not None} & holders
-            if not lead_line:  # nothing on its line does either: climbed as on its own, from its lineage's early record
-                return self._probe_within([t for t in deeper if t.meta.entry_id == lead.meta.entry_id], evaluate,
-                                          batch_limit)[0]
-            # stable: the screen's order otherwise
-            within.sort(key=lambda t: (-t.step, t.meta.entry_id not in lead_line))
-        if not within:  # no donor holds a state the shallower mode could ask: climb them as on their own
+        if contained is None:
+            return self._probe_within(pending, evaluate, batch_limit)[0]
+        deeper = [t for t in pending if t.step > contained]
+        within = [t for t in pending if t.step <= contained]
+        first = self._likely_deep(deeper)
+        if first is not None:
+            decision = self._ask(first, evaluate)
+            if decision is not None or not within:
+                return decision
+            return self._probe_within(within, evaluate, batch_limit)[0]
+        if not within:
             return self._probe_within(deeper, evaluate, batch_limit)[0]
-        decision, calls = self._probe_within(within, evaluate, batch_limit)
+        line_state = self._lead_line_state(within, deeper)
+        decision = self._ask(line_state, evaluate) if line_state is not None else None
+        if decision is None and line_state is not None:
+            if self._first_call(within, batch_limit) == [line_state]:
+                return None  # the contained mode asks this state first, alone: it fails there and ends probing
+            # the state's verdict is known: the contained mode's other calls, without asking it again
+            return self._probe_within([t for t in within if t is not line_state], evaluate, batch_limit)[0]
+        if decision is None:
+            decision, _ = self._probe_within(within, evaluate, batch_limit)
         if decision is None or not deeper:
             return decision
         donor = decision.target.candidate.entry_id
@@ -212,7 +217,49 @@ class Decider:
             return decision  # the shallower mode stopped short of its depth: a state deeper than this one failed
         line = {donor, decision.target.meta.entry_id}
         return self._deepen(decision, [t for t in deeper if t.candidate.entry_id == donor or _continues(t, line)],
-                            evaluate, self.settings.max_probes - calls)
+                            evaluate)
+
+    def _first_call(self, pending: list[ProbeTarget], batch_limit: int) -> list[ProbeTarget] | None:
+        """The targets `_probe_within` evaluates in its first call on `pending`; None where that call is an anchor's."""
+        first = pending[0]
+        if first.anchor is not None and not self._enters_deep(first):
+            return None
+        return self._call(pending, batch_limit)
+
+    def _call(self, pending: list[ProbeTarget], batch_limit: int) -> list[ProbeTarget]:
+        """The first pending target and, up to `batch_limit`, other donors' states at its step: another donor's state
+        joins the call only if it needs no anchor call first."""
+        first = pending[0]
+        return [t for t in pending if t.step == first.step and (
+            t.anchor is None or self._enters_deep(t))][:max(1, batch_limit)]
+
+    def _lead_line_state(self, within: list[ProbeTarget], deeper: list[ProbeTarget]) -> ProbeTarget | None:
+        """The state within the contained mode's depth to ask first where the donor the step-0 screen agreed with most
+        holds only deeper states (it resumed deeper than that depth): the deepest state within that depth of the donor
+        it continues (its line), where that state lies at the deepest step any donor holds within the depth and the
+        lead's screen cleared its bar by the give-up margin. Up to its resume step the lead's trajectory is that
+        state's line, so the contained mode, in a store where the lead resumed within its depth, asks the same state
+        first on the same screen. None where there is no such lead or state."""
+        holders = {t.meta.entry_id for t in within}
+        lead = max(deeper, key=self._screen_agreement, default=None)
+        if lead is None or lead.meta.entry_id in holders or lead.anchor is None or \
+                self._screen_agreement(lead) <= max(map(self._screen_agreement, within)):
+            return None
+        line = lead.anchor.meta.entry_id
+        deepest = max(t.step for t in within)
+        state = next((t for t in within if t.meta.entry_id == line and t.step == deepest), None)
+        return state if state is not None and self._screen_clears(lead, state.depth) else None
+
+    def _likely_deep(self, deeper: list[ProbeTarget]) -> ProbeTarget | None:
+        """The deepest state of all, of the donor the step-0 screen agreed with most, where that donor's screen cleared
+        the state's bar by the give-up margin (`_enters_deep`): the state to ask first. Where the screen clears it so,
+        the deep probe passes for every rewording of the calibration streams; the one-attribute edit the screen cannot
+        tell from a rewording fails it and costs one call (docs/measurements.md, "Deep first where the screen makes it
+        likely"). A shallower deep state the screen clears is not asked first: a pass at the contained mode's depth
+        may make the deepest one likely, which saves more. None where no state is that likely."""
+        deepest = max((t.step for t in deeper), default=None)
+        likely = [t for t in deeper if t.step == deepest and self._enters_deep(t)]
+        return max(likely, key=self._screen_agreement, default=None)
 
     def _probe_within(self, pending: list[ProbeTarget], evaluate: Evaluate,
                       batch_limit: int) -> tuple[Decision | None, int]:
@@ -240,9 +287,7 @@ class Decider:
                 pending = [replace(t, anchor=None) for t in pending
                            if t.meta.entry_id == first.meta.entry_id and t.step > held.step]
                 continue
-            # another donor's state joins the call only if it needs no anchor call first
-            call = [t for t in pending if t.step == first.step and (
-                t.anchor is None or self._enters_deep(t))][:max(1, batch_limit)]
+            call = self._call(pending, batch_limit)
             pending = [t for t in pending if not any(t is c for c in call)]
             results = evaluate([t.x for t in call], call[0].sigma)
             self.model_calls += 1
@@ -260,25 +305,21 @@ class Decider:
                 return decision, calls
         return held, calls
 
-    def _deepen(self, decision: Decision, deeper: list[ProbeTarget], evaluate: Evaluate, calls: int) -> Decision:
-        """From a pass, the donor's deeper states, within `calls`: each time the deepest one that the last pass makes
-        likely, and a failed call resumes at the last pass.
+    def _deepen(self, decision: Decision, deeper: list[ProbeTarget], evaluate: Evaluate) -> Decision:
+        """From a pass, one call at the deepest of the donor's deeper states that the pass makes likely; a failed call
+        resumes at the pass. A state one step deeper is never asked: its call would be the pass's next step's, so it
+        saves nothing (a 3- or 4-step schedule).
 
-        Likely: the last pass's signals clear the deeper state's bar with room to spare as large as the bar's own rise
+        Likely: the pass's signals clear the deeper state's bar with room to spare as large as the bar's own rise
         between the two depths (they pass at the depth as far beyond the deeper state as that state lies beyond the
         pass). At a corrected state agreement falls with depth, and falls fastest for an edit the remaining steps can
         no longer fix, so a pass that only just clears the deeper bar predicts a failed call."""
-        for _ in range(calls):
-            signals = decision.signals
-            likely = [t for t in deeper if t.step > decision.step and signals is not None
-                      and self.settings.thresholds.passes(replace(signals, depth=2 * t.depth - signals.depth))]
-            if not likely:
-                break
-            passed = self._ask(likely[0], evaluate)
-            if passed is None:
-                break
-            decision = passed
-        return decision
+        signals = decision.signals
+        likely = [t for t in deeper if t.step > decision.step + 1 and signals is not None
+                  and self.settings.thresholds.passes(replace(signals, depth=2 * t.depth - signals.depth))]
+        if not likely:
+            return decision
+        return self._ask(likely[0], evaluate) or decision
 
     def _contained_step(self) -> int | None:
         """The deepest step of the shallower mode this one contains (`ReuseSettings.contained_resume_fraction`)."""
@@ -420,12 +461,16 @@ class Decider:
         give-up margin to spare. Why: a deep pass asked first costs no anchor call (a hit's cost is its steps and
         one call), but a deep miss ends probing, so only a donor the screen says is nearly certain goes first deep;
         the others climb from the anchor, where a one-word edit still passes."""
+        return self._screen_clears(target, target.depth)
+
+    def _screen_clears(self, target: ProbeTarget, depth: float) -> bool:
+        """Whether the target donor's step-0 screen passed at `depth` with the give-up margin to spare."""
         screened = self._screened.get(target.meta.entry_id)
         if screened is None:
             return False
-        thresholds, signals = self.settings.thresholds, replace(screened[0], depth=target.depth)
+        thresholds, signals = self.settings.thresholds, replace(screened[0], depth=depth)
         return thresholds.passes(signals) and \
-            signals.weakest_structure >= thresholds.needed_structure(target.depth) + thresholds.give_up_margin
+            signals.weakest_structure >= thresholds.needed_structure(depth) + thresholds.give_up_margin
 
     def _ask_anchor(self, target: ProbeTarget, evaluate: Evaluate) -> Decision | None:
         """One call at the target donor's shallowest checkpoint, where the prompt still decides layout and motion: a

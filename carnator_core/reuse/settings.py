@@ -59,7 +59,7 @@ class ReuseSettings:
     prompt: str = ""
     top_k: int = 4
     min_similarity: float = 0.5
-    max_probes: int = 3  # probe calls (model evaluations) per run
+    max_probes: int = 3  # probe calls (model evaluations) per run; fast makes at most one more (`Decider._probe`)
     # Same-noise donors the step-0 screen may judge, most similar first, whatever their similarity: the screen is
     # the request's own first evaluation, so this bounds reading their step-0 records, not model calls.
     screen_limit: int = 16
@@ -137,9 +137,9 @@ class ReuseSettings:
 
     @property
     def contained_resume_fraction(self) -> float | None:
-        """The resume depth of the next shallower mode that resumes (balanced's, for fast): this mode asks every state
-        that mode would ask, as it would, and goes deeper only after a pass (`Decider._deepen`). None where no
-        shallower mode resumes, and for a forced resume."""
+        """The resume depth of the next shallower mode that resumes (balanced's, for fast): this mode resumes at least
+        as deep as that mode, at most one call dearer (`Decider._probe`). None where no shallower mode resumes, and
+        for a forced resume."""
         if self.forced_resume_fraction is not None:
             return None
         shallower = [RESUME_LIMITS[mode] for mode in MODES[:MODES.index(self.mode)] if RESUME_LIMITS[mode] > 0]

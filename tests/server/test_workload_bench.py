@@ -250,7 +250,8 @@ def test_workload_end_to_end_json_shape(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert set(data) == {"stream", "prompts", "configs", "targets", "nesting"}
-    assert set(data["nesting"]) == {"fast_over_balanced", "balanced_over_safe_plus_one"}
+    assert set(data["nesting"]) == {"fast_shallower_than_balanced", "fast_over_balanced_plus_one",
+                                    "balanced_over_safe_plus_one"}
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
     _targets_agree_with_configs(data, "near-dup")
     names = ["plain", "plain-1", *CONFIGS[1:]]  # 2 steps: 1/3 and 1/4 of them are 0 steps, said and skipped
@@ -292,22 +293,35 @@ def test_workload_end_to_end_json_shape(tmp_path):
 
 @pytest.mark.server
 @pytest.mark.slow
-@pytest.mark.parametrize("stream", [("--stream", "edit-loop", "--n", "8"),
+@pytest.mark.parametrize("stream", [("--stream", "edit-loop", "--n", "6"),
                                     ("--prompts", str(REPO / "docs" / "streams" / "reword-and-edit.txt"))],
                          ids=["edit-loop", "reword-and-edit"])
-def test_the_modes_are_nested_on_every_prompt_of_the_edit_streams(tmp_path, stream):
-    """On the demo model at the benchmark's settings (30 steps), every prompt: fast takes no more model calls than
-    balanced, and balanced no more than safe plus its one probe call; the JSON's nesting lists agree."""
+def test_the_modes_are_nested_by_depth_on_every_prompt_of_the_edit_streams_in_one_shared_store(tmp_path, stream):
+    """On the demo model (10 steps), safe, balanced and fast against one store recorded by all three in turn: on
+    every prompt fast skips at least balanced's steps and takes at most balanced's model calls plus one, fewer on
+    average, and balanced no more than safe plus its one probe call; the JSON's nesting lists and the markdown agree."""
     out = tmp_path / "out"
-    result = _bench(*stream, "--configs", "safe,balanced,fast", "--json", "--out", str(out), timeout=1200)
+    result = _bench(*stream, "--steps", "10", "--configs", "safe,balanced,fast", "--shared-store", "--json",
+                    "--out", str(out), timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert [c["name"] for c in data["configs"]] == ["plain", "safe", "balanced", "fast"]
     saved = json.loads(next(out.glob("workload_*.json")).read_text())
-    calls = [{name: run["model_calls"] for name, run in prompt["configs"].items()} for prompt in saved["per_prompt"]]
-    assert len(calls) == len(data["prompts"]) and any(c["fast"] < c["balanced"] < c["safe"] for c in calls)
-    assert [c for c in calls if c["fast"] > c["balanced"] or c["balanced"] > c["safe"] + 1] == []
-    assert data["nesting"] == {"fast_over_balanced": [], "balanced_over_safe_plus_one": []}
+    assert saved["settings"]["shared_store"] is True
+    runs = [prompt["configs"] for prompt in saved["per_prompt"]]
+    assert len(runs) == len(data["prompts"]) and any(r["fast"]["skipped_steps"] > r["balanced"]["skipped_steps"]
+                                                     for r in runs)
+    assert [r for r in runs if r["fast"]["skipped_steps"] < r["balanced"]["skipped_steps"]
+            or r["fast"]["model_calls"] > r["balanced"]["model_calls"] + 1
+            or r["balanced"]["model_calls"] > r["safe"]["model_calls"] + 1] == []
+    by_name = {c["name"]: c for c in data["configs"]}
+    assert by_name["fast"]["model_calls"] < by_name["balanced"]["model_calls"]
+    assert data["nesting"] == {"fast_shallower_than_balanced": [], "fast_over_balanced_plus_one": [],
+                               "balanced_over_safe_plus_one": []}
+    table = next(out.glob("workload_*.md")).read_text()
+    assert "one store shared by safe, balanced, fast" in table
+    assert "fast resumed shallower than balanced on 0 prompts; fast took more than balanced + 1 model calls on 0 " \
+           "prompts" in table
 
 
 @pytest.mark.server

@@ -520,30 +520,31 @@ def _decided(store: ReuseStore, mode: str, candidates: list[Candidate], start: t
     return asked, resumed, run.decider.model_calls + 10 - (decision.step + 1 if decision is not None else 0)
 
 
-@pytest.mark.parametrize(("agreement", "fast_resumes_at"), [
-    # the rewording's deep state fails: fast resumes where balanced does, on the scene half-way
-    ({("scene", 2): 0.99, ("scene", 5): 0.92, ("scene", 8): 0.80, ("rewording", 8): 0.80}, ("scene", 5)),
-    # the scene's half-way pass makes the line's deeper state likely: fast goes on to the rewording's
-    ({("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99}, ("rewording", 8)),
+@pytest.mark.parametrize(("agreement", "fast_asks", "fast_resumes_at"), [
+    # the rewording's deep state fails: fast asks what balanced asks, as balanced does, and resumes where it does
+    ({("scene", 2): 0.99, ("scene", 5): 0.92, ("scene", 8): 0.80, ("rewording", 8): 0.80},
+     [("rewording", 8), ("scene", 5)], ("scene", 5)),
+    # the rewording's deep state passes: fast resumes there in one call
+    ({("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99},
+     [("rewording", 8)], ("rewording", 8)),
 ])
-def test_fast_asks_a_deep_only_donor_after_its_lineage_s_state_within_balanced_s_depth(
-        tmp_path, agreement, fast_resumes_at):
-    """In fast's own store a rewording that resumed at 80 % from the scene holds nothing balanced could ask, and the
-    screen agrees with it most. Fast asks the scene as balanced does first, and the rewording's deep state only as
-    the deeper state of the scene's line: it never ends shallower than balanced, nor takes more calls."""
+def test_fast_asks_the_deep_state_the_screen_makes_likely_first_and_falls_back_to_balanced_s(
+        tmp_path, agreement, fast_asks, fast_resumes_at):
+    """A rewording that resumed at 80 % from the scene holds nothing balanced could ask, and the step-0 screen agrees
+    with it fully: fast asks its deep state first and, where that fails, asks what balanced asks in the same store.
+    It never resumes shallower than balanced, and takes at most one call more."""
     store = ReuseStore(str(tmp_path / "store"))
     candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.96, "rewording": 1.0}, agreement)
     balanced = _decided(store, "balanced", candidates, start, evaluate)
     fast = _decided(store, "fast", candidates, start, evaluate)
-    assert fast[0][:len(balanced[0])] == balanced[0]
-    assert (balanced[1], fast[1]) == (("scene", 5), fast_resumes_at)
-    assert fast[2] <= balanced[2]
+    assert balanced[:2] == ([("scene", 5)], ("scene", 5))
+    assert fast[:2] == (fast_asks, fast_resumes_at)
+    assert fast[2] <= balanced[2] + 1
 
 
 def test_fast_asks_the_line_of_the_donor_the_screen_agreed_with_most_before_an_edit_it_agreed_with_less(tmp_path):
     """An edit of the scene agrees at step 0 more than the scene and less than the rewording that resumed from the
-    scene at 80 %. Balanced, in a store where the rewording resumed half-way, asks the rewording first; fast asks its
-    line (the scene) first, not the edit, which fails deeper than its anchor."""
+    scene at 80 %: fast asks the rewording's deep state first, not the edit, which fails deeper than its anchor."""
     store = ReuseStore(str(tmp_path / "store"))
     agreement = {("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99,
                  ("edit", 2): 0.99, ("edit", 5): 0.70, ("edit", 8): 0.60}
@@ -552,3 +553,31 @@ def test_fast_asks_the_line_of_the_donor_the_screen_agreed_with_most_before_an_e
     asked, resumed, _ = _decided(store, "fast", candidates, start, evaluate)
     assert all(donor != "edit" for donor, _ in asked)
     assert resumed == ("rewording", 8)
+
+
+def test_fast_asks_first_the_line_of_a_deep_only_donor_the_screen_agreed_with_most(tmp_path):
+    """The rewording that resumed at 80 % from the scene agrees most at step 0, not enough to ask its deep state
+    first but enough for the scene's half-way state, which it continued: fast asks that state first, as balanced does
+    in a store where the rewording resumed half-way, and resumes there; not the edit, which the screen ranks above the
+    scene and which fails half-way, where balanced, in this store, asks it and misses."""
+    store = ReuseStore(str(tmp_path / "store"))
+    agreement = {("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99,
+                 ("edit", 2): 0.99, ("edit", 5): 0.70, ("edit", 8): 0.60}
+    candidates, start, evaluate = _line_of_a_rewording(
+        store, {"scene": 0.94, "edit": 0.95, "rewording": 0.96}, agreement)
+    balanced = _decided(store, "balanced", candidates, start, evaluate)
+    fast = _decided(store, "fast", candidates, start, evaluate)
+    assert balanced[:2] == ([("edit", 5)], None)
+    assert fast[:2] == ([("scene", 5)], ("scene", 5))
+    assert fast[2] < balanced[2]
+
+
+def test_fast_does_not_ask_again_the_line_s_state_that_failed(tmp_path):
+    """The line's half-way state, asked first for the rewording that resumed at 80 %, fails: balanced asks that very
+    state first and misses there, so fast misses after that one call too, at balanced's cost."""
+    store = ReuseStore(str(tmp_path / "store"))
+    agreement = {("scene", 2): 0.99, ("scene", 5): 0.50, ("scene", 8): 0.50, ("rewording", 8): 0.50}
+    candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.955, "rewording": 0.96}, agreement)
+    balanced = _decided(store, "balanced", candidates, start, evaluate)
+    fast = _decided(store, "fast", candidates, start, evaluate)
+    assert balanced == fast == ([("scene", 5)], None, balanced[2])
