@@ -31,7 +31,7 @@ def _screened_on(comfy, store: str, prompt: str, cfg: float = CFG, negative: str
     if patch is not None:
         graph["patch"] = {"class_type": patch, "inputs": {"model": [MODEL_CHAIN, 0]}}
         graph[SAMPLER]["inputs"]["model"] = ["patch", 0]
-    run = comfy.run_prompt(comfy.complete(with_reuse(graph, store, "", sparse_attention="off", mode="safe")))
+    run = comfy.run_prompt(comfy.complete(with_reuse(graph, store, "", sparse_attention="off")))
     writer.flush()
     [report] = json.loads(run.output(REPORT, 1))
     return [probe.get("screened_on", "") for probe in report["probes"] if probe["step"] == 0]
