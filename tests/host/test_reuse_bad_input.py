@@ -10,7 +10,7 @@ import torch
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.plan import RequestFacts, plan_probes
 from carnator_core.reuse.recording import writer
-from carnator_core.store.entry import EntryMeta, HardKey
+from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
 
@@ -21,7 +21,7 @@ FACTS = RequestFacts(schedule="schedule", latent_shape=SHAPE, noise_fingerprint=
 
 def _donor(store: ReuseStore, tensors: dict | None, **meta_changes) -> Candidate:
     fields = {"latent_shape": SHAPE, "noise_fingerprint": "noise", "total_steps": 10,
-              "checkpoints": [{"step": 5, "sigma": 0.5, "guidance": False}]}
+              "checkpoints": [CheckpointRecord(step=5, sigma=0.5)]}
     fields.update(meta_changes)
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt="donor", **fields)
     blobs = {} if tensors is None else {"checkpoints": encode_tensors(tensors)}
@@ -46,7 +46,7 @@ def _plan(store, candidate, same_noise_only=True):
     ("other noise", {"x_5": torch.zeros(SHAPE), "x0_5": torch.zeros(SHAPE)}, {"noise_fingerprint": "other"},
      "other initial noise (seed)"),
     ("too deep only", {"x_8": torch.zeros(SHAPE), "x0_8": torch.zeros(SHAPE)},
-     {"checkpoints": [{"step": 8, "sigma": 0.2, "guidance": False}]}, "no checkpoint within the mode's depth"),
+     {"checkpoints": [CheckpointRecord(step=8, sigma=0.2)]}, "no checkpoint within the mode's depth"),
 ])
 def test_bad_donors_are_skipped_with_a_reason(tmp_path, case, tensors, meta_changes, reason):
     store = ReuseStore(str(tmp_path / "store"))
