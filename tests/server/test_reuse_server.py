@@ -133,13 +133,13 @@ def test_template_records_then_resumes_the_same_prompt_and_seed(comfy_server, ti
     first = _run(comfy_server, graph)
     assert first.report["hit"] is False and first.report["reason"] == "no candidate"
     (donor,) = _entries(comfy_server.base_dir, store, 1)
-    assert donor.total_steps == STEPS and [c["step"] for c in donor.checkpoints] == list(range(STEPS))
+    assert donor.total_steps == STEPS and [c.step for c in donor.checkpoints] == list(range(STEPS))
 
     second = _run(comfy_server, graph)
     _assert_resumed(second.report, donor)
     if family == "hunyuan_video":  # BasicGuider, no uncond: the structure signal alone decides
         assert second.report["guidance_cosine"] is None
-        assert not any(c["guidance"] for c in donor.checkpoints)
+        assert not any(c.guidance for c in donor.checkpoints)
     else:
         assert second.report["guidance_cosine"] == pytest.approx(1.0, abs=1e-2)
     # the resumed run records too, under the same hard key: identical runs give identical schedule
@@ -192,7 +192,7 @@ def test_alongside_easycache(comfy_server, tiny_models, easycache_first: bool) -
     assert len(second.statuses) == 1 and report["hit"] is True and report["donor_id"] == donor.entry_id
     # At a step EasyCache skipped, the recorded x0 is EasyCache's extrapolation, not the model's prediction:
     # such checkpoints are marked and never probed, so the resume may land shallower than without EasyCache.
-    extrapolated = {c["step"] for c in donor.checkpoints if not c["evaluated"]}
+    extrapolated = {c.step for c in donor.checkpoints if not c.evaluated}
     assert extrapolated, donor.checkpoints  # EasyCache skipped some recorded steps in this graph
     assert 0 < report["skipped_steps"] <= RESUME_STEP and report["skipped_steps"] not in extrapolated
     assert not extrapolated & {p["step"] for p in report["probes"]}
