@@ -61,19 +61,9 @@ from .host import (
     unsupported_latent,
     video_token_grid,
 )
-from .keys import (
-    ATTENTION_DONOR_KEY,
-    ATTENTION_RUN_KEY,
-    ATTENTION_SETTINGS_KEY,
-    ATTENTION_WRAPPER_KEY,
-    BLOCK_KEY,
-    PLAIN_RETRY_KEY,
-    PREVIOUS_OVERRIDE_KEY,
-    REUSE_KEY,
-    TEXT_FIRST_KEY,
-    WITHDRAW_KEY,
-)
+from .keys import ATTENTION_DONOR_KEY, ATTENTION_SETTINGS_KEY, ATTENTION_WRAPPER_KEY, REUSE_SETTINGS_KEY, TEXT_FIRST_KEY
 from .reports import publish
+from .run_state import CarnatorRun, carnator_run, run_state
 
 log = logging.getLogger("carnator")
 
@@ -89,12 +79,15 @@ def _block_lists(diffusion_model) -> list[tuple[str, int]]:
 
 def _index_patch(index: int, previous):
     def set_block_index(args, extra):
-        options = args["transformer_options"]
-        options[BLOCK_KEY] = index
+        carnator = run_state(args["transformer_options"])
+        held = carnator.block if carnator is not None else None
+        if carnator is not None:
+            carnator.block = index
         try:
             return previous(args, extra) if previous is not None else extra["original_block"](args)
         finally:
-            options.pop(BLOCK_KEY, None)
+            if carnator is not None:
+                carnator.block = held
 
     return set_block_index
 
@@ -113,16 +106,16 @@ def install_sparse_attention(model, settings: SparseAttentionSettings, donor: tu
     return model
 
 
-def _hook_into_run(options: dict, diffusion_model, guider) -> None:
+def _hook_into_run(options: dict, carnator: CarnatorRun, diffusion_model, guider) -> None:
     """Put Carnator's override and block indices into one run's cloned options, chaining to what is there."""
     note_bypassed_attention(diffusion_model)
     previous = options.get("optimized_attention_override")
     if previous is not None and previous not in CARNATOR_OVERRIDES:
-        options[PREVIOUS_OVERRIDE_KEY] = previous
-    takes_containers = hasattr(options.get(PREVIOUS_OVERRIDE_KEY), "container_function")
+        carnator.previous_override = previous
+    takes_containers = hasattr(carnator.previous_override, "container_function")
     options["optimized_attention_override"] = (carnator_container_override if takes_containers
                                                else carnator_attention_override)
-    options[WITHDRAW_KEY] = functools.partial(_withdraw_from_guider, guider)
+    carnator.withdraw = functools.partial(_withdraw_from_guider, guider)
     dit = options.setdefault("patches_replace", {}).setdefault("dit", {})
     for index, key in enumerate(_block_lists(diffusion_model)):
         dit[key] = _index_patch(index, dit.get(key))
@@ -132,7 +125,8 @@ def withdraw_sparse_attention(options: dict) -> None:
     """Give a run's attention back to the host: the override that was on the hook before Carnator's, or none."""
     if options.get("optimized_attention_override") not in CARNATOR_OVERRIDES:
         return
-    previous = options.pop(PREVIOUS_OVERRIDE_KEY, None)
+    carnator = run_state(options)
+    previous = carnator.previous_override if carnator is not None else None
     if previous is None:
         options.pop("optimized_attention_override")
     else:
@@ -149,8 +143,8 @@ def attention_outer_sample(executor, *args, **kwargs):
     """Create the run's attention state, sample, report; arguments the host adds later are passed on untouched."""
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
-    with per_run_options(guider) as options:
-        if options.get(PLAIN_RETRY_KEY):  # the run samples again plain after a Carnator error
+    with per_run_options(guider) as options, carnator_run(options) as carnator:
+        if carnator.sampling_plain_again:  # the run samples again plain after a Carnator error
             return executor(*args, **kwargs)
         patcher = guider.model_patcher
         try:
@@ -160,24 +154,28 @@ def attention_outer_sample(executor, *args, **kwargs):
             fault.log_once("attention stays dense")
             run, reason = None, fault.line
         if run is None:  # attention stays dense; the reuse wrapper, when there is one, reports the run
-            if REUSE_KEY not in options:
+            if REUSE_SETTINGS_KEY not in options:
                 log.warning("Carnator: dense attention for this run: %s", reason)
                 publish(RunReport.plain(f"attention/{options[ATTENTION_SETTINGS_KEY].source}", reason,
                                         steps_of(call["sigmas"]), 0, 0.0))
             return executor(*args, **kwargs)
-        options[ATTENTION_RUN_KEY] = run
-        if not run.inactive:
-            _hook_into_run(options, patcher.get_model_object("diffusion_model"), guider)
-        started = time.perf_counter()
-        output = executor(*args, **kwargs)
+        held = (carnator.attention, carnator.previous_override, carnator.withdraw)
+        carnator.attention = run
         try:
-            with carnator_code("reporting sparse attention"):
-                settle(run, patcher)
-                if run.reports_itself:
-                    publish(RunReport.of_sparse_attention(run, time.perf_counter() - started))
-        except CarnatorFault as fault:
-            fault.log_once("the run's attention is not reported; its output is unaffected")
-        return output
+            if not run.inactive:
+                _hook_into_run(options, carnator, patcher.get_model_object("diffusion_model"), guider)
+            started = time.perf_counter()
+            output = executor(*args, **kwargs)
+            try:
+                with carnator_code("reporting sparse attention"):
+                    settle(run, patcher)
+                    if run.reports_itself:
+                        publish(RunReport.of_sparse_attention(run, time.perf_counter() - started))
+            except CarnatorFault as fault:
+                fault.log_once("the run's attention is not reported; its output is unaffected")
+            return output
+        finally:
+            carnator.attention, carnator.previous_override, carnator.withdraw = held
 
 
 def _open_attention_run(options: dict, patcher, call: dict) -> tuple[SparseAttentionRun | None, str]:
@@ -194,18 +192,18 @@ def _open_attention_run(options: dict, patcher, call: dict) -> tuple[SparseAtten
                              total_steps=steps_of(call["sigmas"]), outside_graph=outside_graph,
                              in_unpausable_graph=in_unpausable_graph)
     if not run.inactive and comfyui_sparse_attention(patcher, options):
-        run.inactive = COMFYUI_SPARSE_ATTENTION
+        run.go_dense(COMFYUI_SPARSE_ATTENTION)
         log.info("Carnator: %s", COMFYUI_SPARSE_ATTENTION)
     donor = options.get(ATTENTION_DONOR_KEY)
     if donor is not None and not run.inactive:
-        run.borrowed = load_donor_masks(store_at(donor[0]), donor[1])
+        run.lend(load_donor_masks(store_at(donor[0]), donor[1]))
     return run, ""
 
 
 def settle(run: SparseAttentionRun, patcher) -> None:
     """At the end of a sampling run: if no video self-attention reached the override, say who took it (once)."""
     if run.self_attention_calls == 0 and run.total_steps > 0 and not run.inactive:
-        run.inactive = INACTIVE.format(attention_patcher(patcher.get_model_object("diffusion_model")))
+        run.go_dense(INACTIVE.format(attention_patcher(patcher.get_model_object("diffusion_model"))))
         log.warning("Carnator: %s", run.inactive)
 
 
@@ -225,20 +223,11 @@ def attention_patcher(diffusion_model) -> str:
 
 
 def _step_index(options: dict, run: SparseAttentionRun) -> int:
-    """The sampling step of this call, computed once per model evaluation: every attention call of one
-    evaluation sees the same `sigmas` tensor object, so it is memoised on the run (`sigma_step`) by identity.
-    Read outside the host's malloc graph, into Python numbers."""
+    """The sampling step of this call (`SparseAttentionRun.step_of`); 0 where the host passes no schedule."""
     sigma, schedule = options.get("sigmas"), options.get("sample_sigmas")
     if not isinstance(sigma, torch.Tensor) or not isinstance(schedule, torch.Tensor) or schedule.numel() == 0:
         return 0
-    memo = run.sigma_step
-    if memo is not None and memo[0] is sigma:
-        return memo[1]
-    with run.outside_graph():
-        sigmas, now = schedule.flatten().tolist(), float(sigma.flatten()[0])
-    step = min(range(len(sigmas)), key=lambda index: abs(sigmas[index] - now))
-    run.sigma_step = (sigma, step)  # holding the tensor keeps its identity from being reused
-    return step
+    return run.step_of(sigma, schedule)
 
 
 def _key_validity(mask, n_tokens: int) -> torch.Tensor | None | bool:
@@ -254,7 +243,8 @@ def _key_validity(mask, n_tokens: int) -> torch.Tensor | None | bool:
 def _block_index(options: dict) -> int | None:
     """The transformer block of this attention call: the host's own `block_index` where the model sets it (Wan and
     HunyuanVideo on newer hosts), else the one Carnator's block patches set."""
-    index = options.get(BLOCK_KEY)
+    carnator = run_state(options)
+    index = carnator.block if carnator is not None else None
     return options.get("block_index") if index is None else index
 
 
@@ -282,15 +272,17 @@ def _give_back_attention(options: dict) -> None:
     """Once the run cannot act: Carnator's override off this evaluation's options (the calls still to come in it) and
     off the run's (every later evaluation), so the layers' own attention is theirs again."""
     withdraw_sparse_attention(options)
-    withdraw_run = options.get(WITHDRAW_KEY)
-    if withdraw_run is not None:
-        withdraw_run()
+    carnator = run_state(options)
+    if carnator is not None and carnator.withdraw is not None:
+        carnator.withdraw()
 
 
-def _sparse_or_none(run: SparseAttentionRun | None, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
+def _sparse_or_none(options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The call's sparse attention, or None where it runs dense; a run that cannot act (a Carnator error, a malloc
     graph with no way out) is dense from here, its attention given back to the host."""
-    if run is None or options.get(PLAIN_RETRY_KEY):
+    carnator = run_state(options)
+    run = carnator.attention if carnator is not None else None
+    if run is None or carnator.sampling_plain_again:
         return None
     out = None
     try:
@@ -301,7 +293,7 @@ def _sparse_or_none(run: SparseAttentionRun | None, options: dict, args: tuple, 
         if fault is None:
             raise
         fault.log_once("this call and the rest of the run use dense attention")
-        run.inactive = f"dense attention: {fault.line}"
+        run.go_dense(f"dense attention: {fault.line}")
     if run.inactive:
         _give_back_attention(options)
     return out
@@ -311,10 +303,11 @@ def carnator_attention_override(func, *args, **kwargs):
     """The run's attention: a sparse call's block-sparse result; a dense one goes to the override before Carnator's,
     else to `func`, the function the model called."""
     options = kwargs.get("transformer_options") or {}
-    previous = options.get(PREVIOUS_OVERRIDE_KEY)
-    out = _sparse_or_none(options.get(ATTENTION_RUN_KEY), options, args, kwargs)
+    out = _sparse_or_none(options, args, kwargs)
     if out is not None:
         return out
+    carnator = run_state(options)
+    previous = carnator.previous_override if carnator is not None else None
     return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
 
@@ -329,9 +322,9 @@ def _containers_to_previous(*args, **kwargs):
     """A sparse call takes the containers; a dense one goes in them to the previous override's `container_function`,
     as `wrap_attn` would hand it without Carnator's override."""
     options = kwargs.get("transformer_options") or {}
-    previous = options[PREVIOUS_OVERRIDE_KEY]
+    previous = run_state(options).previous_override
     tensors = tuple(container.peek() for container in args[:3])
-    out = _sparse_or_none(options.get(ATTENTION_RUN_KEY), options, tensors + args[3:], kwargs)
+    out = _sparse_or_none(options, tensors + args[3:], kwargs)
     if out is None:
         return previous.container_function(*args, **kwargs)
     for container in args[:3]:

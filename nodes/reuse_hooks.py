@@ -1,13 +1,14 @@
 """ComfyUI sampling wrappers that run a `carnator_core.reuse.run.ReuseRun` around any sampler.
 
-Modelled on ComfyUI's built-in EasyCache: supported `add_wrapper_with_key` hooks only,
-per-run state created in OUTER_SAMPLE on a clone of the guider's model options and dropped
-in `finally`. The wrappers translate between ComfyUI objects and the engine; every decision
-is made in carnator_core.
+Modelled on ComfyUI's built-in EasyCache: supported `add_wrapper_with_key` hooks only, per-run state
+(`nodes.run_state.CarnatorRun`, one key) on a clone of the guider's model options, dropped in `finally`. The engine
+decides (`ReuseRun.decide` returns one `Outcome`); the wrappers convert between ComfyUI objects and the engine's, install
+what the outcome says, and report.
 
 - OUTER_SAMPLE    opens the run (fingerprints) and samples it under `reuse_lifecycle`, which records and
                   reports it afterwards (the reuse sampler runs its SAMPLER under the same lifecycle)
-- SAMPLER_SAMPLE  probes donors with the loaded model, resumes from the accepted state
+- SAMPLER_SAMPLE  asks the engine with the loaded model as its evaluation, and installs the outcome: the donor stage's
+                  output, a resume (with or without a replayed history), or a fresh start
 - PREDICT_NOISE   answers a multistep sampler's calls before the resume step with the donor's predictions
                   (`carnator_core.reuse.history_replay`), counts model calls, applies the optional guidance boost,
                   and hands the run each prediction it records
@@ -41,9 +42,9 @@ from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseA
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError, content_fingerprint, noise_fingerprint
 from carnator_core.reuse.applicability import latent_reuse_refusal, starts_from_input
-from carnator_core.reuse.cached_evaluation import Branches, CachedEvaluation, branches_of_state, same_sigma
-from carnator_core.reuse.decision import Decision
-from carnator_core.reuse.history_replay import HistoryReplay
+from carnator_core.reuse.cached_evaluation import CachedEvaluation
+from carnator_core.reuse.decision import Evaluate
+from carnator_core.reuse.outcome import Resume, ServedEvaluation, SkipStage
 from carnator_core.reuse.packed_latent import PackedShapes, packed_shapes, unpack
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
@@ -65,9 +66,11 @@ from .host import (
     store_at,
     unsupported_latent,
 )
-from .keys import ATTENTION_RUN_KEY, PLAIN_RETRY_KEY, REUSE_KEY, REUSE_WRAPPER_KEY
+from .keys import REUSE_SETTINGS_KEY, REUSE_WRAPPER_KEY
 from .noise_continuation import plain_noise_sampler, with_plain_noise
 from .reports import publish
+from .reuse_holder import ReuseHolder
+from .run_state import CarnatorRun, carnator_run, run_state
 
 log = logging.getLogger("carnator")
 
@@ -77,77 +80,13 @@ def install(model, settings: ReuseSettings, attention: SparseAttentionSettings |
     if missing_hooks():
         return model.clone()
     model = install_sparse_attention(model, attention) if attention is not None else model.clone()
-    model.model_options["transformer_options"][REUSE_KEY] = ReuseHolder(settings)
+    model.model_options["transformer_options"][REUSE_SETTINGS_KEY] = settings
     wrappers = comfy.patcher_extension.WrappersMP
     model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, REUSE_WRAPPER_KEY, outer_sample_wrapper)
     model.add_wrapper_with_key(wrappers.SAMPLER_SAMPLE, REUSE_WRAPPER_KEY, sampler_sample_wrapper)
     model.add_wrapper_with_key(wrappers.PREDICT_NOISE, REUSE_WRAPPER_KEY, predict_noise_wrapper)
     model.add_wrapper_with_key(wrappers.CALC_COND_BATCH, REUSE_WRAPPER_KEY, calc_cond_batch_wrapper)
     return model
-
-
-class ReuseHolder:
-    """Carnator's one object in `transformer_options` (as EasyCache keeps its holder): on the patched model it holds
-    the settings; each sampling run gets its own, opened for it (`open_run`), with the run's ReuseRun (or why it
-    samples plain), its tensors on the device and its counters, and dropped when the run ends."""
-
-    def __init__(self, settings: ReuseSettings, run: ReuseRun | None = None, plain_reason: str = "",
-                 plain_notes: list[str] | None = None, opened: bool = False) -> None:
-        self.settings = settings
-        self.run = run
-        self.opened = opened  # a run's own holder, not the model's template
-        # without a run: why the run samples plain, and the report's notes when other than the reason
-        self.plain_reason = plain_reason
-        self.plain_notes = plain_notes
-        self.model_calls = 0
-        # a probe's predictions per condition, for the sampler's next call (`predict_noise_wrapper`); while that call
-        # runs, `serving` holds them for its batch evaluation (`calc_cond_batch_wrapper`), which sets `served_call`
-        self.cached_eval: CachedEvaluation | None = None
-        self.serving: CachedEvaluation | None = None
-        self.served_call = False
-        # the predictions per condition of every state a probe evaluated, by that state, and the batch evaluations of
-        # the probe call under way (with which conditions each evaluated)
-        self.probe_branches: list[tuple[torch.Tensor, list, Branches]] = []
-        self.probe_outputs: list[tuple[list[torch.Tensor], list]] = []
-        # whether Carnator changed what the host computes in this run: a call served or replayed, steps skipped
-        self.altered = False
-        self.notes: list[str] = []  # what the report says of the run beyond the decision
-        self.replay: HistoryReplay | None = None  # a multistep sampler's calls before the resume step, answered
-        self.capture_guidance = False
-        self.last_guidance: tuple[float, torch.Tensor] | None = None
-        self.checkpoint_sigmas: set[float] = set()
-        self.attention: SparseAttentionRun | None = None
-        self.last_x0: torch.Tensor | None = None
-        self.boost_sigmas: set[float] = set()
-        # (sigma, state) of the sampler's latest model call. A checkpoint records the state the model was given:
-        # samplers that keep their own scaled state (uni_pc divides it by sqrt(1 + sigma^2)) report that one in
-        # their step callback, and a probe or a resume must see the model's own.
-        self.model_input: tuple[float, torch.Tensor] | None = None
-        # EasyCache state of every single-state probe call, by the state it evaluated: the run adopts the one of the
-        # call it continues from (the resumed probe, or the step-0 screen), not of any other call at that sigma.
-        self.probe_step_caches: list[tuple[torch.Tensor, object | None]] = []
-        self.sampling_plain_again = False  # a Carnator error handed the run back to plain sampling
-        self.faults: list[str] = []  # Carnator errors the run survived (recording stopped), for its report
-
-    @property
-    def active(self) -> bool:
-        """Whether the run's hooks take part: a run's own holder that has not been handed back to plain sampling."""
-        return self.opened and not self.sampling_plain_again
-
-    def step_cache_of(self, evaluated: torch.Tensor) -> object | None:
-        return next((cache for x, cache in self.probe_step_caches if x is evaluated), None)
-
-    def branches_of(self, evaluated: torch.Tensor) -> tuple[list, Branches] | None:
-        """The conditions and predictions per condition of the first batch evaluation of the probe at the state
-        `evaluated`; None where its guider made none (then nothing of that probe is handed to the sampler)."""
-        return next(((conds, branches) for x, conds, branches in self.probe_branches if x is evaluated), None)
-
-    @property
-    def changed_the_run(self) -> bool:
-        """Whether the host's sampling of this run differs from the plain sampler's: a call served, replayed or
-        skipped, or attention computed sparse."""
-        attention = self.attention
-        return self.altered or (attention is not None and attention.sparse_calls > 0)
 
 
 def _positive_tensor(guider, name: str) -> torch.Tensor | None:
@@ -211,7 +150,7 @@ def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
             if not reason:
                 run = build_run(guider, settings, call["noise"], call["latent_image"], call["sigmas"],
                                 call.get("denoise_mask"), call.get("seed"), call.get("latent_shapes"))
-                return ReuseHolder(settings, run, opened=True)
+                return ReuseHolder(settings, run)
     except StoreError as error:
         reason, notes = STORE_UNAVAILABLE, [f"store unavailable, generating without reuse: {error}"]
     except (FingerprintError, ValueError) as error:
@@ -220,43 +159,37 @@ def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:
         fault.log_once("the run samples plain")
         reason = fault.line
     log.warning("Carnator: plain sampling for this run (clean miss): %s", notes[0] if notes else reason)
-    return ReuseHolder(settings, None, reason, notes, opened=True)
+    return ReuseHolder(settings, None, reason, notes)
 
 
 @contextlib.contextmanager
-def reuse_lifecycle(guider, state: ReuseHolder, sigmas: torch.Tensor, run_options: dict,
-                    *shared_options: dict) -> Iterator[None]:
-    """One sampling run under Carnator, for the model wrapper and the reuse sampler alike.
+def reuse_lifecycle(guider, state: ReuseHolder, sigmas: torch.Tensor, *run_options: dict) -> Iterator[CarnatorRun]:
+    """One sampling run under Carnator, for the model wrapper and the reuse sampler alike; yields the run's state.
 
-    While the body samples, the hooks find `state` in `run_options` (the run's own transformer options) and in
-    `shared_options`; afterwards the attention is settled and the run recorded and reported, once: this is the one
-    place that publishes a reuse run's report. What the options held before is put back in `finally`, so an aborted
-    run leaves nothing behind and reports nothing.
+    While the body samples, the hooks find `state` as the reuse part of the run's state in `run_options` (the run's
+    own transformer options); afterwards the attention is settled and the run recorded and reported, once: this is the
+    one place that publishes a reuse run's report. What the run's state held before is put back in `finally`, so an
+    aborted run leaves nothing behind and reports nothing.
     """
-    holders = [(options, options.get(REUSE_KEY)) for options in (run_options, *shared_options)]
-    for options, _ in holders:
-        options[REUSE_KEY] = state
-    started = time.perf_counter()
-    try:
-        yield
+    with carnator_run(*run_options) as carnator:
+        held, carnator.reuse = carnator.reuse, state
+        started = time.perf_counter()
         try:
-            with carnator_code("recording the run"):
-                attention: SparseAttentionRun | None = run_options.get(ATTENTION_RUN_KEY)
-                if attention is not None:
-                    settle(attention, guider.model_patcher)
-                    attention.defer_report()
-                report = _finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention)
-        except CarnatorFault as fault:
-            fault.log_once("the run is not recorded; its output is unaffected")
-            report = RunReport.plain(state.settings.mode, fault.line, steps_of(sigmas), state.model_calls,
-                                     time.perf_counter() - started)
-        publish(report)
-    finally:
-        for options, held in holders:
-            if held is None:
-                options.pop(REUSE_KEY, None)
-            else:
-                options[REUSE_KEY] = held
+            yield carnator
+            try:
+                with carnator_code("recording the run"):
+                    attention = carnator.attention
+                    if attention is not None:
+                        settle(attention, guider.model_patcher)
+                        attention.defer_report()
+                    report = _finish(state, guider, steps_of(sigmas), time.perf_counter() - started, attention)
+            except CarnatorFault as fault:
+                fault.log_once("the run is not recorded; its output is unaffected")
+                report = RunReport.plain(state.settings.mode, fault.line, steps_of(sigmas), state.sampler_calls,
+                                         time.perf_counter() - started)
+            publish(report)
+        finally:
+            carnator.reuse = held
 
 
 def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
@@ -264,9 +197,9 @@ def _finish(state: ReuseHolder, guider, total_steps: int, elapsed: float,
     """Record the run and return its report (with the errors it survived); without a ReuseRun, the plain run's
     report."""
     if state.run is None:
-        return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.model_calls, elapsed,
+        return RunReport.plain(state.settings.mode, state.plain_reason, total_steps, state.sampler_calls, elapsed,
                                attention.summary() if attention is not None else None, state.plain_notes)
-    report = state.run.finish(state.model_calls, state.attention, preview_frame(guider, state.last_x0, state.run.packed))
+    report = state.run.finish(state.sampler_calls, attention, preview_frame(guider, state.last_x0, state.run.packed))
     report.notes.extend(line for line in state.faults + state.notes if line not in report.notes)
     return report
 
@@ -276,37 +209,39 @@ def _stop_recording(state: ReuseHolder, fault: CarnatorFault) -> None:
     unaffected); the report notes the error."""
     fault.log_once("recording stopped; the output is unaffected")
     state.faults.append(fault.line)
-    state.checkpoint_sigmas = set()
     if state.run is not None:
         state.run.stop_recording()
 
 
-def sample_plain_again(state: ReuseHolder, fault: CarnatorFault, consequence: str, *transformer_options: dict) -> None:
+def sample_plain_again(carnator: CarnatorRun, fault: CarnatorFault, consequence: str, *transformer_options: dict) -> None:
     """Hand the run back to plain sampling after a Carnator error: from now on every Carnator hook of the run passes
-    through (`transformer_options` are the run's, where the hooks look) and its attention is the host's, so the caller's
+    through and its attention is the host's (Carnator's override off the run's `transformer_options`), so the caller's
     plain sampling with the arguments as given is the plain sampler's output, bit for bit. The report gives the
     error as its reason."""
     fault.log_once(consequence)
+    state = carnator.reuse
     state.run, state.plain_reason, state.plain_notes = None, f"{fault.line} ({consequence})", None
     state.sampling_plain_again = True
     state.replay, state.cached_eval, state.serving, state.capture_guidance = None, None, None, False
-    state.boost_sigmas, state.checkpoint_sigmas = set(), set()
+    state.boost_sigmas = set()
     for options in transformer_options:
-        options[PLAIN_RETRY_KEY] = fault.line
         withdraw_sparse_attention(options)
-        attention: SparseAttentionRun | None = options.get(ATTENTION_RUN_KEY)
-        if attention is not None:
-            attention.inactive = attention.inactive or f"dense attention: {fault.line}"
-            attention.defer_report()
+    attention = carnator.attention
+    if attention is not None:
+        attention.go_dense(f"dense attention: {fault.line}")
+        attention.defer_report()
 
 
-def failure_to_sample_again(state: ReuseHolder, error: Exception) -> CarnatorFault | None:
+def failure_to_sample_again(carnator: CarnatorRun, error: Exception) -> CarnatorFault | None:
     """The fault for which a run is sampled again plain from the start: a Carnator error, or any error the host raised
-    in a run Carnator altered (what Carnator handed it may be what it failed on); None for an error that fails the
-    prompt as it would without Carnator (an interrupt, the host's error in a run still plain)."""
+    in a run Carnator altered (a call served, replayed or skipped, or attention computed sparse: what Carnator handed
+    it may be what it failed on); None for an error that fails the prompt as it would without Carnator (an interrupt,
+    the host's error in a run still plain)."""
     if isinstance(error, CarnatorFault):
         return error
-    if state.active and state.changed_the_run:
+    attention, state = carnator.attention, carnator.reuse
+    changed = state.altered or (attention is not None and attention.sparse_calls > 0)
+    if state.active and changed:
         return host_failure_in_altered_run(error)
     return None
 
@@ -316,20 +251,20 @@ def outer_sample_wrapper(executor, *args, **kwargs):
     guider = executor.class_obj
     call = outer_sample_arguments(args, kwargs)
     with per_run_options(guider) as transformer_options:
-        state = open_run(guider, transformer_options[REUSE_KEY].settings, call)
-        with reuse_lifecycle(guider, state, call["sigmas"], transformer_options):
+        state = open_run(guider, transformer_options[REUSE_SETTINGS_KEY], call)
+        with reuse_lifecycle(guider, state, call["sigmas"], transformer_options) as carnator:
             try:
                 output = executor(*args, **kwargs)
             except Exception as error:
-                fault = failure_to_sample_again(state, error)
+                fault = failure_to_sample_again(carnator, error)
                 if fault is None:
                     raise
-                sample_plain_again(state, fault, "sampled again plain from the start", transformer_options)
+                sample_plain_again(carnator, fault, "sampled again plain from the start", transformer_options)
                 return executor(*args, **kwargs)
             if state.run is not None and state.run.hands_over and isinstance(output, torch.Tensor):
                 try:
                     with carnator_code("recording the stage's output"):
-                        state.run.output_fingerprint = content_fingerprint(output)
+                        state.run.observe_output(output)
                 except CarnatorFault as fault:
                     _stop_recording(state, fault)
             return output
@@ -406,28 +341,36 @@ def _start_state(guider, sigma: float, state: torch.Tensor) -> tuple[torch.Tenso
     return start, start
 
 
+def _active_reuse(transformer_options: dict) -> ReuseHolder | None:
+    """The run's reuse holder while its hooks take part; None outside a reuse run or once it samples plain again."""
+    carnator = run_state(transformer_options)
+    state = carnator.reuse if carnator is not None else None
+    return state if state is not None and state.active else None
+
+
 def sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
-    state: ReuseHolder | None = extra_args["model_options"]["transformer_options"].get(REUSE_KEY)
-    if state is None or state.run is None or not state.active:
+    carnator = run_state(extra_args["model_options"]["transformer_options"])
+    if _active_reuse(extra_args["model_options"]["transformer_options"]) is None or carnator.reuse.run is None:
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
     named = {**dict(zip(("latent_image", "denoise_mask", "disable_pbar"), args, strict=False)), **kwargs}
-    return sample_with_run(executor, executor.class_obj, state, guider, sigmas, extra_args, callback, noise, **named)
+    return sample_with_run(executor, executor.class_obj, carnator, guider, sigmas, extra_args, callback, noise, **named)
 
 
-def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_args, callback, noise, latent_image=None,
-                    denoise_mask=None, disable_pbar=False, match=None, **passed_on):
+def sample_with_run(sample, sampler, carnator: CarnatorRun, guider, sigmas, extra_args, callback, noise,
+                    latent_image=None, denoise_mask=None, disable_pbar=False, match=None, **passed_on):
     """Probe, maybe resume, and sample through `sample` (the sampler's own sample call) while recording.
     Arguments a newer host adds (`passed_on`) go to `sample` untouched.
 
     A Carnator error before sampling starts leaves the run plain: `sample` with the arguments as given. One while
     sampling raises a `CarnatorFault` to the entry point, which samples the run again plain.
     """
+    state = carnator.reuse
     try:
         with carnator_code("probing donors"):
-            prepared = _prepare_sampling(sample, sampler, state, guider, sigmas, extra_args, callback, noise,
+            prepared = _prepare_sampling(sample, sampler, carnator, guider, sigmas, extra_args, callback, noise,
                                          latent_image, match)
     except CarnatorFault as fault:
-        sample_plain_again(state, fault, "sampled plain", extra_args["model_options"]["transformer_options"],
+        sample_plain_again(carnator, fault, "sampled plain", extra_args["model_options"]["transformer_options"],
                            guider.model_options["transformer_options"])
         return sample(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar,
                       **passed_on)
@@ -445,103 +388,78 @@ def sample_with_run(sample, sampler, state: ReuseHolder, guider, sigmas, extra_a
     return output
 
 
-def _prepare_sampling(sample, sampler, state: ReuseHolder, guider, sigmas, extra_args, callback, noise, latent_image,
-                      match):
-    """Plan and probe, and set the run up for what was decided: the donor's output when the stage is skipped whole,
+def _prepare_sampling(sample, sampler, carnator: CarnatorRun, guider, sigmas, extra_args, callback, noise,
+                      latent_image, match):
+    """Ask the engine what the run does and install its outcome: the donor's output when the stage is skipped whole,
     else (sample call, sigmas, noise, latent, step callback) for the sampler."""
-    run = state.run
+    state, run = carnator.reuse, carnator.reuse.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
-    batch_limit = probe_batch_limit(guider, noise, state.settings)
-    run.start_state = _first_state(guider, sampler, sigmas, noise, latent_image)
-    targets = run.plan(match, batch_limit)
-    state.attention = extra_args["model_options"]["transformer_options"].get(ATTENTION_RUN_KEY)
-    if state.attention is not None:
-        state.attention.defer_report()
-    state.checkpoint_sigmas = run.checkpoint_sigmas
-    multistep = keeps_history(sampler)
-    if multistep:
-        run.keep_history()
-    batch = noise.shape[0]
-
-    def evaluate(states: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        x = torch.cat([s.to(device=noise.device, dtype=noise.dtype) for s in states])
-        state.capture_guidance, state.last_guidance, state.probe_outputs = True, None, []
-        try:
-            with fresh_step_cache(extra_args["model_options"], guider) as cache:
-                if len(states) == 1:
-                    state.probe_step_caches.append((states[0], cache))
-                sigma_batch = torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype)
-                with host_code():
-                    x0 = guider(x, sigma_batch, model_options=extra_args["model_options"], seed=extra_args.get("seed"))
-        finally:
-            state.capture_guidance = False
-        if state.probe_outputs:  # the guider's first batch evaluation, which the sampler's call makes first too
-            outputs, conds = state.probe_outputs[0]
-            state.probe_branches.extend((s, conds, branches_of_state(outputs, conds, index, batch))
-                                        for index, s in enumerate(states))
-        state.probe_outputs = []
-        guidance = state.last_guidance[1] if state.last_guidance is not None else None
-        return list(zip(x0.split(batch), guidance.split(batch) if guidance is not None else [None] * len(states),
-                        strict=True))
-
-    start, resumed = 0, 0  # the step the sampler starts at; the step the run resumes at (0: none)
-    if targets:
-        decision = run.decide(targets, evaluate, batch_limit)
-        if decision is not None and decision.end is not None:  # the stage is skipped whole: the donor's output
-            output = decision.end.latent.to(device=noise.device, dtype=noise.dtype)
-            run.observe_end(decision.end.sigma, output)
-            return output
-        if decision is not None:
-            resumed = decision.target.step
-            state.altered = True
-            state.replay = run.history_replay() if multistep else None
-            resume_state = _resume_from(state, guider, extra_args, decision, noise, sigma_values)
-            if state.replay is None:  # the sampler starts at the resume state, without history
-                start = resumed
-                noise, latent_image = resume_state
-                noise_sampler = plain_noise_sampler(sampler, extra_args.get("seed"), sigmas, start, noise)
-                if noise_sampler is not None:
-                    sample = with_plain_noise(sample, sampler, noise_sampler)
-                sigmas = sigmas[start:]
-        elif run.start_evaluation is not None:
-            _adopt_step_cache(state, guider, extra_args, run.start_state)
-            state.cached_eval = _cached(state, run.start_state, run.start_state, sigma_values[0], exact=True)
-
+    if carnator.attention is not None:
+        carnator.attention.defer_report()
+    evaluate = _probe_evaluation(state, guider, extra_args, noise)
+    outcome = run.decide(_first_state(guider, sampler, sigmas, noise, latent_image), evaluate, match,
+                         probe_batch_limit(guider, noise, run.settings), keeps_history(sampler))
+    if isinstance(outcome, SkipStage):
+        output = outcome.output.to(device=noise.device, dtype=noise.dtype)
+        run.observe_end(outcome.sigma, output)
+        return output
+    start = resumed = 0  # the step the sampler starts at; the step the run resumes at (0: none)
+    if outcome.continues_from is not None:
+        _adopt_step_cache(state, guider, extra_args, outcome.continues_from)
+    state.cached_eval = _cached(state, outcome.served, noise)
+    if isinstance(outcome, Resume):
+        resumed, state.altered = outcome.step, True
+        state.replay, state.boost_sigmas = outcome.replay, set(outcome.boost_sigmas)
+        if state.replay is None:  # the sampler starts at the resume state, without history
+            start = resumed
+            noise, latent_image = _start_state(guider, outcome.sigma, outcome.state.to(device=noise.device,
+                                                                                        dtype=noise.dtype))
+            noise_sampler = plain_noise_sampler(sampler, extra_args.get("seed"), sigmas, start, noise)
+            if noise_sampler is not None:
+                sample = with_plain_noise(sample, sampler, noise_sampler)
+            sigmas = sigmas[start:]
     state.probe_branches = []  # what the sampler is handed is in `cached_eval`: the probes' predictions are dropped
-    run.lend_masks(state.attention)
+    run.lend_masks(carnator.attention)
     return sample, sigmas, noise, latent_image, _recording_callback(state, extra_args, callback, start, resumed,
                                                                     sigma_values)
 
 
-def _resume_from(state: ReuseHolder, guider, extra_args: dict, resume: Decision, noise: torch.Tensor,
-                 sigma_values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Set the run up to continue from the resume's state; returns the (noise, latent) a sampler without a replay
-    starts from. The probe's evaluation there serves the sampler's call at that state (after a replay, at that
-    sigma: the replayed state is the resume state up to the rounding of the recorded predictions), and the guidance
-    boost covers the next steps."""
-    _adopt_step_cache(state, guider, extra_args, resume.target.x)
-    start = resume.target.step
-    x_k = resume.target.x.to(device=noise.device, dtype=noise.dtype)
-    if resume.x0 is not None:
-        state.cached_eval = _cached(state, resume.target.x, None if state.replay is not None else x_k,
-                                    resume.target.sigma, exact=False)
-    state.boost_sigmas = state.settings.boost_sigmas(sigma_values, start)
-    return _start_state(guider, resume.target.sigma, x_k)
+def _probe_evaluation(state: ReuseHolder, guider, extra_args: dict, noise: torch.Tensor) -> Evaluate:
+    """The live model for the engine's screen and probes: the guider at several states sharing one sigma, each
+    call with a fresh step-cache copy; keeps what the sampler may later be handed (predictions per condition, the
+    step-cache state) by the state evaluated."""
+    batch = noise.shape[0]
+
+    def evaluate(states: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        x = torch.cat([s.to(device=noise.device, dtype=noise.dtype) for s in states])
+        with state.probing(), fresh_step_cache(extra_args["model_options"], guider) as cache:
+            if len(states) == 1:
+                state.probe_step_caches.append((states[0], cache))
+            sigma_batch = torch.full((x.shape[0],), sigma, device=noise.device, dtype=noise.dtype)
+            with host_code():
+                x0 = guider(x, sigma_batch, model_options=extra_args["model_options"], seed=extra_args.get("seed"))
+        guidance = state.probe_done(states, batch)
+        return list(zip(x0.split(batch), guidance.split(batch) if guidance is not None else [None] * len(states),
+                        strict=True))
+
+    return evaluate
 
 
 UNSERVED_NOTE = "the probe's evaluation was not handed to the sampler ({}): one model call more"
 
 
-def _cached(state: ReuseHolder, evaluated: torch.Tensor, x: torch.Tensor | None, sigma: float,
-            exact: bool) -> CachedEvaluation | None:
-    """The probe's evaluation at the state `evaluated`, for the sampler's next call at `x` (None: at `sigma` whatever
-    the state); None, and a note, where the probe's predictions per condition were not kept."""
-    kept = state.branches_of(evaluated)
+def _cached(state: ReuseHolder, served: ServedEvaluation | None, like: torch.Tensor) -> CachedEvaluation | None:
+    """The evaluation the outcome hands the sampler's next call, on the sampler's device and dtype; None, and a note,
+    where the probe's predictions per condition were not kept."""
+    if served is None:
+        return None
+    kept = state.branches_of(served.evaluated)
     if kept is None:
         state.notes.append(UNSERVED_NOTE.format("its guider made no batch evaluation Carnator can see"))
         return None
     conds, branches = kept
-    return CachedEvaluation(x, sigma, conds, branches, exact)
+    at = served.at.to(device=like.device, dtype=like.dtype) if served.at is not None else None
+    return CachedEvaluation(at, served.sigma, conds, branches, served.exact)
 
 
 def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: int, resumed: int,
@@ -556,13 +474,8 @@ def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: i
             with carnator_code("recording a step"):
                 absolute = start + step
                 if absolute >= resumed and run.wants_step(absolute):
-                    guidance = None
-                    if state.last_guidance is not None and same_sigma(state.last_guidance[0], sigma_values[absolute]):
-                        guidance = state.last_guidance[1]
-                    evaluated_at = x
-                    if state.model_input is not None and same_sigma(state.model_input[0], sigma_values[absolute]):
-                        evaluated_at = state.model_input[1]
-                    run.observe_step(absolute, sigma_values[absolute], evaluated_at, x0, guidance,
+                    sigma = sigma_values[absolute]
+                    run.observe_step(absolute, sigma, state.model_input_at(sigma, x), x0, state.guidance_at(sigma),
                                      evaluated=not _step_cache_skipped(extra_args["model_options"]))
         except CarnatorFault as fault:
             _stop_recording(state, fault)
@@ -604,22 +517,18 @@ def _first_sigma(timestep) -> float:
 
 def predict_noise_wrapper(executor, x, timestep, *args, **kwargs):
     model_options = args[0] if args else kwargs.get("model_options", {})
-    state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
-    if state is None or not state.active or state.capture_guidance:  # not a run's, or the run's own probe call
+    state = _active_reuse(model_options.get("transformer_options", {}))
+    if state is None or state.capture_guidance:  # not a reuse run's, or the run's own probe call
         return executor(x, timestep, *args, **kwargs)
     with carnator_code("answering the sampler from the donor"):
         sigma = _first_sigma(timestep)
         state.model_input = (sigma, x)
         replayed = _replayed_prediction(state, executor.class_obj, model_options, x, sigma)
-        # the probe's evaluation, for this call's batch evaluation only, served or not
-        offered, state.cached_eval = (state.cached_eval, None) if replayed is None else (None, state.cached_eval)
+        offered = state.next_offer(replayed is not None)  # for this call's batch evaluation only, served or not
     x0 = replayed
     if x0 is None:
-        state.serving, state.served_call = offered, False
-        try:
+        with state.offering(offered):
             x0 = _model_prediction(state, executor, x, timestep, sigma, *args, **kwargs)
-        finally:
-            state.serving = None
         if offered is not None and not state.served_call:
             with carnator_code("answering the sampler from the donor"):
                 state.notes.append(UNSERVED_NOTE.format("the sampler's call evaluates other conditions"))
@@ -669,30 +578,19 @@ def _model_prediction(state: ReuseHolder, executor, x, timestep, sigma: float, *
         return executor(x, timestep, *args, **kwargs)
     finally:
         if not state.served_call:
-            state.model_calls += 1
+            state.sampler_calls += 1
 
 
 def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
-    state: ReuseHolder | None = model_options.get("transformer_options", {}).get(REUSE_KEY)
-    if state is None or not state.active:
+    state = _active_reuse(model_options.get("transformer_options", {}))
+    if state is None:
         return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
-    served = None
-    if state.serving is not None and not state.capture_guidance:
-        with carnator_code("answering the sampler from the donor"):
-            offered, state.serving = state.serving, None  # the call's first batch evaluation only
-            if offered.serves(x_in, _first_sigma(timestep), conds):
-                served = offered.predictions(x_in)
-                state.served_call = state.altered = True
+    with carnator_code("answering the sampler from the donor"):
+        served = state.serve(x_in, _first_sigma(timestep), conds)
     output = served if served is not None else executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     try:
         with carnator_code("keeping the guidance"):
-            if state.capture_guidance:
-                state.probe_outputs.append((list(output), list(conds)))
-            if len(output) < 2 or output[1] is None or conds[1] is None:
-                return output
-            sigma = _first_sigma(timestep)
-            if state.capture_guidance or any(same_sigma(sigma, s) for s in state.checkpoint_sigmas):
-                state.last_guidance = (sigma, output[0] - output[1])
+            state.keep_batch(output, conds, _first_sigma(timestep))
     except CarnatorFault as fault:
         if state.capture_guidance:  # a probe's: the probing fails and the run samples plain
             raise

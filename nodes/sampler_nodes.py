@@ -10,7 +10,7 @@ import nodes as comfy_nodes
 from comfy_api.latest import io
 
 from .host import missing_hooks, per_run_options
-from .keys import REUSE_KEY, REUSE_WRAPPER_KEY
+from .keys import REUSE_SETTINGS_KEY, REUSE_WRAPPER_KEY
 from .reuse_hooks import (
     calc_cond_batch_wrapper,
     failure_to_sample_again,
@@ -88,7 +88,7 @@ class ReuseSampler(comfy.samplers.Sampler):
         plain = (guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         if missing_hooks():
             return self.inner.sample(*plain)
-        if REUSE_KEY in model_options.get("transformer_options", {}):
+        if REUSE_SETTINGS_KEY in model_options.get("transformer_options", {}):
             log.warning("Carnator: the model already goes through a Carnator Reuse node; the reuse sampler defers to it")
             return self.inner.sample(*plain)
         wrappers = comfy.patcher_extension.WrappersMP
@@ -102,17 +102,17 @@ class ReuseSampler(comfy.samplers.Sampler):
                     "seed": extra_args.get("seed"),
                     "latent_shapes": getattr(getattr(guider, "inner_model", None), "latent_shapes", None)}
             state = open_run(guider, self.settings, call)
-            with reuse_lifecycle(guider, state, sigmas, guider_options, model_options["transformer_options"]):
+            run_options = (guider_options, model_options["transformer_options"])
+            with reuse_lifecycle(guider, state, sigmas, *run_options) as carnator:
                 if state.run is None:
                     return self.inner.sample(*plain)
                 try:
-                    return sample_with_run(self.inner.sample, self.inner, state, *plain, match=self.match)
+                    return sample_with_run(self.inner.sample, self.inner, carnator, *plain, match=self.match)
                 except Exception as error:
-                    fault = failure_to_sample_again(state, error)
+                    fault = failure_to_sample_again(carnator, error)
                     if fault is None:
                         raise
-                    sample_plain_again(state, fault, "sampled again plain from the start", guider_options,
-                                       model_options["transformer_options"])
+                    sample_plain_again(carnator, fault, "sampled again plain from the start", *run_options)
                     return self.inner.sample(*plain)
 
 

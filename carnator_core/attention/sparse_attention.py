@@ -112,8 +112,8 @@ class SparseAttentionRun:
     inactive: str = ""
     _report_deferred: bool = field(default=False, init=False, repr=False)  # see `defer_report`
     # The last model evaluation's (host's sigma tensor, step index): a memo that maps the sigma object every attention
-    # call of one evaluation shares to its sampling step, computed once per evaluation (nodes/attention_hooks.py).
-    sigma_step: tuple[Any, int] | None = None
+    # call of one evaluation shares to its sampling step, computed once per evaluation (`step_of`).
+    _sigma_step: tuple[Any, int] | None = field(default=None, init=False, repr=False)
     # Context under which every tensor of a sparse call is made (estimates, masks, kernel layouts and buffers): a host
     # that records a block's allocations into a replayed graph (ComfyUI's model compiler) must not own them.
     outside_graph: Callable[[], AbstractContextManager] = nullcontext
@@ -249,6 +249,27 @@ class SparseAttentionRun:
         blocks = torch.ones(*video_blocks.shape[:2], total, total, dtype=torch.bool)
         blocks[..., :first_text_block, :first_text_block] = video_blocks[..., :first_text_block, :first_text_block]
         return blocks
+
+    def go_dense(self, reason: str) -> None:
+        """Every call from here on is dense, and the report says why (the first reason given stands)."""
+        self.inactive = self.inactive or reason
+
+    def lend(self, masks: dict[int, BlockSparseMask]) -> None:
+        """A donor's masks, per layer, for the heads whose recall keeps them (`MASK_SOURCES`)."""
+        self.borrowed = masks
+
+    def step_of(self, sigma: torch.Tensor, schedule: torch.Tensor) -> int:
+        """The sampling step of the model evaluation at `sigma` in `schedule`. Every attention call of one evaluation
+        sees the same `sigma` tensor object, so the step is computed once per evaluation, memoised by identity (holding
+        the tensor keeps its identity from being reused), and read outside the host's malloc graph."""
+        memo = self._sigma_step
+        if memo is not None and memo[0] is sigma:
+            return memo[1]
+        with self.outside_graph():
+            sigmas, now = schedule.flatten().tolist(), float(sigma.flatten()[0])
+        step = min(range(len(sigmas)), key=lambda index: abs(sigmas[index] - now))
+        self._sigma_step = (sigma, step)
+        return step
 
     # ------------------------------------------------------------------ reporting and recording
     def defer_report(self) -> None:

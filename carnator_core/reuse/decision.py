@@ -112,6 +112,7 @@ class Decision:
     # what the request's step 0 differs by from the donor's, when the donor was screened: the resume state and a
     # skipped stage's output are corrected by it, and so are the donor states a later stage continues from
     difference: StartDifference | None = None
+    branch: str = "probe passed"  # which branch of the decision chose it (`Reason.branch`)
 
     @property
     def skips_stage(self) -> bool:
@@ -365,7 +366,8 @@ class Decider:
         _, _, target, signals, difference = max(skips, key=lambda skip: skip[:2])
         end = target.end if difference is None else replace(
             target.end, latent=difference.state_at(target.end.latent, target.end.sigma))
-        return Decision(target=target, signals=signals, x0=None, end=end, difference=difference)
+        return Decision(target=target, signals=signals, x0=None, end=end, difference=difference,
+                        branch="stage skipped: the step-0 screen passed at the stage's depth")
 
     def _screen(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
                 keep_failed: bool = False) -> list[ProbeTarget]:
@@ -449,7 +451,7 @@ class Decider:
                                 corrected=target.corrected)
         self._record(target.meta, target.step, signals, self.settings.thresholds.passes(signals), False, batched_with=0)
         return Decision(target=target, signals=signals, x0=x0_new, guidance=guidance_new,
-                        difference=self._difference(target))
+                        difference=self._difference(target), branch="forced resume (calibration)")
 
     def _difference(self, target: ProbeTarget) -> StartDifference | None:
         """What the request's step 0 differs by from the target donor's, when the screen passed it."""
@@ -486,7 +488,7 @@ class Decider:
         if not confirmed:
             return None
         return Decision(target=anchor, signals=signals, x0=x0_new, guidance=guidance_new,
-                        difference=self._difference(target))
+                        difference=self._difference(target), branch="anchor passed, no deeper state did")
 
     def check_boundary(self, boundary: StartPrediction, x: torch.Tensor, x0: torch.Tensor,
                        guidance: torch.Tensor | None) -> None:
@@ -520,5 +522,5 @@ class Decider:
             similarity = target.candidate.text_similarity
             similarity = target.candidate.score if similarity is None else similarity
             if target.depth <= text_similarity_depth(similarity):
-                return Decision(target=target, signals=None, x0=None)
+                return Decision(target=target, signals=None, x0=None, branch="text similarity (unverified baseline)")
         return None

@@ -1,17 +1,19 @@
-"""One request's reuse, from lookup to report: the coordinator of a plan, a decision and a recording.
+"""One request's reuse, from lookup to report: the engine that decides what a sampling run does.
 
 A request goes through three typed steps, each in its own module with its contract:
 
 1. plan (`carnator_core.reuse.plan`): the candidates the lookup shortlisted (or a lookup node's `Match`) and the
    donor states worth asking the model about, by everything certain without it;
 2. decision (`carnator_core.reuse.decision`): the live model screened at step 0 and probed, giving a `Decision`
-   (resume at a state, skip the stage whole) or none (a miss, whose reason the report gives);
+   (resume at a state, skip the stage whole) or none (a miss);
 3. recording (`carnator_core.reuse.recording`): the checkpoints this request leaves for later ones, written in the
    background, or handed to the stage that continues it (`carnator_core.reuse.trajectory`).
 
-The host (it owns the model and the sampler) drives a `ReuseRun` through a handful of calls: `start_state` set and
-`plan()` before sampling, `decide()` with a model-evaluation callback, `observe_step()` from the sampler's step
-callback, `observe_end()`, and `finish()` or nothing (an aborted run records nothing).
+The host (it owns the model and the sampler) builds a `ReuseRun` (the thresholds that judge it, shipped or a
+calibration profile's, are chosen then), asks `decide()` with the run's start state and a model-evaluation callback,
+installs the `Outcome` it returns (`carnator_core.reuse.outcome`: skip the stage, resume, or sample fresh, with its
+reason), feeds `observe_step()`, `observe_prediction()`, `observe_end()` and `observe_output()` while the sampler
+runs, and calls `finish()` or nothing (an aborted run records nothing).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import torch
 from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
-from carnator_core.lookup.fingerprint import noise_fingerprint
+from carnator_core.lookup.fingerprint import content_fingerprint, noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
 from carnator_core.reuse.history_replay import REPLAY_NOTE, HistoryReplay, replay_for
 from carnator_core.reuse.input_start import GUIDE_IMAGE, GUIDE_NOTE, INPUT_NOTE, INPUT_START
+from carnator_core.reuse.outcome import Outcome, Reason, Resume, SampleFresh, ServedEvaluation, SkipStage
 from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import RequestFacts, ScreenOnly, boundary_prediction, lacking_states, plan_probes
 from carnator_core.reuse.probe import GUIDANCE_FORM
@@ -53,7 +56,8 @@ STORE_UNAVAILABLE = "store unavailable: generated without reuse"
 class ReuseRun:
     """The state of one request's reuse: what it knows of the request, and what plan, decision and recording found.
 
-    Model calls it makes itself (the screen, probes) are counted by its `Decider`; `finish` adds the sampler's.
+    Model calls it makes itself (the screen, probes) are counted by its `Decider`; `finish` adds the sampler's. The
+    host reads it and calls its methods; it writes none of its fields.
     """
 
     settings: ReuseSettings
@@ -79,20 +83,18 @@ class ReuseRun:
     match: Match | None = None
     skipped: dict[str, int] = field(default_factory=dict)
     decision: Decision | None = None
+    outcome: Outcome | None = None  # what `decide` returned: the report's reason comes from it
     recorder: RunRecorder | None = None
     model_calls: int = 0  # every model call of the run, once `finish` has added the sampler's
     candidate_checkpoints: int = 0
-    attention: dict[str, Any] = field(default_factory=dict)
+    attention_summary: dict[str, Any] = field(default_factory=dict)  # the run's sparse attention, once finished
     store_problem: str | None = None  # why the store could not be used during this run
     # The prompt's text vector as the lookup computed it, recorded with the entry (None: the writer embeds the prompt)
     text_vector: torch.Tensor | None = None
-    # The state the sampler starts from (the host computes it as the sampler does, for every run): its fingerprint
-    # identifies step 0 in the store, so a donor and a request compare the same computation whatever the sampler.
-    start_state: torch.Tensor | None = None
     # The hand-over of the stage this run continues (a later stage of a trajectory), or None for a first stage.
     continues: Handover | None = None
-    # Set by the host once the run has sampled: the content fingerprint of what it returned, under which a stage that
-    # ends with leftover noise hands over to the sampler that continues it.
+    # The content fingerprint of what the run returned (`observe_output`), under which a stage that ends with leftover
+    # noise hands over to the sampler that continues it.
     output_fingerprint: str | None = None
     # A continuation of a stage skipped to a donor's output: that donor's first prediction in this stage, which the
     # run's own first evaluation is compared with (the boundary check, reported; it costs no call).
@@ -100,8 +102,15 @@ class ReuseRun:
     # whether the sampler retraced the donor's trajectory to the resume step (`carnator_core.reuse.history_replay`)
     replayed: bool = False
     plan_notes: list[str] = field(default_factory=list)  # what the planned donors lacked (`lacking_states`)
+    # The state the sampler starts from (the host computes it as the sampler does, for every run; `decide` takes it):
+    # its fingerprint identifies step 0 in the store, so a donor and a request compare the same computation whatever
+    # the sampler.
+    start_state: torch.Tensor | None = field(default=None, init=False)
     _decider: Decider | None = field(default=None, init=False, repr=False)
     _start_fingerprint: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._judge_by_profile()
 
     @property
     def total_steps(self) -> int:
@@ -139,7 +148,7 @@ class ReuseRun:
 
     @property
     def decider(self) -> Decider:
-        """The run's decision step, made once the start state is known (the host sets it before `plan`)."""
+        """The run's decision step, made once the start state is known (`decide` takes it)."""
         if self._decider is None:
             self._decider = Decider(settings=self.settings, facts=self.facts, sigmas=self.sigmas,
                                     start_state=self.start_state, start_fingerprint=self.start_fingerprint,
@@ -166,7 +175,6 @@ class ReuseRun:
 
         Empty when latent reuse is off for this run.
         """
-        self._judge_by_profile()
         if self.continues is not None:
             return self._plan_continuation(batch_limit)
         if match is not None:
@@ -195,7 +203,8 @@ class ReuseRun:
 
     def _judge_by_profile(self) -> None:
         """Let the store's calibration profile for this model and schedule judge, where the node left its thresholds
-        at their defaults (`ReuseSettings.with_profile`)."""
+        at their defaults (`ReuseSettings.with_profile`): chosen once, when the run is built, so the host and the
+        engine read the same settings."""
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
             return
         profile, note = profile_for(self.store, self.hard_key.model, self.hard_key.schedule, self.cfg)
@@ -234,12 +243,39 @@ class ReuseRun:
             continued.append(target)
         return continued
 
-    def decide(self, targets: list[ProbeTarget | ScreenOnly], evaluate: Evaluate,
-               batch_limit: int = 1) -> Decision | None:
-        """Ask the live model about the plan's targets (`Decider.decide`); the decision, or None for a miss."""
+    def decide(self, start_state: torch.Tensor | None, evaluate: Evaluate, match: Match | None = None,
+               batch_limit: int = 1, keeps_history: bool = False) -> Outcome:
+        """Plan (`plan`), ask the live model about the plan's targets (`Decider.decide`) and return what the run does,
+        with its reason. `start_state` is the state the sampler starts from; `evaluate` the live model at states
+        sharing one sigma; `keeps_history`: the sampler is multistep (a resume replays the donor's predictions, and
+        this run records its own for later ones)."""
+        self.start_state = start_state
+        targets = self.plan(match, batch_limit)
+        if keeps_history:
+            self._keep_history()
         self.candidate_checkpoints = len(targets)
-        self.decision = self.decider.decide(targets, evaluate, batch_limit)
-        return self.decision
+        self.decision = self.decider.decide(targets, evaluate, batch_limit) if targets else None
+        self.outcome = self._outcome(keeps_history)
+        return self.outcome
+
+    def _outcome(self, keeps_history: bool) -> Outcome:
+        decision = self.decision
+        if decision is None:
+            if self.start_evaluation is None:
+                return SampleFresh(served=None, continues_from=None, reason=self._miss_reason())
+            return SampleFresh(served=ServedEvaluation(self.start_state, self.start_state, self.sigmas[0], exact=True),
+                               continues_from=self.start_state, reason=self._miss_reason())
+        if decision.end is not None:
+            return SkipStage(output=decision.end.latent, sigma=decision.end.sigma, decision=decision,
+                             reason=Reason(decision.branch))
+        target = decision.target
+        replay = self._history_replay() if keeps_history else None
+        served = None
+        if decision.x0 is not None:
+            served = ServedEvaluation(target.x, None if replay is not None else target.x, target.sigma, exact=False)
+        return Resume(step=target.step, sigma=target.sigma, state=target.x, replay=replay, continues_from=target.x,
+                      served=served, boost_sigmas=frozenset(self.settings.boost_sigmas(self.sigmas, target.step)),
+                      decision=decision, reason=Reason(decision.branch))
 
     # ------------------------------------------------------------------ during sampling
     def observe_step(self, step: int, sigma: float, x: torch.Tensor, x0: torch.Tensor,
@@ -256,7 +292,7 @@ class ReuseRun:
             from_input = (self.start_state, self.input_latent) if self.input_latent is not None else None
             self.recorder.capture_start(sigma, self.start_fingerprint, x0, guidance, from_input, self.guide_image)
 
-    def keep_history(self) -> None:
+    def _keep_history(self) -> None:
         """Record the sampler's predictions up to the deepest checkpoint: a multistep sampler resumed from this run
         replays them (`carnator_core.reuse.history_replay`). A first stage only: later stages are continued, not
         resumed from their start."""
@@ -271,7 +307,7 @@ class ReuseRun:
         if step is not None and self.recorder.wants_prediction(step):
             self.recorder.capture_prediction(step, x0)
 
-    def history_replay(self) -> HistoryReplay | None:
+    def _history_replay(self) -> HistoryReplay | None:
         """How the sampler retraces the donor's trajectory to the resume step (None: it starts there, without
         history)."""
         if self.decision is None or self.decision.end is not None:
@@ -285,6 +321,12 @@ class ReuseRun:
         """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
         if self.recorder is not None and self.hands_over:
             self.recorder.capture_end(sigma, output)
+
+    def observe_output(self, output: torch.Tensor) -> None:
+        """What the run returned to the host, as the sampler that continues a stage with leftover noise receives it:
+        its fingerprint is where that sampler finds this stage's hand-over."""
+        if self.hands_over:
+            self.output_fingerprint = content_fingerprint(output)
 
     @property
     def start_fingerprint(self) -> str | None:
@@ -320,7 +362,7 @@ class ReuseRun:
             return
         donor = self.mask_donor
         if donor is not None:
-            attention.borrowed = load_donor_masks(self.store, donor, self.stage, self.hard_key.model)
+            attention.lend(load_donor_masks(self.store, donor, self.stage, self.hard_key.model))
 
     # ------------------------------------------------------------------ after sampling
     def finish(self, model_calls: int, attention: SparseAttentionRun | None = None,
@@ -329,7 +371,7 @@ class ReuseRun:
         report."""
         self.model_calls = model_calls + (self._decider.model_calls if self._decider is not None else 0)
         if attention is not None:
-            self.attention = attention.summary()
+            self.attention_summary = attention.summary()
         elapsed = time.perf_counter() - self.started_at
         self.store_problem = self.store_problem or self.store.unavailable
         if self.decision is not None:
@@ -399,13 +441,11 @@ class ReuseRun:
         best = self.decision.target if self.decision is not None else None
         candidate = best.candidate if best is not None else (self.match.best if self.match else None)
         skipped_steps = self.decision.step if self.decision is not None else 0
-        reason = ""
-        if best is None:
-            reason = self._miss_reason()
+        reason = self.outcome.reason if self.outcome is not None else Reason("not sampled", "no decision was made")
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
         signals = self.decision.signals if self.decision is not None else None
         return RunReport(
-            hit=best is not None or bool(self.attention.get("borrowed_sparse_calls")),
+            hit=best is not None or bool(self.attention_summary.get("borrowed_sparse_calls")),
             mode=self.settings.mode,
             prompt=self.settings.prompt,
             judged_by=self.settings.judged_by,
@@ -418,11 +458,11 @@ class ReuseRun:
             other_parts_agreement=signals.other_parts_agreement if signals else (),
             skipped_steps=skipped_steps,
             total_steps=self.total_steps,
-            attention=self.attention,
+            attention=self.attention_summary,
             model_calls=self.model_calls,
             time_s=elapsed,
             time_saved_s=per_step * skipped_steps,
-            reason=reason,
+            reason=reason.text,
             probes=list(self.probes),
             candidates=[{"entry_id": c.entry_id, "prompt": c.prompt, "score": c.score}
                         for c in (self.match.candidates if self.match else [])],
@@ -460,29 +500,33 @@ class ReuseRun:
             notes.append(f"verification {self.settings.verification!r}: resumed whatever the signals say (calibration)")
         if self.store_problem and not any("store unavailable" in note for note in notes):
             notes.append(f"store unavailable, generating without reuse: {self.store_problem}")
-        if self.attention.get("inactive"):
-            notes.append(self.attention["inactive"])
-        elif self.attention.get("heads_reuse") and not self.attention.get("borrowed_sparse_calls"):
+        attention = self.attention_summary
+        if attention.get("inactive"):
+            notes.append(attention["inactive"])
+        elif attention.get("heads_reuse") and not attention.get("borrowed_sparse_calls"):
             notes.append(MASKS_TOO_FULL)
         return notes
 
-    def _miss_reason(self) -> str:
+    def _miss_reason(self) -> Reason:
+        """Why the run samples fresh: the first branch of the decision that ruled out a resume."""
+        self.store_problem = self.store_problem or self.store.unavailable
         if self.store_problem:
-            return STORE_UNAVAILABLE
+            return Reason("store unavailable", STORE_UNAVAILABLE)
         if self.latent_reuse_refusal:
-            return self.latent_reuse_refusal
+            return Reason("latent reuse refused", self.latent_reuse_refusal)
         if self.settings.max_resume_fraction <= 0:
-            return "mode 'safe': latent reuse off"
-        if self.continues is not None and not any(not probe.boundary for probe in self.probes):
-            return ("continues a stage skipped to a donor's output: the mode's depth ends at the boundary"
-                    if self.continues.donor is not None else "continues a stage that sampled in full: no donor state")
+            return Reason("latent reuse off", "mode 'safe': latent reuse off")
+        if self.continues is not None and not self.probes:
+            return Reason("continued stage", "continues a stage skipped to a donor's output: the mode's depth ends at "
+                          "the boundary" if self.continues.donor is not None
+                          else "continues a stage that sampled in full: no donor state")
         if self.match is None or not self.match.candidates:
-            return "no candidate" if not (self.match and self.match.filtered) else "no candidate (all filtered)"
+            filtered = bool(self.match and self.match.filtered)
+            return Reason("no candidate", "no candidate (all filtered)" if filtered else "no candidate")
         if self.probes:
-            return "probe rejected"
+            return Reason("probe rejected", "probe rejected")
         if self.settings.verification == "text-only" and self.candidate_checkpoints:
-            return "text similarity too low for the baseline's skip table"
+            return Reason("text similarity", "text similarity too low for the baseline's skip table")
         if self.skipped:
-            return "filtered: " + ", ".join(sorted(self.skipped))
-        return "no candidate"
-
+            return Reason("donors filtered", "filtered: " + ", ".join(sorted(self.skipped)))
+        return Reason("no candidate", "no candidate")

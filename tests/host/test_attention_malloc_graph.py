@@ -109,11 +109,12 @@ def _run_options(run: SparseAttentionRun, previous=None) -> dict:
     """The run's transformer_options with Carnator's hooks installed (chained to `previous`, the host's own
     override), text first, and the guider sampling with them."""
     hooks, keys = pack_module("attention_hooks"), pack_module("keys")
-    options = {keys.ATTENTION_RUN_KEY: run}
+    carnator = pack_module("run_state").CarnatorRun(attention=run)
+    options = {keys.RUN_KEY: carnator}
     if previous is not None:
         options["optimized_attention_override"] = previous
     guider = SimpleNamespace(model_options={"transformer_options": options})
-    hooks._hook_into_run(options, torch.nn.Module(), guider)
+    hooks._hook_into_run(options, carnator, torch.nn.Module(), guider)
     options[keys.TEXT_FIRST_KEY] = True
     return options
 
@@ -122,7 +123,7 @@ def _evaluation(options: dict, step: int, layer: int) -> dict:
     """One model evaluation's options, as the host copies them for a call, at a sampling step and block."""
     schedule = torch.linspace(1.0, 0.0, 5)
     return {**options, "sample_sigmas": schedule, "sigmas": schedule[step:step + 1].clone(),
-            pack_module("keys").BLOCK_KEY: layer}
+            "block_index": layer}
 
 
 def _tokens() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

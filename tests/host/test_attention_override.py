@@ -137,10 +137,11 @@ def _acting_run(**overrides) -> SparseAttentionRun:
 def _run_options(run: SparseAttentionRun, previous=None) -> dict:
     """A run's transformer_options with Carnator's hooks installed as a sampling run installs them."""
     hooks, keys = pack_module("attention_hooks"), pack_module("keys")
-    options = {keys.ATTENTION_RUN_KEY: run}
+    carnator = pack_module("run_state").CarnatorRun(attention=run)
+    options = {keys.RUN_KEY: carnator}
     if previous is not None:
         options["optimized_attention_override"] = previous
-    hooks._hook_into_run(options, torch.nn.Module(), SimpleNamespace(model_options={"transformer_options": options}))
+    hooks._hook_into_run(options, carnator, torch.nn.Module(), SimpleNamespace(model_options={"transformer_options": options}))
     return options
 
 
@@ -154,14 +155,13 @@ def test_containers_are_taken_for_sparse_calls_and_handed_on_for_dense_ones():
     attention = pytest.importorskip("comfy.ldm.modules.attention")
     if not hasattr(attention, "AttentionTensorContainer"):
         pytest.skip("this host passes no attention tensor containers")
-    keys = pack_module("keys")
     container = attention.AttentionTensorContainer
     q, k, v = _qkv()
 
     def call(options: dict, layer: int):
         tensors = tuple(container(t) for t in (q, k, v))
         out = attention.optimized_attention(*tensors, 2, skip_reshape=True, skip_output_reshape=True,
-                                            transformer_options={**options, keys.BLOCK_KEY: layer})
+                                            transformer_options={**options, "block_index": layer})
         return out, tensors
 
     run = _acting_run()
@@ -201,7 +201,6 @@ def test_a_dense_call_runs_the_attention_function_the_model_called():
     """A model that calls an attention function of its own (an int8 or device-specific one) directly keeps it for
     every call Carnator leaves dense, in containers or not."""
     attention = pytest.importorskip("comfy.ldm.modules.attention")
-    keys = pack_module("keys")
     called = []
 
     @attention.wrap_attn
@@ -210,7 +209,7 @@ def test_a_dense_call_runs_the_attention_function_the_model_called():
         return "device attention"
 
     q, k, v = _qkv()
-    options = {**_run_options(_acting_run()), keys.BLOCK_KEY: 0}  # a dense-first block
+    options = {**_run_options(_acting_run()), "block_index": 0}  # a dense-first block
     inputs = [(q, k, v)]
     if hasattr(attention, "AttentionTensorContainer"):
         inputs.append(tuple(attention.AttentionTensorContainer(t) for t in (q, k, v)))
@@ -223,12 +222,11 @@ def test_a_dense_call_runs_the_attention_function_the_model_called():
 def test_a_mask_passed_by_position_is_honoured_on_a_sparse_call():
     """Core `CrossAttention` passes its mask by position (`optimized_attention_masked(q, k, v, heads, mask, ...)`)."""
     attention = pytest.importorskip("comfy.ldm.modules.attention")
-    keys = pack_module("keys")
     q, k, v = _qkv()
     valid = torch.ones(1, 256, dtype=torch.bool)
     valid[:, -32:] = False
     run = _acting_run()
-    options = {**_run_options(run), keys.BLOCK_KEY: 2}
+    options = {**_run_options(run), "block_index": 2}
     out = attention.optimized_attention(q, k, v, 2, valid, None, True, True, transformer_options=options)
     assert run.sparse_calls == 1
     assert torch.equal(out, _acting_run().attend(q, k, v, 2, layer=2, step=0, key_valid=valid[0]))
@@ -240,10 +238,10 @@ def test_guide_mask_slices_count_as_video_self_attention_and_video_to_audio_does
     """LTX's guide-mask attention splits the queries of video self-attention in slices under a mask over every key;
     a run whose self-attention all went so is not said to be patched by someone else."""
     attention = pytest.importorskip("comfy.ldm.modules.attention")
-    hooks, keys = pack_module("attention_hooks"), pack_module("keys")
+    hooks = pack_module("attention_hooks")
     q, k, v = _qkv()
     run = _acting_run()
-    options = {**_run_options(run), keys.BLOCK_KEY: 2}
+    options = {**_run_options(run), "block_index": 2}
     audio = torch.randn(1, 2, 40, 64)
     attention.optimized_attention(audio, k, v, 2, skip_reshape=True, transformer_options=options)  # video to audio
     assert run.self_attention_calls == 0

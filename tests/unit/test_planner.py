@@ -10,6 +10,7 @@ import torch
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
+from carnator_core.reuse.decision import Decision
 from carnator_core.reuse.plan import RequestFacts, ScreenOnly, plan_probes
 from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.run import ReuseRun
@@ -104,7 +105,7 @@ def test_a_call_that_passes_nothing_ends_probing(tmp_path):
         return [(x0 if owner == "right" else -x0, None)]
 
     run = _run(store)
-    assert run.decide(targets, evaluate) is None and run.decider.model_calls == 1
+    assert run.decider.decide(targets, evaluate) is None and run.decider.model_calls == 1
     assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [("wrong", 3, False)]  # asked at its anchor
 
 
@@ -130,7 +131,7 @@ def test_a_donor_the_screen_did_not_confirm_is_asked_at_its_shallowest_checkpoin
         return [(x0 if step in agrees_at else -x0, None)]
 
     run = _run(store)
-    resume = run.decide(targets, evaluate)
+    resume = run.decider.decide(targets, evaluate)
     asked = [(2, 2 in agrees_at, True)] + ([(5, 5 in agrees_at, False)] if 2 in agrees_at else [])
     assert [(p.step, p.passed, p.confirms_deeper) for p in run.probes] == asked
     assert run.decider.model_calls == calls
@@ -182,7 +183,7 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
     run = _run(store)
     run.recorder = RunRecorder(set(run.settings.checkpoint_steps(run.total_steps)))
     run.start_state = start
-    resume = run.decide(targets, evaluate)
+    resume = run.decider.decide(targets, evaluate)
     assert calls == [("start", 0), ("same scene", 5)]
     assert [(p.donor_prompt, p.step, p.passed, p.confirms_deeper) for p in run.probes] == [
         ("other scene", 0, False, True), ("same scene", 0, True, True), ("same scene", 5, True, False)]
@@ -193,7 +194,7 @@ def test_the_requests_own_step_0_screens_every_donor_that_started_from_it(tmp_pa
 
     run = _run(store)
     run.start_state = start
-    run.decide([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
+    run.decider.decide([t for t in targets if t.candidate.prompt == "other seed"], evaluate)
     assert run.start_evaluation is None and calls[2] == ("other seed", 2)  # nothing to screen: its anchor first
 
 
@@ -215,7 +216,7 @@ def test_a_batched_call_takes_no_state_whose_donor_still_needs_its_anchor(tmp_pa
 
     run = _run(store)
     run.start_state = start
-    decision = run.decide(targets, evaluate, 2)
+    decision = run.decider.decide(targets, evaluate, 2)
     assert [(p.donor_prompt, p.step, p.batched_with) for p in run.probes] == [("screened", 0, 0), ("screened", 5, 0)]
     assert decision is not None and decision.target.candidate.prompt == "screened" and decision.step == 5
 
@@ -273,7 +274,7 @@ def test_the_screen_reads_a_step_0_record_per_donor_and_states_only_of_those_it_
     def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
         return [(predictions["third"] if x is start else X0_5.half().float(), None) for x in xs]
 
-    decision = run.decide(targets, evaluate)
+    decision = run.decider.decide(targets, evaluate)
     assert decision is not None and decision.target.candidate.prompt == "third" and decision.step == 5
     assert store.read == [("third", "checkpoints")]  # the screen ruled the others out on what it had read
     assert [(p.donor_prompt, p.step, p.passed) for p in run.probes] == [
@@ -293,7 +294,7 @@ def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_st
     donor = _recorded_donor(store, "donor scene", start, x0_start)
     corrected = torch.full(SHAPE, 5.0) + 0.5 * edit  # sigma 0.5 of 1.0: half-way towards the prediction
 
-    def asked(carries_edit: bool) -> tuple[ReuseRun, list[torch.Tensor]]:
+    def asked(carries_edit: bool) -> tuple[ReuseRun, list[torch.Tensor], Decision | None]:
         states: list[torch.Tensor] = []
 
         def evaluate(xs: list[torch.Tensor], sigma: float) -> list[tuple[torch.Tensor, None]]:
@@ -305,20 +306,19 @@ def test_a_screened_donor_is_probed_and_resumed_at_its_state_corrected_by_the_st
         run = _run(store)
         run.start_state = start
         targets, _ = plan_probes(store, [donor], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=1)
-        run.decide(targets, evaluate)
-        return run, states
+        return run, states, run.decider.decide(targets, evaluate)
 
-    run, states = asked(carries_edit=True)
+    run, states, decision = asked(carries_edit=True)
     assert [p.passed for p in run.probes] == [True, True] and states[0] is start
     assert torch.allclose(states[1], corrected, atol=1e-3)
-    assert run.decision is not None and torch.allclose(run.decision.target.x, corrected, atol=1e-3)
-    assert torch.allclose(run.decision.target.x0, X0_5.half().float() + edit, atol=1e-3)
+    assert decision is not None and torch.allclose(decision.target.x, corrected, atol=1e-3)
+    assert torch.allclose(decision.target.x0, X0_5.half().float() + edit, atol=1e-3)
     record = run.probes[1].as_dict()
     assert record["corrected"] is True and record["structure_agreement"] > 0.99 and "corrected" not in \
         run.probes[0].as_dict()
 
-    run, _ = asked(carries_edit=False)
-    assert run.decision is None and [p.passed for p in run.probes] == [True, False]
+    run, _, decision = asked(carries_edit=False)
+    assert decision is None and [p.passed for p in run.probes] == [True, False]
 
 
 @pytest.mark.parametrize(("screen_gap", "asked_steps"), [
@@ -344,7 +344,7 @@ def test_a_screened_donor_is_asked_deep_first_only_when_its_screen_clears_that_d
     run = _run(store)
     run.start_state = start
     targets, _ = plan_probes(store, [donor], FACTS, max_fraction=0.5, same_noise_only=True, max_probes=3)
-    decision = run.decide(targets, evaluate)
+    decision = run.decider.decide(targets, evaluate)
     assert [p.step for p in run.probes] == asked_steps and all(p.passed for p in run.probes)
     assert decision is not None and decision.step == 5 and run.decider.model_calls == len(asked_steps)
 
@@ -370,7 +370,7 @@ def test_with_cfg_guidance_a_screened_donor_resumes_at_its_own_state_without_a_c
 
     run = _run(store)
     run.start_state = start
-    decision = run.decide(targets, evaluate)
+    decision = run.decider.decide(targets, evaluate)
     assert decision is not None and decision.step == 5 and decision.difference is None
     assert len(asked) == 2 and torch.equal(asked[1], states[("donor", 5)][0])  # the donor's own state, no anchor call
     assert "corrected" not in run.probes[1].as_dict()
@@ -407,7 +407,7 @@ def test_fast_asks_every_state_balanced_asks_and_goes_deeper_only_from_balanced_
     asked, request_calls = {}, {}
     for mode in ("balanced", "fast"):
         run = _run(store, mode=mode)
-        decision = run.decide(run.plan(Match(store_location="", request=None, candidates=[donor])), evaluate)
+        decision = run.decider.decide(run.plan(Match(store_location="", request=None, candidates=[donor])), evaluate)
         asked[mode] = [probe.step for probe in run.probes]
         resumed_at = decision.step if decision is not None else 0
         # the sampler's steps from the resume on, the first served by the probe that chose it
@@ -425,7 +425,7 @@ def test_a_donor_lacking_states_is_probed_at_those_it_holds_and_the_report_names
     run = _run(store, mode="fast")
     targets = run.plan(Match(store_location="", request=None, candidates=[donor]))
     assert [target.step for target in targets] == [5, 2]
-    decision = run.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
+    decision = run.decider.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
     assert decision is not None and decision.step == 5 and [probe.step for probe in run.probes] == [2, 5]
     notes = run.finish(model_calls=run.decider.model_calls + 4).notes
     assert f"donor {donor.entry_id[:8]} lacks its states at steps 4, 6, 8: probed only at those it holds" in notes
@@ -440,7 +440,7 @@ def test_fast_climbs_a_donor_that_holds_only_states_deeper_than_balanced_s_depth
     resumed = _donor(store, "resumed", [8], _blob(states, "resumed"), lineage={"donor_id": root.entry_id, "depth": 8})
     run = _run(store, mode="fast")
     targets = run.plan(Match(store_location="", request=None, candidates=[resumed]))
-    decision = run.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
+    decision = run.decider.decide(targets, lambda xs, sigma: [(_probed(states, xs[0])[1], None)])
     assert [(probe.donor_prompt, probe.step) for probe in run.probes] == [("root", 2), ("resumed", 8)]
     assert decision is not None and decision.step == 8
 
@@ -457,7 +457,7 @@ def test_at_equal_depth_the_donor_the_screen_agreed_with_most_is_asked_first(tmp
               _recorded_donor(store, "agrees most", start, x0_start)]
     run = _run(store)
     run.start_state = start
-    decision = run.decide(run.plan(Match(store_location="", request=None, candidates=donors)),
+    decision = run.decider.decide(run.plan(Match(store_location="", request=None, candidates=donors)),
                           lambda xs, sigma: [(x0_start if x is start else X0_5.half().float(), None) for x in xs])
     assert [probe.passed for probe in run.probes[:2]] == [True, True]  # both pass the screen
     assert decision is not None and decision.target.candidate.prompt == "agrees most"
@@ -476,7 +476,7 @@ def test_fast_climbs_alone_the_donor_the_screen_agreed_with_most_when_it_holds_o
               _recorded_donor(store, "resumed rewording", start, x0_start, steps=(8,))]
     run = _run(store, mode="fast")
     run.start_state = start
-    decision = run.decide(run.plan(Match(store_location="", request=None, candidates=donors)),
+    decision = run.decider.decide(run.plan(Match(store_location="", request=None, candidates=donors)),
                           lambda xs, sigma: [(x0_start if x is start else X0_5.half().float(), None) for x in xs])
     assert [(probe.donor_prompt, probe.step) for probe in run.probes[2:]] == [("resumed rewording", 8)]
     assert decision is not None and decision.step == 8
@@ -514,7 +514,7 @@ def _decided(store: ReuseStore, mode: str, candidates: list[Candidate], start: t
     """The states a run of `mode` asked after the screen, where it resumed, and the model calls of its request."""
     run = _run(store, mode=mode)
     run.start_state = start
-    decision = run.decide(run.plan(Match(store_location="", request=None, candidates=candidates)), evaluate)
+    decision = run.decider.decide(run.plan(Match(store_location="", request=None, candidates=candidates)), evaluate)
     asked = [(probe.donor_prompt, probe.step) for probe in run.probes if probe.step > 0]
     resumed = (decision.target.meta.prompt, decision.step) if decision is not None else None
     return asked, resumed, run.decider.model_calls + 10 - (decision.step + 1 if decision is not None else 0)

@@ -9,11 +9,11 @@ from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseA
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import ProbeRecord
+from carnator_core.reuse.outcome import Reason, Resume, SampleFresh
 from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.report import SEED_ACTION, RunReport, Verdict
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
-from carnator_core.reuse.targets import ProbeTarget
 from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
@@ -42,22 +42,23 @@ def _run(tmp_path, **settings) -> ReuseRun:
 DONOR_X0 = torch.linspace(-1.0, 1.0, 16 * 2 * 8 * 8).reshape(SHAPE)
 
 
-def _planned(run: ReuseRun, noise: str = "noise", **match) -> list[ProbeTarget]:
-    """`run` planned against one stored donor ("a red ball", checkpoint at step 5, predicting DONOR_X0 there) made
+def _match(run: ReuseRun, noise: str = "noise", **match) -> Match:
+    """A lookup's match of one stored donor ("a red ball", checkpoint at step 5, predicting DONOR_X0 there) made
     from the initial noise `noise`."""
     meta = EntryMeta(entry_id="donor-1", hard_key=KEY, prompt="a red ball", latent_shape=SHAPE,
                      noise_fingerprint=noise, total_steps=10, sample_seconds=4.0,
                      checkpoints=[CheckpointRecord(step=5, sigma=0.5)])
     run.store.put(meta, {"checkpoints": encode_tensors({"x_5": torch.zeros(SHAPE), "x0_5": DONOR_X0})},
                   IndexVectors(text=None, cond=torch.nn.functional.normalize(torch.ones(256), dim=0)))
-    return run.plan(Match(store_location="store", request=None, candidates=[CANDIDATE], **match))
+    return Match(store_location="store", request=None, candidates=[CANDIDATE], **match)
 
 
 def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
     run = _run(tmp_path)
-    targets = _planned(run, filtered={"other model": 2}, notes=["a note"])
-    decision = run.decide(targets, lambda states, sigma: [(DONOR_X0.clone(), None) for _ in states])
-    assert decision is not None and decision.step == 5
+    outcome = run.decide(None, lambda states, sigma: [(DONOR_X0.clone(), None) for _ in states],
+                         _match(run, filtered={"other model": 2}, notes=["a note"]))
+    assert isinstance(outcome, Resume) and outcome.step == 5 and outcome.reason == Reason("probe passed")
+    assert outcome.replay is None and outcome.served is not None and outcome.served.evaluated is outcome.state
     data = run.finish(model_calls=5).as_dict()
     assert set(data) == set(FULL_FIELDS)
     assert data["probes"] == [{"donor_id": "donor-1", "donor_prompt": "a red ball", "step": 5, "passed": True,
@@ -80,8 +81,8 @@ def test_a_reuse_hit_reports_the_donor_its_signals_and_the_saving(tmp_path):
 
 def test_a_reuse_miss_says_why(tmp_path):
     run = _run(tmp_path)
-    targets = _planned(run)
-    assert run.decide(targets, lambda states, sigma: [(-DONOR_X0, None) for _ in states]) is None
+    outcome = run.decide(None, lambda states, sigma: [(-DONOR_X0, None) for _ in states], _match(run))
+    assert outcome == SampleFresh(served=None, continues_from=None, reason=Reason("probe rejected", "probe rejected"))
     data = run.finish(model_calls=10).as_dict()
     assert set(data) == set(FULL_FIELDS)
     assert (data["hit"], data["verdict"], data["reason"], data["donor_id"], data["model_calls"]) == (
@@ -92,7 +93,8 @@ def test_a_reuse_miss_says_why(tmp_path):
 
 def test_a_miss_only_for_the_seed_says_so_and_how_to_keep_it(tmp_path):
     run = _run(tmp_path)
-    assert run.decide(_planned(run, noise="other noise"), lambda states, sigma: []) is None
+    outcome = run.decide(None, lambda states, sigma: [], _match(run, noise="other noise"))
+    assert outcome.reason == Reason("donors filtered", "filtered: other initial noise (seed)")
     report = run.finish(model_calls=10)
     data = report.as_dict()
     assert (data["verdict"], data["reason"], data["seed_miss"]) == (
@@ -100,17 +102,23 @@ def test_a_miss_only_for_the_seed_says_so_and_how_to_keep_it(tmp_path):
     assert f"  seed: {SEED_ACTION}" in report.text().splitlines()
     assert RunReport.from_dict(data).seed_miss
     served = _run(tmp_path / "serving", seed_policy="serving")
-    targets = _planned(served, noise="other noise")
-    assert targets and not served.finish(model_calls=10).seed_miss  # serving takes the donor to the model
+    assert served.plan(_match(served, noise="other noise"))  # serving takes the donor to the model
+    assert not served.finish(model_calls=10).seed_miss
 
 
-def test_a_reuse_run_without_its_store_reports_it_unavailable(tmp_path):
-    run = _run(tmp_path)
-    run.store_problem = "connection refused"  # what the store said when the run opened it
+def test_a_reuse_run_without_its_store_reports_it_unavailable():
+    store = ReuseStore("redis://127.0.0.1:1/0")  # nothing listens there: the connection is refused
+    run = ReuseRun(settings=ReuseSettings(prompt="a red ball", record=False), store=store, hard_key=KEY,
+                   latent_shape=SHAPE, noise_fingerprint="noise", cond_vector=torch.ones(256),
+                   sigmas=[1 - s / 10 for s in range(11)], cfg=5.0, seed=3)
+    outcome = run.decide(None, lambda states, sigma: [])
+    assert outcome == SampleFresh(served=None, continues_from=None,
+                                  reason=Reason("store unavailable", STORE_UNAVAILABLE))
     data = run.finish(model_calls=10).as_dict()
     assert set(data) == set(FULL_FIELDS)
     assert data["reason"] == STORE_UNAVAILABLE and data["hit"] is False
-    assert data["notes"] == ["store unavailable, generating without reuse: connection refused"]
+    assert len(data["notes"]) == 1 and data["notes"][0].startswith("store unavailable, generating without reuse: ")
+    assert "Connection refused" in data["notes"][0]
     assert (data["candidates"], data["filtered"], data["probes"], data["donor_id"]) == ([], {}, [], None)
 
 
