@@ -51,9 +51,11 @@ from carnator_core.demo.sampling import shifted_sigma
 from carnator_core.demo.server import DemoSetupError, demo_weights
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
+from carnator_core.judging.probe_signals import ProbeSignals
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.prompt_file import PromptFileError
-from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, conditional_agreement, probe_signals
+from carnator_core.reuse.probe import conditional_agreement, probe_signals
 from carnator_core.reuse.start_difference import StartDifference
 
 RELATIONS = ("reworded", "background", "colour", "shape", "motion", "unrelated")

@@ -23,7 +23,7 @@ from carnator_core.bench.quality import psnr_from_mse
 from carnator_core.calibration.fit import accepts, held_back
 from carnator_core.calibration.profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.calibration.session import Measured, PlainRun
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.settings import RESUME_LIMITS
 
 MISS_PROBE_CALLS = 1  # what a request that resumes nowhere spends beyond the plain run: one probe call

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from carnator_core.calibration.profile import QualityTarget, Score
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 STRUCTURE_GRID = np.round(np.arange(0.50, 1.0001, 0.005), 4)
 GUIDANCE_GRID = np.round(np.arange(0.0, 1.0001, 0.02), 4)

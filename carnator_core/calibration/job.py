@@ -23,7 +23,7 @@ from carnator_core.calibration.session import Measured, Progress, Session
 from carnator_core.calibration.verdict import pairs_line, verdict
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.settings import FORCED_DEPTHS
 
 HISTORY_PAGE = 100

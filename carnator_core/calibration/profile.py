@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from carnator_core.bench.fewer_steps import fewer_steps_count, step_count
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 PROFILE_FORMAT = "carnator-calibration-profile"
 PROFILE_VERSION = 2

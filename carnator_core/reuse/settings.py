@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 if TYPE_CHECKING:
     from carnator_core.calibration.profile import Profile

@@ -25,10 +25,10 @@ from carnator_core.calibration.profile import (
 )
 from carnator_core.calibration.session import Measured
 from carnator_core.calibration.verdict import pairs_line, verdict
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.prompt_file import PromptFileError, prompt_lines
-from carnator_core.reuse.probe import ProbeThresholds
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey

@@ -16,8 +16,8 @@ from carnator_core.calibration.plot import calibration_plots
 from carnator_core.calibration.profile import FewerStepsRun, Profile, ProfileError, QualityTarget, Score
 from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.calibration.workflow import CalibrationWorkflow, step_inputs
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.queue import Workflow
-from carnator_core.reuse.probe import ProbeThresholds
 from carnator_core.reuse.settings import ReuseSettings
 
 STEPS = 12

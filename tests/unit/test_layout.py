@@ -1,7 +1,7 @@
 """Import direction inside the pack, read from the source with `ast` (nothing here imports the modules it checks).
 
-- The engine (`carnator_core.store`, `lookup`, `reuse`, `attention`, `kernels`) never imports the tools built on
-  it (`carnator_core.client`, `queue`, `demo`, `bench`).
+- The engine (`carnator_core.judging`, `store`, `lookup`, `reuse`, `attention`, `kernels`) never imports the tools
+  built on it (`carnator_core.client`, `queue`, `demo`, `bench`).
 - `carnator_core.kernels` imports nothing else of `carnator_core`: the attention math stands on its own.
 - Nothing under `carnator_core` imports ComfyUI: `nodes/` is the only place that does.
 - What the pack imports at run time is what the README's install (`requirements.txt`) installs, and pyproject's
@@ -25,7 +25,7 @@ import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "carnator_core"
-ENGINE = ("store", "lookup", "reuse", "attention", "kernels")
+ENGINE = ("judging", "store", "lookup", "reuse", "attention", "kernels")
 TOOLS = ("carnator_core.client", "carnator_core.queue", "carnator_core.prompt_file", "carnator_core.demo",
          "carnator_core.bench")
 # ComfyUI's top-level modules and packages (its `nodes` is not the pack's nodes/ package)
