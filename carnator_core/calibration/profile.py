@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from carnator_core.bench.fewer_steps import fewer_steps_count, step_count
+from carnator_core.judging.fewer_steps import fewer_steps_count, step_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 PROFILE_FORMAT = "carnator-calibration-profile"
