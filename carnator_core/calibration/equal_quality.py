@@ -20,8 +20,8 @@ import statistics
 
 from carnator_core.bench.quality import psnr_from_mse
 from carnator_core.calibration.fit import accepts, held_back
-from carnator_core.calibration.profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.calibration.session import Measured, PlainRun
+from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.judging.fewer_steps import cheapest_as_good
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.settings import RESUME_LIMITS
