@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "carnator_core"
 ENGINE = ("judging", "store", "lookup", "reuse", "attention", "kernels")
 TOOLS = ("carnator_core.client", "carnator_core.queue", "carnator_core.prompt_file", "carnator_core.prompt_pairs",
-         "carnator_core.demo", "carnator_core.bench")
+         "carnator_core.workflow_graph", "carnator_core.demo", "carnator_core.bench")
 # ComfyUI's top-level modules and packages (its `nodes` is not the pack's nodes/ package)
 COMFYUI = ("comfy", "comfy_api", "comfy_api_nodes", "comfy_config", "comfy_execution", "comfy_extras",
            "comfyui_version", "cuda_malloc", "execution", "folder_paths", "latent_preview", "node_helpers",
