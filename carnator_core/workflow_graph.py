@@ -1,8 +1,9 @@
-"""What calibration and the stages benchmark read from an API-format graph: which nodes sample and which reuse,
-what feeds what, and the order of samplers that continue one another (Wan 2.2's two experts, LTX-2's refinement).
+"""What calibration, the stages benchmark and the queue runner read from an API-format graph: which nodes sample and
+which reuse, what feeds what, and the order of samplers that continue one another (Wan 2.2's two experts, LTX-2's
+refinement).
 
-Below both (`carnator_core.calibration.workflow`, `carnator_core.bench.stages`), so that each finds a graph's
-stages the same way and neither imports the other.
+Below all three (`carnator_core.calibration.workflow`, `carnator_core.bench.stages`, `carnator_core.queue`), so that
+each finds a graph's nodes and stages the same way and calibration and the benchmarks need not import each other.
 """
 
 from __future__ import annotations
