@@ -35,12 +35,12 @@ import sys
 from pathlib import Path
 
 from carnator_core.calibration.job import CalibrationPlan, NoPairs, NothingToCalibrate, calibrate
-from carnator_core.calibration.pairs import read_pairs
-from carnator_core.calibration.profile import QualityTarget
 from carnator_core.calibration.session import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
+from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.prompt_file import PromptFileError
+from carnator_core.prompt_pairs import read_pairs
 from carnator_core.queue import Workflow, WorkflowError
 from carnator_core.reuse.settings import FORCED_DEPTHS
 

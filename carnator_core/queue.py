@@ -39,8 +39,8 @@ from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict
 from carnator_core.reuse.settings import SEED_POLICIES
+from carnator_core.workflow_graph import REUSE_NODES
 
-REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
 CARNATOR_PROMPT_NODES = (*REUSE_NODES, "CarnatorCompatibilityLookup")
 SEED_INPUTS = ("seed", "noise_seed")
 SAME_NOISE, _ = SEED_POLICIES  # the reuse nodes' default seed policy, and `serving`

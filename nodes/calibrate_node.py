@@ -12,11 +12,11 @@ from comfy_api.latest import io
 
 from carnator_core.calibration.background import BackgroundCalibration, CalibrationBusy
 from carnator_core.calibration.job import CalibrationPlan
-from carnator_core.calibration.pairs import parse_pairs
-from carnator_core.calibration.profile import QualityTarget
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
+from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.prompt_file import PromptFileError, prompt_lines
+from carnator_core.prompt_pairs import parse_pairs
 from carnator_core.queue import Workflow, WorkflowError
 
 from .host import prompt_server

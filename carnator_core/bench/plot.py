@@ -35,7 +35,7 @@ MARKERS = "osD^vP*X<>hp8d"
 def quality_against_calls(configs: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """Write a PNG of each configuration's PSNR to plain against its model calls, one distinct colour and marker each
     (adherence in its legend label), the plain-<n> runs joined as the fewer-steps curve; None without matplotlib."""
-    from carnator_core.bench.fewer_steps import fewer_steps_count
+    from carnator_core.judging.fewer_steps import fewer_steps_count
 
     plt = pyplot()
     if plt is None:

@@ -43,17 +43,19 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench.quality import mse, psnr_from_mse
-from carnator_core.calibration.pairs import PAIR_RULE, read_pairs
-from carnator_core.calibration.profile import Profile, ProfileError
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.sampling import shifted_sigma
 from carnator_core.demo.server import DemoSetupError, demo_weights
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
+from carnator_core.judging.calibration_profile import Profile, ProfileError
+from carnator_core.judging.probe_signals import ProbeSignals
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.prompt_file import PromptFileError
-from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, conditional_agreement, probe_signals
+from carnator_core.prompt_pairs import PAIR_RULE, read_pairs
+from carnator_core.reuse.probe import conditional_agreement, probe_signals
 from carnator_core.reuse.start_difference import StartDifference
 
 RELATIONS = ("reworded", "background", "colour", "shape", "motion", "unrelated")

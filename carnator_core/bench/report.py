@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carnator_core.bench.fewer_steps import fewer_steps_count
 from carnator_core.bench.results import REPO_DIR, RESULTS_DIR, RunConditions, read_result
+from carnator_core.judging.fewer_steps import fewer_steps_count
 
 DOCUMENTS = (REPO_DIR / "README.md", REPO_DIR / "docs" / "measurements.md")
 MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",

@@ -72,7 +72,6 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench import plot, stages
-from carnator_core.bench.fewer_steps import cheapest_as_good, fewer_steps, fewer_steps_count, step_count
 from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
@@ -84,6 +83,7 @@ from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
 from carnator_core.demo.wan_model import WanConfig
+from carnator_core.judging.fewer_steps import cheapest_as_good, fewer_steps, fewer_steps_count, step_count
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict

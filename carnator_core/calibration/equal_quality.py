@@ -1,5 +1,5 @@
 """Is reuse worth it on this model? Each resuming mode weighed against plain sampling at fewer steps, on the
-calibration's own pairs, by the yardstick of the workload benchmark (`carnator_core.bench.fewer_steps`).
+calibration's own pairs, by the yardstick of the workload benchmark (`carnator_core.judging.fewer_steps`).
 
 Per pair weighed (the held-back ones, which the fit never saw; every pair where none is held back) a request in a
 mode is taken to resume at the deepest measured depth within the mode's limit (`RESUME_LIMITS`) that the rule
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import statistics
 
-from carnator_core.bench.fewer_steps import cheapest_as_good
 from carnator_core.bench.quality import psnr_from_mse
 from carnator_core.calibration.fit import accepts, held_back
-from carnator_core.calibration.profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.calibration.session import Measured, PlainRun
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
+from carnator_core.judging.fewer_steps import cheapest_as_good
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.settings import RESUME_LIMITS
 
 MISS_PROBE_CALLS = 1  # what a request that resumes nowhere spends beyond the plain run: one probe call

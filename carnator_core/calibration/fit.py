@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from carnator_core.calibration.profile import QualityTarget, Score
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.calibration_profile import Score
+from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality_target import QualityTarget
 
 STRUCTURE_GRID = np.round(np.arange(0.50, 1.0001, 0.005), 4)
 GUIDANCE_GRID = np.round(np.arange(0.0, 1.0001, 0.02), 4)

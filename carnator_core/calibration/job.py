@@ -13,17 +13,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from carnator_core.bench.fewer_steps import fewer_steps, fewer_steps_count
 from carnator_core.calibration.equal_quality import weigh
 from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit, accepts, fit
-from carnator_core.calibration.pairs import Pair, pairs_from_history
 from carnator_core.calibration.plot import calibration_plots
-from carnator_core.calibration.profile import THRESHOLD_RANGES, Profile, QualityTarget
 from carnator_core.calibration.session import Measured, Progress, Session
 from carnator_core.calibration.verdict import pairs_line, verdict
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.calibration_profile import THRESHOLD_RANGES, Profile
+from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count
+from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality_target import QualityTarget
+from carnator_core.prompt_pairs import Pair, pairs_from_history
 from carnator_core.reuse.settings import FORCED_DEPTHS
 
 HISTORY_PAGE = 100

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from carnator_core.bench.plot import plot_unavailable, pyplot
 from carnator_core.calibration.fit import held_back
-from carnator_core.calibration.profile import Profile
 from carnator_core.calibration.session import Measured, PlainRun
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.calibration_profile import Profile
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 
 def calibration_plots(measured: list[Measured], profile: Profile, out: Path,

@@ -35,7 +35,6 @@ from safetensors.torch import load_file, save_file
 
 from carnator_core.bench.quality import PSNR_IDENTICAL, latent_quality, mse, psnr_from_mse, ssim
 from carnator_core.calibration.fit import Resume
-from carnator_core.calibration.pairs import Pair
 from carnator_core.calibration.workflow import (
     AUDIO_NODE,
     FRAMES_NODE,
@@ -44,6 +43,7 @@ from carnator_core.calibration.workflow import (
     CalibrationWorkflow,
 )
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
+from carnator_core.prompt_pairs import Pair
 from carnator_core.queue import WorkflowError
 from carnator_core.reuse.decision import ProbeRecord
 

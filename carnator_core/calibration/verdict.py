@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit
-from carnator_core.calibration.profile import FORCED_NOTE, QualityTarget
+from carnator_core.judging.calibration_profile import FORCED_NOTE
+from carnator_core.judging.quality_target import QualityTarget
 
 
 @dataclass(frozen=True)

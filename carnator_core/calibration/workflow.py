@@ -33,9 +33,8 @@ from pathlib import PurePath
 from carnator_core.demo.graphs import complete
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import Workflow, WorkflowError
+from carnator_core.workflow_graph import AV_SEPARATOR, REUSE_NODES, SAMPLERS, feeds, links_to, stage_chain
 
-SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
-REUSE_NODES = ("CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler")
 STORE_READERS = (*REUSE_NODES, "CarnatorCompatibilityLookup")  # every node that reads donors from a store
 SPARSE_ATTENTION_NODE = "CarnatorSparseAttention"  # bypassed: calibration compares against plain attention
 DEMO_DECODER = "CarnatorDemoDecode"  # decodes the demo model's latents: the demo world's oracle can score them
@@ -44,17 +43,11 @@ STORE_NODE = "carnator_calibration_store"
 STORE_INFO_NODE = "carnator_calibration_store_info"
 LATENT_NODE = "carnator_calibration_latent"
 AUDIO_NODE = "carnator_calibration_audio"
-AV_SEPARATOR = "LTXVSeparateAVLatent"  # unpacks an LTX-2 audio+video latent: the video (output 0) and the audio (1)
 FRAMES_NODE = "carnator_calibration_frames"
 INSERTED_REUSE_NODE = "carnator_calibration_reuse"
 MODEL_FILE_INPUTS = ("unet_name", "ckpt_name", "model_name")  # loaders' file inputs
 CUSTOM_SAMPLERS = ("SamplerCustom", "SamplerCustomAdvanced")  # take their sigmas from another node
 STAGE_BOUNDARIES = ("start_at_step", "end_at_step")  # KSamplerAdvanced's: steps of the whole schedule
-
-
-def links_to(value: object, node_id: str) -> bool:
-    """Whether an input value is a link to an output of `node_id`."""
-    return is_link(value) and str(value[0]) == node_id
 
 
 @dataclass
@@ -212,28 +205,6 @@ class CalibrationWorkflow:
             graph[self.user_store] = copy.deepcopy(self.workflow.graph[self.user_store])
             graph[STORE_INFO_NODE]["inputs"]["store"] = [self.user_store, 0]
         return graph
-
-
-def feeds(graph: dict, node_id: str, target: str) -> bool:
-    """Whether `target` feeds `node_id`, through any chain of links."""
-    seen, frontier = set(), [node_id]
-    while frontier:
-        for value in graph[frontier.pop()]["inputs"].values():
-            if is_link(value) and str(value[0]) in graph and str(value[0]) not in seen:
-                if str(value[0]) == target:
-                    return True
-                seen.add(str(value[0]))
-                frontier.append(str(value[0]))
-    return False
-
-
-def stage_chain(graph: dict, samplers: list[str]) -> list[str] | None:
-    """The samplers in the order they run when each one continues the one before (its input comes from it), else
-    None."""
-    ordered = sorted(samplers, key=lambda node_id: sum(feeds(graph, node_id, other) for other in samplers))
-    if all(feeds(graph, later, earlier) for earlier, later in zip(ordered, ordered[1:], strict=False)):
-        return ordered
-    return None
 
 
 def step_inputs(graph: dict, chain: list[str]) -> tuple[int | None, tuple[str, ...], str]:

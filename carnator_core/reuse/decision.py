@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
+from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.plan import RequestFacts, ScreenOnly
 from carnator_core.reuse.probe import (
     CONDITIONAL_BRANCHES,
     GUIDANCE_FORM,
-    ProbeSignals,
     conditional_agreement,
     probe_signals,
     screen_basis,

@@ -16,59 +16,17 @@ On a packed latent (`carnator_core.reuse.packed_latent`: LTX-2's video and audio
 part's (the video), and the structure agreement of every other part is reported beside them: a resume needs each to
 pass, since a prompt can change the sound and leave the picture alone.
 
-`ProbeThresholds` turns them into a depth-dependent decision; its defaults come from the probe
+They come out as `ProbeSignals` (`carnator_core.judging.probe_signals`); `ProbeThresholds`
+(`carnator_core.judging.probe_thresholds`) turns them into a depth-dependent decision; its defaults come from the probe
 calibration (`python -m carnator_core.bench probe`, docs/measurements.md "Probe calibration").
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-
 import torch
 
+from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.reuse.packed_latent import PackedShapes, unpack
-
-
-def weakest_agreement(structure: float, other_parts: Iterable[float] = ()) -> float:
-    """The lowest of a packed latent's per-part structure agreements (NaN when any is NaN: it fails every bar)."""
-    values = [structure, *other_parts]
-    return float("nan") if any(math.isnan(value) for value in values) else min(values)
-
-
-@dataclass
-class ProbeSignals:
-    depth: float  # fraction of the schedule the donor state has already covered (k / steps)
-    raw_agreement: float
-    structure_agreement: float
-    guidance_cosine: float | None  # None without CFG (no uncond half to subtract)
-    # a packed latent's other parts (LTX-2's audio), in packing order: each part's structure agreement
-    other_parts_agreement: tuple[float, ...] = ()
-    # measured at a corrected donor state against the donor's prediction moved alike (`start_difference`)
-    corrected: bool = False
-    # the structure agreement of the conditional branches alone, where the CFG scale and the live guidance are known
-    # (`conditional_agreement`); the step-0 screen is judged on it
-    conditional_agreement: float | None = None
-
-    @property
-    def weakest_structure(self) -> float:
-        """The lowest structure agreement of the latent's parts: what the structure bar is compared with. Where the
-        conditional branches' agreement was measured (the step-0 screen with CFG) it stands for the output's."""
-        first = self.structure_agreement if self.conditional_agreement is None else self.conditional_agreement
-        return weakest_agreement(first, self.other_parts_agreement)
-
-    def as_dict(self) -> dict[str, float | None | list[float] | bool]:
-        data = asdict(self)
-        if self.other_parts_agreement:
-            data["other_parts_agreement"] = list(self.other_parts_agreement)
-        else:
-            del data["other_parts_agreement"]
-        if not self.corrected:
-            del data["corrected"]
-        if self.conditional_agreement is None:
-            del data["conditional_agreement"]
-        return data
 
 
 def _remove_frame_channel_means(tensor: torch.Tensor) -> torch.Tensor:
@@ -167,44 +125,3 @@ def probe_signals(depth: float, state: torch.Tensor, x0_new: torch.Tensor, x0_do
             cosine = float(torch.nn.functional.cosine_similarity(new.reshape(-1).float(), donor.reshape(-1), dim=0))
     return ProbeSignals(depth=depth, raw_agreement=raw, structure_agreement=structure, guidance_cosine=cosine,
                         other_parts_agreement=others, corrected=corrected)
-
-
-@dataclass
-class ProbeThresholds:
-    """Depth-dependent acceptance: deeper resumes must agree more (threshold + slope x depth).
-
-    Why the slope: deeper in the schedule the model follows the state it is given more closely, so agreement
-    rises with depth for every donor and the bar must rise with it. The defaults follow the lowest structure
-    threshold that, in the probe calibration, let no resume through that lost quality against plain sampling.
-    """
-
-    structure: float = 0.85
-    structure_slope: float = 0.09
-    guidance: float = 0.80
-    guidance_slope: float = 0.09
-    # A donor that misses the structure threshold by more than this at one depth is given up: its agreement moves
-    # with depth about as the threshold does, so it would miss at the others too. (Checkpoints holding a step
-    # cache's extrapolation would break this; the planner never offers them.)
-    give_up_margin: float = 0.05
-
-    def needed_structure(self, depth: float) -> float:
-        return min(1.0, self.structure + self.structure_slope * depth)
-
-    def passes(self, signals: ProbeSignals) -> bool:
-        """Every part's structure agreement (NaN fails) and the guidance cosine, each at the depth's bar. A probe at
-        a corrected donor state meets the same bar: the correction changes what is compared, not how strictly
-        (`bench probe --shortcuts` measures both, docs/measurements.md)."""
-        if not signals.weakest_structure >= self.needed_structure(signals.depth):
-            return False
-        if signals.guidance_cosine is None:
-            return True
-        needed_guidance = min(1.0, self.guidance + self.guidance_slope * signals.depth)
-        return signals.guidance_cosine >= needed_guidance
-
-    def donor_hopeless(self, signals: ProbeSignals) -> bool:
-        """Whether a failed probe says the donor's other checkpoints are not worth a model call either. Never at a
-        corrected state: there agreement falls with depth (an edited region drifts further from the donor's the
-        longer the donor sampled it), so a deep miss says nothing of a shallower checkpoint."""
-        if signals.corrected:
-            return False
-        return not signals.weakest_structure >= self.needed_structure(signals.depth) - self.give_up_margin

@@ -9,12 +9,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from carnator_core.reuse.probe import ProbeThresholds
-
-if TYPE_CHECKING:
-    from carnator_core.calibration.profile import Profile
+from carnator_core.judging.calibration_profile import Profile
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 MODES = ("safe", "balanced", "fast")
 RESUME_LIMITS = {"safe": 0.0, "balanced": 0.5, "fast": 0.8}  # how deep into the schedule each mode may resume

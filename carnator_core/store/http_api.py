@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from carnator_core.calibration.profile import Profile, ProfileError, profile_key
+from carnator_core.judging.calibration_profile import Profile, ProfileError, profile_key
 from carnator_core.store import profiles
 from carnator_core.store.backend import CorruptValueError, StoreError, StoreUnavailable, is_store_url
 from carnator_core.store.entry import EntryMeta

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from carnator_core.calibration.profile import MAX_PROFILE_BYTES, Profile, ProfileError, profile_key
+from carnator_core.judging.calibration_profile import MAX_PROFILE_BYTES, Profile, ProfileError, profile_key
 from carnator_core.store.reuse_store import ReuseStore
 
 DOCUMENT = "profiles"

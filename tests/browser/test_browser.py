@@ -45,7 +45,7 @@ from support.comfy_host import REPO_ROOT, ComfyServer, ServerFactory
 from support.tiny_models import WAN21_VAE, write_tiny_model
 from support.tiny_workflows import WORKFLOWS
 
-from carnator_core.calibration.profile import Profile, Score
+from carnator_core.judging.calibration_profile import Profile, Score
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

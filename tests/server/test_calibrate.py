@@ -24,8 +24,8 @@ from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
 from support.tiny_models import LTXAV, host_lacks, write_ltx2_stage_models, write_tiny_model
 from support.tiny_workflows import api_workflow, on_tiny_models
 
-from carnator_core.calibration.profile import Profile
 from carnator_core.demo.server import demo_weights
+from carnator_core.judging.calibration_profile import Profile
 from carnator_core.queue import Workflow
 
 pytestmark = pytest.mark.server

@@ -19,7 +19,7 @@ import requests
 from support.comfy_host import ComfyServer
 from support.route_helpers import add_entry, json_answer, state
 
-from carnator_core.calibration.profile import Profile
+from carnator_core.judging.calibration_profile import Profile
 
 pytestmark = pytest.mark.server
 

@@ -34,12 +34,11 @@ from carnator_core.bench.workload import (
     Sample,
     donor_prompt_for,
     equal_quality_speedup,
-    fewer_steps,
-    fewer_steps_count,
     targets,
 )
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
+from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count
 from carnator_core.prompt_file import read_prompt_file
 from carnator_core.reuse.report import Verdict
 

@@ -7,8 +7,8 @@ import torch
 from carnator_core.bench.inputs import RETOUCH_DISTANCES, Row, measure, summarise
 from carnator_core.bench.probe import RELATIONS
 from carnator_core.demo.wan_model import WanConfig, WanT2V
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.input_start import MAX_INPUT_DISTANCE
-from carnator_core.reuse.probe import ProbeThresholds
 
 
 @pytest.mark.parametrize("handover", [False, True])

@@ -13,22 +13,16 @@ import torch
 
 from carnator_core.calibration.fit import Resume, accepts, fit, precision_lower_bound, resumes_for_margin
 from carnator_core.calibration.job import Calibrated, NoPairs, distinct_pairs
-from carnator_core.calibration.pairs import Pair, parse_pairs
 from carnator_core.calibration.plot import calibration_plots
-from carnator_core.calibration.profile import (
-    MAX_PROFILE_BYTES,
-    THRESHOLD_RANGES,
-    Profile,
-    ProfileError,
-    QualityTarget,
-    Score,
-)
 from carnator_core.calibration.session import Measured
 from carnator_core.calibration.verdict import pairs_line, verdict
+from carnator_core.judging.calibration_profile import MAX_PROFILE_BYTES, THRESHOLD_RANGES, Profile, ProfileError, Score
+from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.prompt_file import PromptFileError, prompt_lines
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.prompt_pairs import Pair, parse_pairs
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey

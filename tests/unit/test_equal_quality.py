@@ -8,16 +8,17 @@ import json
 
 import pytest
 
-from carnator_core.bench.fewer_steps import fewer_steps
 from carnator_core.calibration.equal_quality import weigh
 from carnator_core.calibration.fit import Resume, fit
 from carnator_core.calibration.job import Calibrated, CalibrationPlan, fewer_step_counts
 from carnator_core.calibration.plot import calibration_plots
-from carnator_core.calibration.profile import FewerStepsRun, Profile, ProfileError, QualityTarget, Score
 from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.calibration.workflow import CalibrationWorkflow, step_inputs
+from carnator_core.judging.calibration_profile import FewerStepsRun, Profile, ProfileError, Score
+from carnator_core.judging.fewer_steps import fewer_steps
+from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.queue import Workflow
-from carnator_core.reuse.probe import ProbeThresholds
 from carnator_core.reuse.settings import ReuseSettings
 
 STEPS = 12

@@ -1,8 +1,13 @@
 """Import direction inside the pack, read from the source with `ast` (nothing here imports the modules it checks).
 
-- The engine (`carnator_core.store`, `lookup`, `reuse`, `attention`, `kernels`) never imports the tools built on
-  it (`carnator_core.client`, `queue`, `demo`, `bench`).
+- The engine (`carnator_core.judging`, `store`, `lookup`, `reuse`, `attention`, `kernels`) never imports the tools
+  built on it (`carnator_core.client`, `queue`, `prompt_file`, `prompt_pairs`, `workflow_graph`, `demo`, `bench`).
 - `carnator_core.kernels` imports nothing else of `carnator_core`: the attention math stands on its own.
+- `carnator_core.judging` (what judges a resume: probe thresholds, the calibration profile) imports nothing else of
+  `carnator_core`: the store, reuse, the benchmarks and calibration all read it.
+- Nothing but calibration itself and its command (`carnator_core.calibrate`) imports `carnator_core.calibration`: it
+  sits on top of what it calibrates.
+- No import cycle, between modules or between folders (each top-level module counts as a folder of its own).
 - Nothing under `carnator_core` imports ComfyUI: `nodes/` is the only place that does.
 - What the pack imports at run time is what the README's install (`requirements.txt`) installs, and pyproject's
   dependencies list the same; only an optional extra's modules (triton, matplotlib) are left to the extras.
@@ -25,9 +30,9 @@ import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "carnator_core"
-ENGINE = ("store", "lookup", "reuse", "attention", "kernels")
-TOOLS = ("carnator_core.client", "carnator_core.queue", "carnator_core.prompt_file", "carnator_core.demo",
-         "carnator_core.bench")
+ENGINE = ("judging", "store", "lookup", "reuse", "attention", "kernels")
+TOOLS = ("carnator_core.client", "carnator_core.queue", "carnator_core.prompt_file", "carnator_core.prompt_pairs",
+         "carnator_core.workflow_graph", "carnator_core.demo", "carnator_core.bench")
 # ComfyUI's top-level modules and packages (its `nodes` is not the pack's nodes/ package)
 COMFYUI = ("comfy", "comfy_api", "comfy_api_nodes", "comfy_config", "comfy_execution", "comfy_extras",
            "comfyui_version", "cuda_malloc", "execution", "folder_paths", "latent_preview", "node_helpers",
@@ -97,6 +102,83 @@ def test_the_kernels_import_nothing_else_of_carnator_core() -> None:
         return _within(name, ("carnator_core",)) and not _within(name, ("carnator_core.kernels",))
 
     assert _offences(_sources("kernels"), forbidden) == []
+
+
+def test_judging_imports_nothing_else_of_carnator_core() -> None:
+    def forbidden(name: str) -> bool:
+        return _within(name, ("carnator_core",)) and not _within(name, ("carnator_core.judging",))
+
+    assert _offences(_sources("judging"), forbidden) == []
+
+
+def test_only_calibration_and_its_command_import_calibration() -> None:
+    below = [path for path in _sources() if path != CORE / "calibrate.py" and CORE / "calibration" not in path.parents]
+    assert _offences(below, lambda name: _within(name, ("carnator_core.calibration",))) == []
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the carnator_core modules it imports (a name that is no module counts as the module holding it)."""
+    modules = {_module_name(path) for path in _sources()}
+
+    def module_of(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {_module_name(path): {module_of(name) for _, name in _imported(path) if _within(name, ("carnator_core",))}
+            - {_module_name(path), "carnator_core"} for path in _sources()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = [stack.pop()]
+            while component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _folder(module: str) -> str:
+    """`carnator_core.reuse.probe` -> `reuse`; a top-level module is a folder of its own: `carnator_core.queue` ->
+    `queue`."""
+    return module.split(".")[1]
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_it() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert _cycles(_import_graph()) == []
+
+
+def test_no_folder_imports_itself_through_others() -> None:
+    folders: dict[str, set[str]] = {}
+    for module, imported in _import_graph().items():
+        if module != "carnator_core":
+            folders.setdefault(_folder(module), set()).update(
+                _folder(other) for other in imported if _folder(other) != _folder(module))
+    assert _cycles(folders) == []
 
 
 def test_carnator_core_never_imports_comfyui() -> None:

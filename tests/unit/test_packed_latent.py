@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from carnator_core.calibration.session import structure_signal
+from carnator_core.judging.probe_signals import ProbeSignals
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.packed_latent import packed_shapes, packing_error, unpack
-from carnator_core.reuse.probe import ProbeSignals, ProbeThresholds, probe_signals
+from carnator_core.reuse.probe import probe_signals
 from carnator_core.reuse.recording import RunRecorder
 from carnator_core.store.tensor_codec import decode_tensors
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from carnator_core.judging.probe_signals import ProbeSignals
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.probe import (
     CONDITIONAL_BRANCHES,
-    ProbeSignals,
-    ProbeThresholds,
     conditional_agreement,
     downsample_guidance,
     probe_signals,

@@ -21,7 +21,7 @@ from carnator_core.bench.probe import (
     summarise,
 )
 from carnator_core.demo.wan_model import WanConfig, WanT2V
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 
 def test_calibration_runs_and_summarises_every_signal():

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from carnator_core.attention.sparse_attention import SparseAttentionRun, SparseAttentionSettings
+from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import ProbeRecord
 from carnator_core.reuse.outcome import Reason, Resume, SampleFresh
-from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.report import SEED_ACTION, RunReport, Verdict
 from carnator_core.reuse.run import STORE_UNAVAILABLE, ReuseRun
 from carnator_core.reuse.settings import ReuseSettings

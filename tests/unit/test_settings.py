@@ -12,9 +12,9 @@ import re
 import pytest
 import torch
 
+from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.shortlist import Candidate
-from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import INPUT_RANGES, ReuseSettings, input_range
 from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider
 from carnator_core.reuse.plan import RequestFacts, plan_probes
-from carnator_core.reuse.probe import ProbeSignals
 from carnator_core.reuse.recording import PendingEntry, writer
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference

@@ -5,6 +5,8 @@ A fewer-steps run is the same graph (same seed, sampler and scheduler) with its 
 named `plain-<its steps>`. A configuration or a mode is weighed against the cheapest of them (fewest model calls)
 whose clips are as good as its own; the ratio of that run's calls over the configuration's is below 1 where just
 taking fewer steps gets as close for less.
+
+Here, below the benchmarks and calibration, because the calibration profile's checks read these names too.
 """
 
 from __future__ import annotations

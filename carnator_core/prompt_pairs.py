@@ -1,9 +1,12 @@
-"""Calibration pairs: an earlier prompt and the new prompt that follows it, sampled with the same seed.
+"""Prompt pairs: an earlier prompt and the new prompt that follows it, sampled with the same seed.
 
 From a file (`--pairs FILE`) or the Calibrate node's text, one pair per line, the two prompts separated by a tab or
 by `=>` (a text box in the graph editor cannot take a tab); blank lines and lines starting with # are skipped. Or
 from the user's own history (`--from-store`): successive prompts a store recorded for the same model, schedule and
 seed, which is how that user iterates.
+
+Calibration reads them, and so does the probe benchmark (`bench probe --pairs-file`): they sit beside the prompt
+file reader, below both.
 """
 
 from __future__ import annotations

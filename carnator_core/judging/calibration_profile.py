@@ -14,6 +14,9 @@ plain (`equal_quality`, `ModeVerdict`): both are absent where calibration ran no
 A profile judges runs only while `in_force`: calibration puts it in force where its held-back pairs support it
 (`reason` says why or why not), or `forced` where the user puts it in force anyway. A document that claims to be in
 force without held-back support, and is not marked forced, is refused like any other inconsistent field.
+
+Calibration writes profiles; the store checks the ones it holds, the reuse settings judge by one and the probe
+benchmark reads one, so the profile and its checks sit below all of them.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from carnator_core.bench.fewer_steps import fewer_steps_count, step_count
-from carnator_core.reuse.probe import ProbeThresholds
+from carnator_core.judging.fewer_steps import fewer_steps_count, step_count
+from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality_target import QualityTarget
 
 PROFILE_FORMAT = "carnator-calibration-profile"
 PROFILE_VERSION = 2
@@ -41,19 +45,6 @@ FORCED_NOTE = "put in force without held-back support"
 
 class ProfileError(ValueError):
     """A profile that cannot be used; the message names the field and what is wrong with it."""
-
-
-@dataclass(frozen=True)
-class QualityTarget:
-    """When a resume counts as good: its clip within `psnr_db` of the new prompt's plain clip and at least `ssim`
-    similar to it. The fit keeps at least `precision` of accepted resumes good."""
-
-    psnr_db: float = 30.0
-    ssim: float = 0.95
-    precision: float = 0.95
-
-    def good(self, psnr_db: float, ssim: float) -> bool:
-        return psnr_db >= self.psnr_db and ssim >= self.ssim
 
 
 @dataclass(frozen=True)
