@@ -2,7 +2,10 @@
 
 - The engine (`carnator_core.store`, `lookup`, `reuse`, `attention`, `kernels`) never imports the tools built on
   it (`carnator_core.client`, `queue`, `demo`, `bench`).
-- `carnator_core.kernels` imports nothing else of `carnator_core`: the attention math stands on its own.
+- `carnator_core.kernels` imports nothing else of `carnator_core` but `process_state`: the attention math stands on its
+  own.
+- `carnator_core.process_state` imports nothing of `carnator_core`: every module can keep its process-wide objects
+  there without an import cycle.
 - Nothing under `carnator_core` imports ComfyUI: `nodes/` is the only place that does.
 - What the pack imports at run time is what the README's install (`requirements.txt`) installs, and pyproject's
   dependencies list the same; only an optional extra's modules (triton, matplotlib) are left to the extras.
@@ -92,11 +95,16 @@ def test_the_engine_never_imports_the_tools() -> None:
     assert _offences(_sources(*ENGINE), lambda name: _within(name, TOOLS)) == []
 
 
-def test_the_kernels_import_nothing_else_of_carnator_core() -> None:
+def test_the_kernels_import_nothing_else_of_carnator_core_but_process_state() -> None:
     def forbidden(name: str) -> bool:
-        return _within(name, ("carnator_core",)) and not _within(name, ("carnator_core.kernels",))
+        allowed = ("carnator_core.kernels", "carnator_core.process_state")
+        return _within(name, ("carnator_core",)) and not _within(name, allowed) and name != "carnator_core"
 
     assert _offences(_sources("kernels"), forbidden) == []
+
+
+def test_process_state_imports_nothing_of_carnator_core() -> None:
+    assert _offences([CORE / "process_state.py"], lambda name: _within(name, ("carnator_core",))) == []
 
 
 def test_carnator_core_never_imports_comfyui() -> None:
