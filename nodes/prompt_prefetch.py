@@ -49,7 +49,7 @@ def prefetch_queued_prompt(json_data: Any) -> Any:
     try:
         texts = queued_texts(json_data.get("prompt") if isinstance(json_data, dict) else None)
         if texts:
-            prompt_vectors.prefetch(texts)
+            prompt_vectors().prefetch(texts)
     except Exception:  # queueing must never fail for it: the lookup embeds when it runs
         log.debug("Carnator: no prompt text prefetch", exc_info=True)
     return json_data

@@ -25,7 +25,7 @@ from carnator_core.lookup import fingerprint as fingerprint_module
 from carnator_core.reuse import decision
 from carnator_core.reuse.cached_evaluation import CachedEvaluation
 from carnator_core.reuse.history_replay import HistoryReplay
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 from carnator_core.reuse.run import ReuseRun
 
 STEPS = 6
@@ -53,7 +53,7 @@ def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], reports
 
 

@@ -20,13 +20,13 @@ from support.comfy_host import captured_logs, pack_module
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, wan_t2v
 
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))
 
 
