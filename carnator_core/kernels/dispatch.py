@@ -74,7 +74,8 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
         reason = triton_supports(q, layout)
         if reason is None:
-            return kernel_guard().run("triton", lambda *args: triton_block_sparse_attention(*args, out), q, k, v, layout, scale)
+            guard = kernel_guard()
+            return guard.run("triton", lambda *args: triton_block_sparse_attention(*args, out), q, k, v, layout, scale)
         _fall_back(f"Triton kernel: {reason}")
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     if backend == "flex":

@@ -68,7 +68,8 @@ def test_the_writer_embeds_the_prompt_when_no_vector_comes_with_the_entry(tmp_pa
     for text_vector in (_unit(2), None):
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=PROMPT, latent_shape=SHAPE,
                          noise_fingerprint="noise", total_steps=10)
-        entry_writer().submit(PendingEntry(store=store, meta=meta, blobs={}, cond_vector=_unit(0), text_vector=text_vector))
+        entry_writer().submit(PendingEntry(store=store, meta=meta, blobs={}, cond_vector=_unit(0),
+                                           text_vector=text_vector))
         assert entry_writer().flush()
         expected = text_vector if text_vector is not None else prompt_vectors().vector(PROMPT)
         assert torch.equal(store.get_vectors(meta.entry_id).text, _as_stored(expected))
