@@ -10,6 +10,7 @@ import folder_paths
 from comfy.cli_args import args as comfy_args
 from comfy_api.latest import io
 
+from carnator_core import process_state
 from carnator_core.calibration.background import BackgroundCalibration, CalibrationBusy
 from carnator_core.calibration.job import CalibrationPlan
 from carnator_core.calibration.workflow import CalibrationWorkflow
@@ -31,7 +32,10 @@ def _publish(state: dict) -> None:
         server.send_sync(EVENT, state)
 
 
-calibration = BackgroundCalibration(notify=_publish)
+def calibration() -> BackgroundCalibration:
+    """The server's one background calibration, which the node starts and the routes show and stop
+    (`process_state`)."""
+    return process_state.one("background calibration", lambda: BackgroundCalibration(notify=_publish))
 
 
 def own_url() -> str:
@@ -131,7 +135,7 @@ class CarnatorCalibrate(io.ComfyNode):
                                target=QualityTarget(psnr_db=psnr_db, ssim=ssim, precision=precision),
                                fewer_steps=fewer_steps)
         try:
-            calibration.start(url, plan)
+            calibration().start(url, plan)
         except CalibrationBusy as error:
             return cls._said(f"Not started: {error}")
         count = min(len(given), max_pairs) if given is not None else 0

@@ -21,6 +21,7 @@ import comfy.patcher_extension
 import folder_paths
 import torch
 
+from carnator_core import process_state
 from carnator_core.lookup.fingerprint import (
     FingerprintError,
     StoredWeight,
@@ -38,9 +39,6 @@ from .fault_boundary import CarnatorFault, carnator_code
 
 log = logging.getLogger("carnator")
 
-_fingerprints: dict[tuple[int, str], str] = {}
-
-
 _HOOKS = {
     "OUTER_SAMPLE / SAMPLER_SAMPLE / PREDICT_NOISE / CALC_COND_BATCH wrappers": lambda: all(
         hasattr(comfy.patcher_extension.WrappersMP, name)
@@ -52,10 +50,14 @@ _HOOKS = {
 }
 
 
-@functools.cache
 def missing_hooks() -> tuple[str, ...]:
-    """The supported hooks Carnator needs that this host lacks; logged once. Without them Carnator nodes pass the
-    model on unchanged, so a host too new (or too old) samples plain instead of failing a prompt."""
+    """The supported hooks Carnator needs that this host lacks; found and logged once per process (`process_state`).
+    Without them Carnator nodes pass the model on unchanged, so a host too new (or too old) samples plain instead of
+    failing a prompt."""
+    return process_state.one("missing hooks", _find_missing_hooks)
+
+
+def _find_missing_hooks() -> tuple[str, ...]:
     missing = tuple(name for name, present in _HOOKS.items() if not present())
     if missing:
         log.error("Carnator: this ComfyUI lacks %s; Carnator nodes sample plain (no reuse, no recording)",
@@ -63,19 +65,17 @@ def missing_hooks() -> tuple[str, ...]:
     return missing
 
 
-_told: set[str] = set()
-
-
 def note_bypassed_attention(diffusion_model: torch.nn.Module) -> None:
     """Say once when a model's layers carry attention functions of their own (a host's per-layer `comfy_attention`,
     e.g. a quantized kernel): ComfyUI's `wrap_attn` drops a layer's `preferred_attention` before it calls an installed
     attention override, so in a run where Carnator's sparse attention acts, those layers' dense calls run ComfyUI's
     default attention. Runs where it does not act carry no override of Carnator's and keep them."""
-    if "layer attention" in _told:
+    told: set[str] = process_state.one("host notes told", set)
+    if "layer attention" in told:
         return
     if any(getattr(getattr(module, "comfy_attention", None), "function", None) is not None
            for module in diffusion_model.modules()):
-        _told.add("layer attention")
+        told.add("layer attention")
         log.warning("Carnator: this model's layers have attention functions of their own; in runs where Carnator's "
                     "sparse attention acts, their dense calls use ComfyUI's default attention instead")
 
@@ -194,7 +194,8 @@ def fingerprint(model_patcher) -> str:
     except AttributeError as error:
         raise FingerprintError(
             f"model not fingerprinted: not a ComfyUI model patcher: {type(model_patcher).__name__}") from error
-    cached = _fingerprints.get(memo_key)
+    fingerprints: dict[tuple[int, str], str] = process_state.one("model fingerprints", dict)
+    cached = fingerprints.get(memo_key)
     if cached is not None:
         return cached
     model_config = getattr(base_model, "model_config", None)
@@ -213,7 +214,7 @@ def fingerprint(model_patcher) -> str:
         raise FingerprintError(f"model not fingerprinted: {error}") from error
     except Exception as error:  # a weight Carnator cannot read is a miss, whatever the loader's tensor raised
         raise FingerprintError(f"model not fingerprinted: {type(error).__name__}: {error}") from error
-    _fingerprints[memo_key] = value
+    fingerprints[memo_key] = value
     return value
 
 

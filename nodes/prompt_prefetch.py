@@ -12,6 +12,7 @@ import logging
 import weakref
 from typing import Any
 
+from carnator_core import process_state
 from carnator_core.lookup.prompt_text import find_prompt_text
 from carnator_core.lookup.prompt_vectors import prompt_vectors
 
@@ -23,7 +24,6 @@ log = logging.getLogger("carnator")
 GRAPH_PROMPT_NODES = frozenset({"CarnatorReuse", "CarnatorKSampler", "CarnatorReuseSampler"})
 # Nodes that embed their `prompt` input alone.
 PROMPT_INPUT_NODES = frozenset({"CarnatorCompatibilityLookup"})
-_registered: weakref.WeakSet = weakref.WeakSet()
 
 
 def queued_texts(graph: Any) -> list[str]:
@@ -49,7 +49,7 @@ def prefetch_queued_prompt(json_data: Any) -> Any:
     try:
         texts = queued_texts(json_data.get("prompt") if isinstance(json_data, dict) else None)
         if texts:
-            prompt_vectors.prefetch(texts)
+            prompt_vectors().prefetch(texts)
     except Exception:  # queueing must never fail for it: the lookup embeds when it runs
         log.debug("Carnator: no prompt text prefetch", exc_info=True)
     return json_data
@@ -58,7 +58,8 @@ def prefetch_queued_prompt(json_data: Any) -> Any:
 def register_prefetch() -> None:
     """Add the handler to ComfyUI's server, once per server; a no-op when ComfyUI runs without one."""
     server = prompt_server()
-    if server is None or server in _registered or not hasattr(server, "add_on_prompt_handler"):
+    registered: weakref.WeakSet = process_state.one("servers with the prompt prefetch", weakref.WeakSet)
+    if server is None or server in registered or not hasattr(server, "add_on_prompt_handler"):
         return
-    _registered.add(server)
+    registered.add(server)
     server.add_on_prompt_handler(prefetch_queued_prompt)

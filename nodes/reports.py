@@ -8,6 +8,7 @@ from typing import Any
 
 from comfy_execution.utils import get_executing_context
 
+from carnator_core import process_state
 from carnator_core.reuse.report import RunReport
 
 from .fault_boundary import CarnatorFault, carnator_code
@@ -15,9 +16,13 @@ from .host import prompt_server
 
 log = logging.getLogger("carnator")
 
-_reports: dict[str, list[dict[str, Any]]] = {}  # prompt_id -> reports of its sampling runs
 _lock = threading.Lock()
 _KEEP_PROMPTS = 64
+
+
+def _reports() -> dict[str, list[dict[str, Any]]]:
+    """prompt_id -> reports of its sampling runs, the latest `_KEEP_PROMPTS` prompts' (`process_state`)."""
+    return process_state.one("run reports", dict)
 
 
 def publish(run_report: RunReport) -> None:
@@ -35,9 +40,10 @@ def _publish(run_report: RunReport) -> None:
     report = dict(run_report.as_dict(), prompt_id=context.prompt_id if context else None,
                   node=context.node_id if context else None)
     with _lock:
-        _reports.setdefault(report["prompt_id"] or "", []).append(report)
-        while len(_reports) > _KEEP_PROMPTS:
-            _reports.pop(next(iter(_reports)))
+        reports = _reports()
+        reports.setdefault(report["prompt_id"] or "", []).append(report)
+        while len(reports) > _KEEP_PROMPTS:
+            reports.pop(next(iter(reports)))
     log.info("Carnator: %s", run_report.headline())
     server = prompt_server()
     if server is not None:
@@ -46,4 +52,4 @@ def _publish(run_report: RunReport) -> None:
 
 def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:
     with _lock:
-        return list(_reports.get(prompt_id or "", []))
+        return list(_reports().get(prompt_id or "", []))

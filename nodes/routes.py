@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from comfy.cli_args import args as comfy_args
 
+from carnator_core import process_state
 from carnator_core.store import http_api as store_api
 from carnator_core.store.http_api import ApiError
 
@@ -40,8 +41,11 @@ log = logging.getLogger("carnator")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = 64 * 1024
-_registered: weakref.WeakSet = weakref.WeakSet()
-_stores = store_api.ServedStores(store_location)
+
+
+def _served_stores() -> store_api.ServedStores:
+    """The stores the routes serve (`process_state`)."""
+    return process_state.one("served stores", lambda: store_api.ServedStores(store_location))
 
 
 def _json_errors(handler: Handler) -> Handler:
@@ -94,12 +98,12 @@ async def _json_body(request: web.Request) -> dict:
 async def _in_store(request: web.Request, work: Callable, *args):
     """Run `work(store, *args)` in a worker thread on the store the request picks (store calls block)."""
     requested = request.query.get("store", "")
-    return await asyncio.to_thread(lambda: work(_stores.select(requested), *args))
+    return await asyncio.to_thread(lambda: work(_served_stores().select(requested), *args))
 
 
 @_json_errors
 async def stores(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(_stores.listing))
+    return web.json_response(await asyncio.to_thread(_served_stores().listing))
 
 
 @_json_errors
@@ -163,13 +167,13 @@ async def delete_profile(request: web.Request) -> web.Response:
 
 @_json_errors
 async def calibration_state(request: web.Request) -> web.Response:
-    return web.json_response(calibration.state())
+    return web.json_response(calibration().state())
 
 
 @_json_errors
 async def stop_calibration(request: web.Request) -> web.Response:
     _same_origin(request)
-    return web.json_response(calibration.stop())
+    return web.json_response(calibration().stop())
 
 
 def register_routes() -> None:
@@ -179,9 +183,10 @@ def register_routes() -> None:
     after every pack has loaded, so registering while the pack loads is in time.
     """
     server = prompt_server()
-    if server is None or server in _registered:
+    registered: weakref.WeakSet = process_state.one("servers with the store routes", weakref.WeakSet)
+    if server is None or server in registered:
         return
-    _registered.add(server)
+    registered.add(server)
     routes = server.routes
     routes.get("/carnator/store/stores")(stores)
     routes.get("/carnator/store/entries")(list_entries)

@@ -11,6 +11,8 @@
 - `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
 - `redis_server`          one loopback redis-server for the session; `redis_url` empties it for each test
 - `redis_factory`         start more redis-servers (password, persistence, maxmemory) for one test
+- `fresh_process_state`   Carnator's process-wide objects (`carnator_core.process_state`) dropped before and after the
+                          test; call it to drop them mid-test too
 
 At pytest start ComfyUI's args are set (CPU, a throwaway base dir), so a test that imports ComfyUI
 modules directly gets the same host as the `comfy` fixture; prefer the fixture, which also loads the pack.
@@ -38,6 +40,7 @@ from support.comfy_host import (
 from support.redis_host import RedisNotFound, RedisServer
 from support.tiny_models import CURRENT_SPECS, SPECS, TinyModelSpec, host_lacks, write_tiny_model
 
+from carnator_core import process_state
 from carnator_core.client import ExecutionFailed
 
 _INPROCESS_BASE = pytest.StashKey[Path]()
@@ -181,3 +184,14 @@ def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture
+def fresh_process_state() -> Iterator[Callable[[], None]]:
+    """The test starts from, and leaves, a fresh process's Carnator state (the memos, once-only log notes, kernel
+    guard, writer, stores... `process_state` holds); the test may call the reset it gets mid-way."""
+    process_state.reset()
+    try:
+        yield process_state.reset
+    finally:
+        process_state.reset()

@@ -69,6 +69,10 @@ class BackgroundCalibration:
             self._update(phase="stopping", line="stopping after the current run")
         return self.state()
 
+    def close(self) -> None:
+        """Stop the running calibration after its current run, as the panel's Stop does (`process_state.reset`)."""
+        self.stop()
+
     def _update(self, **changes: Any) -> None:
         with self._lock:
             self._state.update(changes)

@@ -20,6 +20,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from carnator_core import process_state
+
 from .cpu import cpu_block_sparse_attention
 from .flex import flex_block_sparse_attention
 from .guard import KernelGuard
@@ -29,20 +31,22 @@ log = logging.getLogger("carnator.kernels")
 
 BACKENDS = ("auto", "triton", "flex", "cpu", "dense")
 
-_logged: set[str] = set()
 
-# Every sparse kernel call goes through this guard, so a kernel that cannot run on this machine costs speed only.
-GUARD = KernelGuard()
+def kernel_guard() -> KernelGuard:
+    """The process's guard (`process_state`). Every sparse kernel call goes through it, so a kernel that cannot run
+    on this machine costs speed only."""
+    return process_state.one("kernel guard", KernelGuard)
 
 
 def kernel_fallbacks() -> list[str]:
     """Kernel configurations of this process that failed their first-call check and run dense, with reasons."""
-    return GUARD.fallbacks()
+    return kernel_guard().fallbacks()
 
 
 def _fall_back(reason: str) -> None:
-    if reason not in _logged:
-        _logged.add(reason)
+    logged: set[str] = process_state.one("dense fallbacks logged", set)  # each reason is logged once per process
+    if reason not in logged:
+        logged.add(reason)
         log.warning("carnator: block-sparse attention unsupported (%s); using dense attention", reason)
 
 
@@ -70,11 +74,12 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
         reason = triton_supports(q, layout)
         if reason is None:
-            return GUARD.run("triton", lambda *args: triton_block_sparse_attention(*args, out), q, k, v, layout, scale)
+            guard = kernel_guard()
+            return guard.run("triton", lambda *args: triton_block_sparse_attention(*args, out), q, k, v, layout, scale)
         _fall_back(f"Triton kernel: {reason}")
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     if backend == "flex":
-        result = GUARD.run("flex", flex_block_sparse_attention, q, k, v, layout, scale)
+        result = kernel_guard().run("flex", flex_block_sparse_attention, q, k, v, layout, scale)
         if result is not None:
             return result
         if q.is_cuda:
@@ -84,7 +89,7 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
     if backend == "cpu":
         if q.device.type != "cpu":
             raise ValueError(f"backend 'cpu' needs CPU tensors, got {q.device}")
-        return GUARD.run("cpu", cpu_block_sparse_attention, q, k, v, layout, scale)
+        return kernel_guard().run("cpu", cpu_block_sparse_attention, q, k, v, layout, scale)
     if backend == "dense":
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")

@@ -13,20 +13,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+
+from carnator_core import process_state
 
 from .layout import BlockLayout
 
 log = logging.getLogger("carnator.kernels")
 
-_compiled: Callable | None = None
-_broken: str | None = None
+
+@dataclass
+class FlexCompilation:
+    """FlexAttention as this process compiled it (`compiled`), or why it cannot run here (`broken`)."""
+
+    compiled: Callable | None = None
+    broken: str | None = None
+
+
+def _compilation() -> FlexCompilation:
+    return process_state.one("FlexAttention compilation", FlexCompilation)
 
 
 def flex_available() -> bool:
     """False once compiling FlexAttention has failed in this process (or torch lacks it)."""
-    if _broken is not None:
+    if _compilation().broken is not None:
         return False
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
@@ -37,19 +49,18 @@ def flex_available() -> bool:
 
 
 def _mark_broken(reason: str) -> None:
-    global _broken
-    _broken = reason
+    _compilation().broken = reason
     log.warning("carnator: FlexAttention unavailable, using another block-sparse path: %s", reason)
 
 
 def _flex() -> Callable:
-    global _compiled
-    if _compiled is None:
+    compilation = _compilation()
+    if compilation.compiled is None:
         from torch.nn.attention.flex_attention import flex_attention
 
         # dynamic=False: one specialised kernel per shape, which is what video models present.
-        _compiled = torch.compile(flex_attention, dynamic=False)
-    return _compiled
+        compilation.compiled = torch.compile(flex_attention, dynamic=False)
+    return compilation.compiled
 
 
 def to_flex_block_mask(layout: BlockLayout, batch: int, heads: int, device: torch.device):

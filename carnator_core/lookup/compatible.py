@@ -11,20 +11,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from carnator_core import process_state
 from carnator_core.lookup.embeddings import EmbeddingError
 from carnator_core.lookup.prompt_vectors import prompt_vectors
 from carnator_core.lookup.shortlist import Candidate, ShortlistIndex, ShortlistResult
 from carnator_core.store.entry import HardKey
 from carnator_core.store.reuse_store import ReuseStore
 
-_indexes: dict[str, ShortlistIndex] = {}
 _indexes_lock = threading.Lock()
 
 
 def index_for(store: ReuseStore) -> ShortlistIndex:
     """The process-wide index of a store directory, brought up to date with the store."""
     with _indexes_lock:
-        index = _indexes.setdefault(store.location, ShortlistIndex())
+        indexes: dict[str, ShortlistIndex] = process_state.one("shortlist indexes", dict)
+        index = indexes.setdefault(store.location, ShortlistIndex())
     index.refresh(store)
     return index
 
@@ -74,7 +75,7 @@ def embed_prompt(prompt: str) -> tuple[torch.Tensor | None, str | None]:
     if not prompt.strip():
         return None, "no prompt text given: matched on conditioning only"
     try:
-        return prompt_vectors.vector(prompt), None
+        return prompt_vectors().vector(prompt), None
     except EmbeddingError as error:
         return None, f"text embedding unavailable, matched on conditioning only: {error}"
 

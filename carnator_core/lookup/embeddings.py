@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from carnator_core import process_state
+
 log = logging.getLogger("carnator.embeddings")
 
 DEFAULT_TEXT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -117,9 +119,10 @@ def tokenizable(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if isinstance(text, str) else str(text)
 
 
-@lru_cache(maxsize=4)
 def _embedder(sources: tuple[str, ...]) -> TextEmbedder:
-    return TextEmbedder(sources)
+    """The process's embedder of `sources` (the last 4 source lists asked for are kept), so each model loads, or
+    fails, once (`process_state`)."""
+    return process_state.one("text embedders", lambda: lru_cache(maxsize=4)(TextEmbedder))(sources)
 
 
 def text_embedder() -> TextEmbedder:

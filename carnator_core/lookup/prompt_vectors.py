@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from carnator_core import process_state
 from carnator_core.lookup.embeddings import TextEmbedder, text_embedder
 
 CAPACITY = 512  # texts kept: a day of prompt edits at a few kilobytes of vectors, far below any memory concern
@@ -47,6 +48,13 @@ class PromptVectors:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carnator-embed")
                 self._keep(key, self._executor.submit(self._embed, embedder, text))
+
+    def close(self) -> None:
+        """End the prefetch thread once the texts queued to it are embedded (`process_state.reset`)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     def vector(self, text: str) -> torch.Tensor:
         """The text's vector: the prefetched one (waiting for it if still running), else embedded now. Raises what
@@ -83,4 +91,7 @@ class PromptVectors:
             self._vectors.popitem(last=False)
 
 
-prompt_vectors = PromptVectors()
+def prompt_vectors() -> PromptVectors:
+    """The process's prompt vectors, shared by the lookups, the recorder and the on-prompt prefetch
+    (`process_state`)."""
+    return process_state.one("prompt vectors", PromptVectors)

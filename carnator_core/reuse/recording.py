@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from carnator_core import process_state
 from carnator_core.lookup.embeddings import EmbeddingError
 from carnator_core.lookup.prompt_vectors import prompt_vectors
 from carnator_core.reuse.probe import downsample_guidance
@@ -162,12 +163,12 @@ class PendingEntry:
     thumbnail: PreviewFrame | None = None  # the entry's preview, encoded here: PNG compression is no sampler's work
 
 
-class _Writer:
+class EntryWriter:
     """One daemon thread per process that writes entries in order, embedding prompts the lookup did not and encoding
     their previews."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[PendingEntry] = queue.Queue()
+        self._queue: queue.Queue[PendingEntry | None] = queue.Queue()  # None: the thread's last item (`close`)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -187,9 +188,20 @@ class _Writer:
         self.submit(PendingEntry(store=None, meta=None, blobs={}, cond_vector=None, on_written=lambda _: done.set()))
         return done.wait(timeout)
 
+    def close(self, timeout: float = 60.0) -> None:
+        """Write every entry submitted so far, then end the thread (`process_state.reset`, which drops the writer
+        first, so nothing is submitted after)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join(timeout)
+
     def _run(self) -> None:
         while True:
             pending = self._queue.get()
+            if pending is None:
+                return
             try:
                 if pending.store is None:
                     pending.on_written(None)
@@ -205,7 +217,7 @@ class _Writer:
         text = pending.text_vector
         if text is None and pending.meta.prompt.strip():
             try:
-                text = prompt_vectors.vector(pending.meta.prompt)
+                text = prompt_vectors().vector(pending.meta.prompt)
             except EmbeddingError:
                 pass  # recorded for conditioning matches alone; the embedder has said once why
         if pending.thumbnail is not None:
@@ -218,4 +230,6 @@ class _Writer:
             pending.on_written(pending.meta)
 
 
-writer = _Writer()
+def entry_writer() -> EntryWriter:
+    """The process's one entry writer (`process_state`)."""
+    return process_state.one("entry writer", EntryWriter)

@@ -37,11 +37,11 @@ from carnator_core.reuse.outcome import Outcome, Reason, Resume, SampleFresh, Se
 from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import RequestFacts, ScreenOnly, boundary_prediction, lacking_states, plan_probes
 from carnator_core.reuse.probe import GUIDANCE_FORM
-from carnator_core.reuse.recording import PendingEntry, RunRecorder, writer
+from carnator_core.reuse.recording import PendingEntry, RunRecorder, entry_writer
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.targets import ProbeTarget, StartPrediction
-from carnator_core.reuse.trajectory import Handover, append_stage, handovers
+from carnator_core.reuse.trajectory import Handover, append_stage, handover_registry
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.profiles import profile_for
 from carnator_core.store.reuse_store import ReuseStore
@@ -431,11 +431,11 @@ class ReuseRun:
                 donor, difference = self.decision.target.meta, self.decision.difference
             elif self.decision is not None:
                 donor, difference = self.continues.donor, self.continues.difference
-            handovers.park(self.output_fingerprint, Handover(
+            handover_registry().park(self.output_fingerprint, Handover(
                 sigma=self.sigmas[-1], next_stage=self.stage + 1, next_step=first_step + self.total_steps,
                 pending=entry, donor=donor, mask_donor=self.mask_donor, difference=difference))
         elif entry is not None:
-            writer.submit(entry)
+            entry_writer().submit(entry)
 
     def report(self, elapsed: float) -> RunReport:
         best = self.decision.target if self.decision is not None else None

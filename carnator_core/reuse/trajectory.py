@@ -3,8 +3,8 @@
 A stage that ends with leftover noise hands its output to the next sampler. That output is identified by its
 content (`content_fingerprint`), never by timing: the next run continues the trajectory only when its input latent
 is that very tensor (an edit in between, another size or seed is another tensor), it adds no fresh noise and it
-starts at the sigma the stage ended at. Hand-overs live in this process (`handovers`), so a latent that comes from
-another process or server is not a known stage output: that run samples plain and says why.
+starts at the sigma the stage ended at. Hand-overs live in this process (`handover_registry`), so a latent that comes
+from another process or server is not a known stage output: that run samples plain and says why.
 
 The request is recorded as one entry. Its first stage is the entry itself (hard key, checkpoints, masks), so it is
 found and planned like any other entry; its output is kept as the tensor `end` of the checkpoint blob
@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from carnator_core import process_state
 from carnator_core.lookup.fingerprint import content_fingerprint
 from carnator_core.reuse.cached_evaluation import same_sigma
-from carnator_core.reuse.recording import PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, entry_writer
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.targets import StageEnd
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -141,10 +142,12 @@ class HandoverRegistry:
         if handover.pending is not None:
             log.info("Carnator: no sampler continued stage %d; recording the request up to there",
                      handover.next_stage - 1)
-            writer.submit(handover.pending)
+            entry_writer().submit(handover.pending)
 
 
-handovers = HandoverRegistry()
+def handover_registry() -> HandoverRegistry:
+    """The process's stage outputs waiting to be continued (`process_state`)."""
+    return process_state.one("stage hand-overs", HandoverRegistry)
 
 
 def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: int, listing: list[dict],
@@ -171,6 +174,7 @@ def continued_stage(latent_image: torch.Tensor, noise: torch.Tensor,
     if torch.count_nonzero(latent_image) == 0:
         return None, "", ""
     fingerprint = content_fingerprint(latent_image)
+    handovers = handover_registry()
     handover, note = handovers.claim(fingerprint)
     if handover is None:
         return None, "", note

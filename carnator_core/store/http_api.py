@@ -209,6 +209,13 @@ class ServedStores:
                     previous[1].close()
             return self._own[1]
 
+    def close(self) -> None:
+        """Close the default store opened here (`process_state.reset`); the others are `open_store`'s to close."""
+        with self._lock:
+            own, self._own = self._own, None
+        if own is not None:
+            own[1].close()
+
 
 @contextlib.contextmanager
 def _store_failures(name: str, verb: str) -> Iterator[None]:

@@ -11,13 +11,26 @@ import ipaddress
 import os
 import threading
 
+from carnator_core import process_state
 from carnator_core.store.backend import StoreError, is_store_url
 from carnator_core.store.redis_backend import parse_redis_url
 from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT, ReuseStore
 
 ALLOW_OUTSIDE_ENV = "CARNATOR_ALLOW_STORE_OUTSIDE_BASE"
-_open_stores: dict[str, ReuseStore] = {}
 _open_stores_lock = threading.Lock()
+
+
+class OpenStores(dict[str, ReuseStore]):
+    """The stores this process opened through `open_store`, by `store_key`; `close` (`process_state.reset`) closes
+    every one."""
+
+    def close(self) -> None:
+        for store in self.values():
+            store.close()
+
+
+def _open_stores() -> OpenStores:
+    return process_state.one("open stores", OpenStores)
 
 
 def _allow_outside(allow_outside: bool | None) -> bool:
@@ -98,7 +111,7 @@ def store_key(location: str) -> str:
 def opened_stores() -> dict[str, ReuseStore]:
     """Every store this process opened through `open_store`, by `store_key`: a snapshot taken without the lock, which
     `open_store` holds while it connects, so a caller (an HTTP route) never waits on a store being opened."""
-    return dict(_open_stores)
+    return dict(_open_stores())
 
 
 def open_store(location: str, size_limit: int | None = None, blob_cache_root: str | None = None) -> ReuseStore:
@@ -108,9 +121,10 @@ def open_store(location: str, size_limit: int | None = None, blob_cache_root: st
     """
     key = store_key(location)
     with _open_stores_lock:
-        store = _open_stores.get(key)
+        stores = _open_stores()
+        store = stores.get(key)
         if store is None:
-            store = _open_stores[key] = ReuseStore(location, size_limit or DEFAULT_SIZE_LIMIT, blob_cache_root)
+            store = stores[key] = ReuseStore(location, size_limit or DEFAULT_SIZE_LIMIT, blob_cache_root)
         elif size_limit is not None:
             store.size_limit = int(size_limit)
         return store

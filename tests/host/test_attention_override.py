@@ -28,7 +28,7 @@ from carnator_core.attention.sparse_attention import (
     SparseAttentionRun,
     SparseAttentionSettings,
 )
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 
 def _harness():
@@ -58,7 +58,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, list, list[dict]]:
     harness.override_calls.clear()
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
     return run.output(SAMPLER)["samples"], list(harness.seen_overrides), reports
 

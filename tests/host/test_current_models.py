@@ -38,7 +38,7 @@ from support.t2v_graphs import (
 
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.reuse.input_start import GUIDE_NOTE, MAX_INPUT_DISTANCE
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 STEPS = 10
 PROMPT = "a red ball rolls left"  # the graphs' default positive text
@@ -69,7 +69,7 @@ def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], reports
 
 

@@ -25,7 +25,7 @@ from carnator_core.lookup import fingerprint as fingerprint_module
 from carnator_core.reuse import decision
 from carnator_core.reuse.cached_evaluation import CachedEvaluation
 from carnator_core.reuse.history_replay import HistoryReplay
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 from carnator_core.reuse.run import ReuseRun
 
 STEPS = 6
@@ -53,7 +53,7 @@ def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], reports
 
 
@@ -77,7 +77,8 @@ def test_a_fingerprint_that_raises_is_a_plain_run(comfy, tiny_models, store_path
     assert reports[0]["reason"] == f"model not fingerprinted: RuntimeError: {INJECTED}"
 
 
-def test_a_weight_that_cannot_be_read_is_a_plain_run(comfy, tiny_models, store_path, host, monkeypatch):
+def test_a_weight_that_cannot_be_read_is_a_plain_run(comfy, tiny_models, store_path, host, monkeypatch,
+                                                     fresh_process_state):
     """A weight not materialised (a meta tensor, as lazy loaders hold them) cannot be copied out: a clean miss."""
     plain, _ = _sample(comfy, _wan(tiny_models, seed=2))
     unpatched = host._unpatched_weights
@@ -88,16 +89,17 @@ def test_a_weight_that_cannot_be_read_is_a_plain_run(comfy, tiny_models, store_p
             yield dataclasses.replace(weight, parts=meta) if index == 0 else weight
 
     monkeypatch.setattr(host, "_unpatched_weights", one_weight_on_meta)
-    monkeypatch.setattr(host, "_fingerprints", {})
+    fresh_process_state()  # the model's fingerprint from the plain run is forgotten
     guarded, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=2), store_path, prompt="a red ball"))
     assert torch.equal(plain, guarded)
     assert reports[0]["reason"] == "model not fingerprinted: a weight is a meta tensor (it holds no data)"
 
 
-def test_a_sample_of_weights_that_raises_is_a_plain_run(comfy, tiny_models, store_path, host, monkeypatch):
+def test_a_sample_of_weights_that_raises_is_a_plain_run(comfy, tiny_models, store_path, host, monkeypatch,
+                                                        fresh_process_state):
     plain, _ = _sample(comfy, _wan(tiny_models, seed=3))
     monkeypatch.setattr(fingerprint_module, "tensor_sample", _raise)
-    monkeypatch.setattr(host, "_fingerprints", {})
+    fresh_process_state()  # the model's fingerprint from the plain run is forgotten
     guarded, reports = _sample(comfy, with_reuse(_wan(tiny_models, seed=3), store_path, prompt="a red ball"))
     assert torch.equal(plain, guarded)
     assert reports[0]["reason"] == f"model not fingerprinted: RuntimeError: {INJECTED}"

@@ -15,7 +15,7 @@ import torch
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import MODEL, SAMPLER, wan_t2v
 
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 _stores = itertools.count()
 PROMPT = "a red ball rolls left"
@@ -40,7 +40,7 @@ def _graph(tiny_models, steps: int, lora: tuple[str, float] | None = None) -> di
 def _report(comfy, graph: dict, store_path: str, **options) -> tuple[torch.Tensor, dict]:
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(with_reuse(graph, store_path, prompt=PROMPT, **options)))
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))[0]
 
 

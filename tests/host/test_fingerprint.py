@@ -44,7 +44,8 @@ def test_fingerprint_changes_with_a_lora_and_its_strength(comfy, tiny_models, ho
     assert half == again
 
 
-def test_fingerprint_ignores_weights_currently_patched_in_place(comfy, tiny_models, host, wan_lora):
+def test_fingerprint_ignores_weights_currently_patched_in_place(comfy, tiny_models, host, wan_lora,
+                                                                fresh_process_state):
     """ComfyUI applies LoRAs to the weights in place while a model is loaded; the fingerprint must not see that."""
     from comfy.model_management import load_models_gpu
 
@@ -56,10 +57,10 @@ def test_fingerprint_ignores_weights_currently_patched_in_place(comfy, tiny_mode
     before = weight.detach().clone()
     load_models_gpu([patched])  # applies the LoRA to the shared weights
     assert not torch.equal(patched.model.diffusion_model.blocks[0].self_attn.q.weight, before)
-    host._fingerprints.clear()
+    fresh_process_state()
     assert host.fingerprint(patched) == expected
     comfy.unload_models()
-    host._fingerprints.clear()
+    fresh_process_state()
     assert host.fingerprint(base) == plain
 
 
@@ -79,10 +80,10 @@ def test_unfingerprintable_model_is_a_clear_error(host):
         host.fingerprint(object())
 
 
-def test_model_whose_weights_cannot_be_read_is_not_fingerprinted(comfy, tiny_models, host, monkeypatch):
+def test_model_whose_weights_cannot_be_read_is_not_fingerprinted(comfy, tiny_models, host, monkeypatch,
+                                                                  fresh_process_state):
     """A weight without data (a meta tensor) or one whose read raises is "model not fingerprinted", never a crash."""
     model = _unet(comfy, tiny_models["wan"].name)
-    host._fingerprints.clear()
     weight = model.model.diffusion_model.blocks[0].self_attn.q.weight
     monkeypatch.setattr(model.model.diffusion_model.blocks[0].self_attn.q, "weight",
                         torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False))

@@ -20,30 +20,27 @@ from support.comfy_host import captured_logs, pack_module
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, wan_t2v
 
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))
 
 
-def test_a_host_without_a_needed_hook_samples_plain_and_says_so_once(comfy, tiny_models, monkeypatch):
+def test_a_host_without_a_needed_hook_samples_plain_and_says_so_once(comfy, tiny_models, monkeypatch,
+                                                                    fresh_process_state):
     attention = importlib.import_module("comfy.ldm.modules.attention")  # `comfy` is the host fixture here
-    host = pack_module("host")
     graph = wan_t2v(tiny_models["wan"].name, steps=4, seed=5, sampler_name="euler")
     plain, _ = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball", record=False))
     # a host without the attention override hook (the host applied wrap_attn at import; sampling does not need it)
     monkeypatch.delattr(attention, "wrap_attn")
-    host.missing_hooks.cache_clear()
-    try:
-        with captured_logs() as logs:
-            first, reports = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball"))
-            second, _ = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball", top_k=5))
-    finally:
-        host.missing_hooks.cache_clear()
+    fresh_process_state()  # the hooks are looked for again; the fixture's reset after the test forgets what it found
+    with captured_logs() as logs:
+        first, reports = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball"))
+        second, _ = _run(comfy, with_reuse(graph, "stores/hooks", prompt="a red ball", top_k=5))
     assert reports == []  # no wrapper ran: nothing looked up, probed, reported or recorded
     assert torch.equal(first, plain) and torch.equal(second, plain)
     lacking = [line for line in logs if "this ComfyUI lacks" in line]
@@ -120,7 +117,7 @@ def test_self_attention_patched_past_the_override_is_reported_inactive(comfy, ti
     assert plain_attention[0]["attention"]["self_attention_calls"] > 0 and not plain_attention[0]["attention"]["inactive"]
 
 
-def test_layers_with_attention_functions_of_their_own_are_named_once(comfy):
+def test_layers_with_attention_functions_of_their_own_are_named_once(comfy, fresh_process_state):
     """Newer hosts give a layer its own attention function (`comfy_attention.function`); an override installed on
     the model takes its calls, so Carnator says once that in the runs where its attention acts those layers' dense calls
     use the default attention."""
@@ -131,7 +128,6 @@ def test_layers_with_attention_functions_of_their_own_are_named_once(comfy):
 
     plain, carrying = torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.nn.Sequential(torch.nn.Linear(2, 2))
     carrying[0].comfy_attention = LayerAttention()
-    host._told.discard("layer attention")
     with captured_logs() as lines:
         host.note_bypassed_attention(plain)
         assert not lines

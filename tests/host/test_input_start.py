@@ -25,7 +25,7 @@ from support.t2v_graphs import HIGH_NOISE, LATENT, LOW_NOISE, SAMPLER, wan22_14b
 from support.tiny_models import WAN21_VAE, write_tiny_model
 
 from carnator_core.reuse.input_start import GUIDE_NOTE, INPUT_NOTE, MAX_INPUT_DISTANCE
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 _stores = itertools.count()
 PROMPT = "a red ball rolls left"
@@ -54,7 +54,7 @@ def _run(comfy, graph: dict, output: str = LOW_NOISE) -> tuple[torch.Tensor, int
     comfy.unload_models()
     before = harness.model_calls.get("low_noise", 0)
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     calls = harness.model_calls.get("low_noise", 0) - before
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else [None]
     return run.output(output)["samples"], calls, reports[-1]

@@ -20,7 +20,7 @@ def _gguf(comfy, name: str):
     return comfy.call_node("UnetLoaderGGUF", unet_name=name)[0]
 
 
-def test_quantizations_of_one_model_are_three_models_and_each_is_stable(comfy, gguf_loader, host):
+def test_quantizations_of_one_model_are_three_models_and_each_is_stable(comfy, gguf_loader, host, fresh_process_state):
     """Q8_0, Q4_0 and the fp16 file of the demo model: three fingerprints; a reload gives the same one (the sample
     is of the file's stored blocks, so another process reads the same bytes)."""
     prints = {}
@@ -29,11 +29,12 @@ def test_quantizations_of_one_model_are_three_models_and_each_is_stable(comfy, g
     prints["fp16"] = host.fingerprint(comfy.call_node("UNETLoader", unet_name=DEMO_WEIGHTS, weight_dtype="default")[0])
     assert len(set(prints.values())) == 3
     comfy.unload_models()
-    host._fingerprints.clear()
+    fresh_process_state()
     assert host.fingerprint(_gguf(comfy, gguf_loader("Q8_0"))) == prints["Q8_0"]
 
 
-def test_lora_on_a_gguf_model_changes_the_fingerprint_with_its_strength(comfy, gguf_loader, demo_lora, host):
+def test_lora_on_a_gguf_model_changes_the_fingerprint_with_its_strength(comfy, gguf_loader, demo_lora, host,
+                                                                         fresh_process_state):
     """city96's patcher applies a LoRA at dequantize time (the patches ride on the GGMLTensor, the stored blocks
     stay as loaded): the fingerprint reads the patcher's patches and strengths, and stays the same once loaded."""
     from comfy.model_management import load_models_gpu
@@ -49,7 +50,7 @@ def test_lora_on_a_gguf_model_changes_the_fingerprint_with_its_strength(comfy, g
     assert len(prints) == 3
     expected = host.fingerprint(half)
     load_models_gpu([half])
-    host._fingerprints.clear()
+    fresh_process_state()
     assert host.fingerprint(half) == expected
     comfy.unload_models()
 

@@ -19,7 +19,7 @@ import torch
 from support.quantized_models import DEMO_SOURCE, DEMO_WEIGHTS, write_quantization_metadata, write_scaled_fp8
 
 from carnator_core.demo.graphs import LOADER, MODEL_CHAIN, REPORT, SAMPLER, base_graph, with_report, with_reuse
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 SCENE = "a purple triangle moving right on a gray background"
 REWORDED = "a violet wedge drifting to the right over grey"
@@ -32,7 +32,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
     """The sampled latent and the Carnator report (None for a graph without CarnatorReuse)."""
     comfy.unload_models()  # an identical prompt would otherwise be served from ComfyUI's cache
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     reports = json.loads(run.output(REPORT, 1))
     return run.output(SAMPLER)["samples"], reports[0] if reports else None
 

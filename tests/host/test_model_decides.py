@@ -24,7 +24,7 @@ from carnator_core.demo.graphs import (
     with_reuse,
 )
 from carnator_core.lookup.embeddings import text_embedder
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 SCENE = "a purple triangle moving right on a gray background"
@@ -42,7 +42,7 @@ def _text_cosine(a: str, b: str) -> float:
 def _run(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     comfy.unload_models()  # an identical prompt would otherwise be served from ComfyUI's cache
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output(REPORT, 1))
 
 

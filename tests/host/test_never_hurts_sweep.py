@@ -32,7 +32,7 @@ from carnator_core.demo.graphs import (
     with_report,
     with_reuse,
 )
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 PROMPT = "a red circle moving left on a black background"
@@ -46,7 +46,7 @@ _stores = itertools.count()
 
 def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     reports = json.loads(run.output(REPORT, 1)) if REPORT in graph else []
     return run.output(SAMPLER)["samples"], (reports[0] if reports else None)
 

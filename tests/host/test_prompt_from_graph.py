@@ -13,7 +13,7 @@ import pytest
 
 from carnator_core.demo.graphs import NEGATIVE, POSITIVE, REPORT, SAMPLER, base_graph, with_reuse
 from carnator_core.demo.text import encode_prompts
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 from carnator_core.store.http_api import list_entries
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -69,7 +69,7 @@ def _graph(text: str = TEXT) -> tuple[dict, str]:
 
 def _run(comfy, graph: dict) -> dict:
     run = comfy.run_prompt(comfy.complete(graph))  # a completed copy: a fresh prompt, as every queue is
-    writer.flush()
+    entry_writer().flush()
     (report,) = json.loads(run.output(REPORT, 1))
     return report
 

@@ -14,7 +14,7 @@ from carnator_core.demo.text import encode_prompts
 from carnator_core.lookup.compatible import embed_prompt
 from carnator_core.lookup.embeddings import text_embedder, tokenizable
 from carnator_core.lookup.prompt_vectors import prompt_vectors
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 LONE_SURROGATE = "a red circle \ud800 moving left"
 
@@ -31,7 +31,7 @@ def test_a_prompt_with_a_lone_surrogate_samples_and_records(comfy):
     graph = with_reuse(graph, "stores/surrogate", LONE_SURROGATE, sparse_attention="off")  # else the node's defaults
     comfy.unload_models()
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     (report,) = json.loads(run.output(REPORT, 1))
     assert report["hit"] is False and torch.isfinite(run.output(SAMPLER)["samples"]).all()
 
@@ -48,7 +48,7 @@ def test_a_queued_prompts_texts_start_embedding_when_it_is_queued(comfy):
     request = {"prompt": read, "client_id": "test"}
     assert prefetch.prefetch_queued_prompt(request) is request
     vector, note = embed_prompt("a white dot at rest on navy")
-    assert note is None and vector is prompt_vectors.vector("a white dot at rest on navy")
+    assert note is None and vector is prompt_vectors().vector("a white dot at rest on navy")
 
 
 def test_a_graph_the_prefetch_cannot_read_is_queued_unchanged(comfy):
@@ -61,4 +61,4 @@ def test_a_graph_the_prefetch_cannot_read_is_queued_unchanged(comfy):
                {"prompt": {"1": {"class_type": "CarnatorReuse", "inputs": {"prompt": LONE_SURROGATE}}}}]
     for request in hostile:
         assert prefetch.prefetch_queued_prompt(request) is request
-    assert torch.isfinite(prompt_vectors.vector(LONE_SURROGATE)).all()
+    assert torch.isfinite(prompt_vectors().vector(LONE_SURROGATE)).all()

@@ -13,7 +13,7 @@ from support.reuse_graphs import with_reuse
 from support.t2v_graphs import SAMPLER, wan_t2v
 
 from carnator_core.demo.graphs import with_easycache
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 _stores = itertools.count()
 STEPS = 10
@@ -30,7 +30,7 @@ def _sample(comfy, graph: dict) -> tuple[torch.Tensor, list[dict]]:
     run = comfy.run_prompt(comfy.complete(graph))
     latent = run.output(SAMPLER)["samples"]
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
-    writer.flush()
+    entry_writer().flush()
     return latent, reports
 
 

@@ -9,7 +9,7 @@ import torch
 
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.plan import RequestFacts, plan_probes
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.tensor_codec import encode_tensors
@@ -97,5 +97,5 @@ def test_interrupted_run_writes_nothing(comfy, tiny_models):
     with pytest.raises(mm.InterruptProcessingException):
         comfy.call_node("KSampler", model=reusing, seed=0, steps=6, cfg=1.0, sampler_name="euler",
                         scheduler="simple", positive=positive, negative=positive, latent_image=latent, denoise=1.0)
-    writer.flush()
+    entry_writer().flush()
     assert store.totals()["entries"] == 0

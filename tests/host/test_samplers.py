@@ -22,7 +22,7 @@ from carnator_core.demo import world
 from carnator_core.demo.graphs import MODEL_CHAIN, REPORT, SAMPLER, base_graph, with_report, with_reuse
 from carnator_core.demo.oracle import score
 from carnator_core.reuse.history_replay import REPLAY_NOTE
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 PROMPT = "a red circle moving left on a black background"
@@ -50,7 +50,7 @@ def _graph(prompt: str, sampler_name: str, *, cfg: float = 4.0, shift: float = 3
 def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
     comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     reports = json.loads(run.output(REPORT, 1))
     return run.output(SAMPLER)["samples"], reports[0] if reports else None
 

@@ -15,7 +15,7 @@ import pytest
 
 from carnator_core.demo.graphs import MODEL_CHAIN, NEGATIVE, REPORT, SAMPLER, base_graph, with_reuse
 from carnator_core.reuse.probe import CONDITIONAL_BRANCHES
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 DONOR = "a red circle moving left on a black background"
@@ -32,7 +32,7 @@ def _screened_on(comfy, store: str, prompt: str, cfg: float = CFG, negative: str
         graph["patch"] = {"class_type": patch, "inputs": {"model": [MODEL_CHAIN, 0]}}
         graph[SAMPLER]["inputs"]["model"] = ["patch", 0]
     run = comfy.run_prompt(comfy.complete(with_reuse(graph, store, "", sparse_attention="off")))
-    writer.flush()
+    entry_writer().flush()
     [report] = json.loads(run.output(REPORT, 1))
     return [probe.get("screened_on", "") for probe in report["probes"] if probe["step"] == 0]
 

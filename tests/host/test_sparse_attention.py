@@ -155,9 +155,9 @@ def test_second_request_borrows_the_first_requests_masks(comfy, tiny_models):
 
     plain, _ = _run(comfy, _graph(tiny_models, "wan"))
     first, first_report = _run(comfy, graph("a red ball rolls left"))
-    from carnator_core.reuse.recording import writer
+    from carnator_core.reuse.recording import entry_writer
 
-    writer.flush()
+    entry_writer().flush()
     assert torch.equal(first, plain) and not first_report["hit"]  # no donor: dense, masks only estimated
     second, report = _run(comfy, graph("a red ball rolls slowly left"))
     assert report["hit"] and report["heads_reuse"] > 0 and report["skipped_steps"] == 0

@@ -18,8 +18,8 @@ from support.reuse_graphs import with_expert_reuse, with_reuse
 from support.t2v_graphs import HIGH_NOISE, LOW_NOISE, wan22_14b_t2v
 
 from carnator_core.reuse.input_start import INPUT_NOTE
-from carnator_core.reuse.recording import writer
-from carnator_core.reuse.trajectory import CONTINUED_BEFORE, handovers
+from carnator_core.reuse.recording import entry_writer
+from carnator_core.reuse.trajectory import CONTINUED_BEFORE, handover_registry
 
 _stores = itertools.count()
 PROMPT = "a red ball rolls left"
@@ -40,7 +40,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, dict[str, int], list[dict]]:
     comfy.unload_models()
     before = _calls()
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     after = _calls()
     calls = {label: after.get(label, 0) - before.get(label, 0) for label in ("high_noise", "low_noise")}
     reports = json.loads(run.output("carnator_report", 1)) if "carnator_report" in graph else []
@@ -111,8 +111,8 @@ def test_the_second_expert_without_carnator_samples_plain_from_the_skipped_stage
     _run(comfy, _with_reuse(graph, store_path))
     only_first = with_expert_reuse(graph, store_path, prompt=PROMPT, experts=(HIGH_NOISE,), sparse_attention="off")
     output, calls, reports = _run(comfy, only_first)
-    handovers.flush()  # the stage nobody continued is recorded as it is
-    writer.flush()
+    handover_registry().flush()  # the stage nobody continued is recorded as it is
+    entry_writer().flush()
     assert calls == {"high_noise": 1, "low_noise": 2} and output.shape == (1, 16, 2, 8, 8), json.dumps(reports)
     assert reports[0]["stage"]["skipped_whole"]
     # the first expert without Carnator: nothing is handed over, the second samples plain with its reason (another
@@ -137,7 +137,7 @@ def test_a_stage_output_continued_twice_samples_the_second_continuation_as_a_run
     comfy.unload_models()
     comfy.drain_events()
     run = comfy.run_prompt(comfy.complete(graph))
-    writer.flush()
+    entry_writer().flush()
     reports = [data for event, data, _ in comfy.drain_events() if event == "carnator.status"]  # every run's report
     later = [r for r in reports if r["stage"].get("index") != 0]  # one continues the stage, the other starts anew
     assert sorted(r["stage"].get("index", -1) for r in later) == [-1, 1], json.dumps(reports)

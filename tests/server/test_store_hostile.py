@@ -25,7 +25,7 @@ import pytest
 from support.store_writer import Exploit, synthetic_entry
 
 from carnator_core.lookup.compatible import LookupRequest, find_compatible
-from carnator_core.reuse.recording import PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, entry_writer
 from carnator_core.store.backend import StoreError
 from carnator_core.store.reuse_store import ReuseStore
 
@@ -98,8 +98,8 @@ def record_through_the_writer(store: ReuseStore, tag: str) -> str:
     """Record an entry the way a finished run does (background writer); its id."""
     meta, blobs, vectors = synthetic_entry(tag, 0, 65536)
     meta.prompt = ""  # no text embedding needed
-    writer.submit(PendingEntry(store=store, meta=meta, blobs=blobs, cond_vector=vectors.cond))
-    assert writer.flush()
+    entry_writer().submit(PendingEntry(store=store, meta=meta, blobs=blobs, cond_vector=vectors.cond))
+    assert entry_writer().flush()
     return meta.entry_id
 
 

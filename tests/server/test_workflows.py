@@ -60,7 +60,7 @@ from carnator_core.demo.oracle import score
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import SEED_INPUTS
 from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 
 pytestmark = pytest.mark.server
 
@@ -587,7 +587,7 @@ def test_demo_workflow_as_shipped_draws_its_prompt(server):
     graph["report"] = graph.pop("12")
     graph["8"]["inputs"]["record"] = False
     _, latent = _demo_run(server, graph)
-    writer.flush()
+    entry_writer().flush()
     assert tuple(latent.shape[2:]) == world.CLIP
     result = score(prompt, world.decode(world.from_raw(latent[0].float())))
     assert result.adherence == 1.0, (result.observed, result.expected)

@@ -177,7 +177,7 @@ def test_dispatch_scale_matches_reference() -> None:
     ["cross_attention", "token_count", "head_groups", "triton_head_dim"],
 )
 def test_unsupported_inputs_fall_back_to_dense_with_one_log_line(
-    case: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    case: str, caplog: pytest.LogCaptureFixture, fresh_process_state
 ) -> None:
     batch, heads, n, dim, block_size = SHAPES[0]
     q, k, v = inputs(batch, heads, n, dim)
@@ -192,7 +192,6 @@ def test_unsupported_inputs_fall_back_to_dense_with_one_log_line(
     else:
         q, k, v = (x[..., :48] for x in (q, k, v))
         backend = "triton"
-    monkeypatch.setattr(dispatch, "_logged", set())  # forget reasons logged by earlier tests
     with caplog.at_level(logging.WARNING, logger="carnator.kernels"):
         first = block_sparse_attention(q, k, v, layout, backend=backend)
         second = block_sparse_attention(q, k, v, layout, backend=backend)
@@ -312,9 +311,8 @@ def test_the_check_catches_a_kernel_that_reads_the_wrong_head_or_batch(wrong: st
     assert "differs from the masked reference" in guard.fallbacks()[0]
 
 
-def test_dispatch_calls_kernels_through_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dispatch_calls_kernels_through_the_guard(fresh_process_state) -> None:
     """Verified once, then straight to the kernel; the packed layout is the same configuration."""
-    monkeypatch.setattr(dispatch, "GUARD", KernelGuard())
     batch, heads, n, dim, block_size = SHAPES[1]
     q, k, v = inputs(batch, heads, n, dim, seed=11)
     layout = random_layout(1, heads, n, block_size, seed=11)
@@ -322,4 +320,4 @@ def test_dispatch_calls_kernels_through_the_guard(monkeypatch: pytest.MonkeyPatc
     for _ in range(2):
         assert_close(block_sparse_attention(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
         block_sparse_attention(*packed, layout, heads=heads, backend="cpu")
-    assert dispatch.GUARD.checks == 1 and kernel_fallbacks() == []
+    assert dispatch.kernel_guard().checks == 1 and kernel_fallbacks() == []

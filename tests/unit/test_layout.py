@@ -2,7 +2,10 @@
 
 - The engine (`carnator_core.judging`, `store`, `lookup`, `reuse`, `attention`, `kernels`) never imports the tools
   built on it (`carnator_core.client`, `queue`, `prompt_file`, `prompt_pairs`, `workflow_graph`, `demo`, `bench`).
-- `carnator_core.kernels` imports nothing else of `carnator_core`: the attention math stands on its own.
+- `carnator_core.kernels` imports nothing else of `carnator_core` but `process_state`: the attention math stands on its
+  own.
+- `carnator_core.process_state` imports nothing of `carnator_core`: every module can keep its process-wide objects
+  there without an import cycle.
 - `carnator_core.judging` (what judges a resume: probe thresholds, the calibration profile) imports nothing else of
   `carnator_core`: the store, reuse, the benchmarks and calibration all read it.
 - Nothing but calibration itself and its command (`carnator_core.calibrate`) imports `carnator_core.calibration`: it
@@ -97,9 +100,10 @@ def test_the_engine_never_imports_the_tools() -> None:
     assert _offences(_sources(*ENGINE), lambda name: _within(name, TOOLS)) == []
 
 
-def test_the_kernels_import_nothing_else_of_carnator_core() -> None:
+def test_the_kernels_import_nothing_else_of_carnator_core_but_process_state() -> None:
     def forbidden(name: str) -> bool:
-        return _within(name, ("carnator_core",)) and not _within(name, ("carnator_core.kernels",))
+        allowed = ("carnator_core.kernels", "carnator_core.process_state")
+        return _within(name, ("carnator_core",)) and not _within(name, allowed) and name != "carnator_core"
 
     assert _offences(_sources("kernels"), forbidden) == []
 
@@ -179,6 +183,10 @@ def test_no_folder_imports_itself_through_others() -> None:
             folders.setdefault(_folder(module), set()).update(
                 _folder(other) for other in imported if _folder(other) != _folder(module))
     assert _cycles(folders) == []
+
+
+def test_process_state_imports_nothing_of_carnator_core() -> None:
+    assert _offences([CORE / "process_state.py"], lambda name: _within(name, ("carnator_core",))) == []
 
 
 def test_carnator_core_never_imports_comfyui() -> None:

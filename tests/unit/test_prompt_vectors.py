@@ -74,6 +74,6 @@ def test_threads_asking_at_once_all_get_the_one_vector():
 
 def test_the_lookup_takes_the_prefetched_vector():
     prompt = "a green triangle rising on a white background, queued ahead"
-    prompt_vectors.prefetch([prompt])
+    prompt_vectors().prefetch([prompt])
     vector, note = embed_prompt(prompt)
-    assert note is None and vector is prompt_vectors.vector(prompt)
+    assert note is None and vector is prompt_vectors().vector(prompt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from carnator_core.reuse.recording import writer
+from carnator_core.reuse.recording import entry_writer
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import HardKey
@@ -24,7 +24,7 @@ def _recorded(tmp_path, preview: PreviewFrame) -> tuple[ReuseStore, str]:
                    sigmas=[1 - s / 10 for s in range(11)], cfg=1.0, seed=0)
     run.plan()
     run.finish(model_calls=10, thumbnail=preview)
-    assert writer.flush()
+    assert entry_writer().flush()
     [entry_id] = list(store.entry_ids())
     return store, entry_id
 

@@ -7,7 +7,7 @@ import torch
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.lookup.prompt_vectors import prompt_vectors
-from carnator_core.reuse.recording import PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, entry_writer
 from carnator_core.reuse.run import ReuseRun
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey
@@ -35,7 +35,7 @@ def _as_stored(vector: torch.Tensor) -> torch.Tensor:
 
 def _recorded(store: ReuseStore, run: ReuseRun) -> torch.Tensor | None:
     run.finish(model_calls=10)
-    assert writer.flush()
+    assert entry_writer().flush()
     [entry_id] = list(store.entry_ids())
     return store.get_vectors(entry_id).text
 
@@ -58,7 +58,7 @@ def test_a_lookup_nodes_vector_is_recorded_when_made_for_this_prompt(tmp_path):
         assert run.text_vector is expected
         recorded = _recorded(store, run)
         # a match made for another prompt: the writer takes this run's prompt's vector where lookups take it
-        assert torch.equal(recorded, _as_stored(given if expected is not None else prompt_vectors.vector(PROMPT)))
+        assert torch.equal(recorded, _as_stored(given if expected is not None else prompt_vectors().vector(PROMPT)))
         if expected is None:
             assert torch.allclose(recorded.float(), text_embedder().embed([PROMPT])[0], rtol=0, atol=2e-3)
 
@@ -68,8 +68,9 @@ def test_the_writer_embeds_the_prompt_when_no_vector_comes_with_the_entry(tmp_pa
     for text_vector in (_unit(2), None):
         meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt=PROMPT, latent_shape=SHAPE,
                          noise_fingerprint="noise", total_steps=10)
-        writer.submit(PendingEntry(store=store, meta=meta, blobs={}, cond_vector=_unit(0), text_vector=text_vector))
-        assert writer.flush()
-        expected = text_vector if text_vector is not None else prompt_vectors.vector(PROMPT)
+        entry_writer().submit(PendingEntry(store=store, meta=meta, blobs={}, cond_vector=_unit(0),
+                                           text_vector=text_vector))
+        assert entry_writer().flush()
+        expected = text_vector if text_vector is not None else prompt_vectors().vector(PROMPT)
         assert torch.equal(store.get_vectors(meta.entry_id).text, _as_stored(expected))
         assert torch.allclose(store.get_vectors(meta.entry_id).text.float(), expected, rtol=0, atol=2e-3)

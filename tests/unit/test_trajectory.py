@@ -13,7 +13,7 @@ from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.decision import Decider
 from carnator_core.reuse.plan import RequestFacts, plan_probes
-from carnator_core.reuse.recording import PendingEntry, writer
+from carnator_core.reuse.recording import PendingEntry, entry_writer
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.start_difference import StartDifference
 from carnator_core.reuse.targets import ProbeTarget, StageEnd
@@ -98,15 +98,15 @@ def test_a_first_stage_nobody_continues_is_recorded_when_displaced_stale_or_flus
     first, second, third = (_pending(store) for _ in range(3))
     registry.park("a", Handover(sigma=0.5, next_stage=1, next_step=2, pending=first))
     registry.park("b", Handover(sigma=0.5, next_stage=1, next_step=2, pending=second))  # displaces "a"
-    writer.flush()
+    entry_writer().flush()
     assert store.get_meta(first.meta.entry_id) is not None and store.get_meta(second.meta.entry_id) is None
     registry.flush()
-    writer.flush()
+    entry_writer().flush()
     assert store.get_meta(second.meta.entry_id) is not None
     stale = HandoverRegistry(max_age_s=0.0)
     stale.park("c", Handover(sigma=0.5, next_stage=1, next_step=2, pending=third, created_at=0.0))
     assert stale.claim("c") == (None, "")  # too old to continue: recorded as it is
-    writer.flush()
+    entry_writer().flush()
     assert store.get_meta(third.meta.entry_id) is not None
 
 

@@ -155,11 +155,10 @@ def test_a_kernel_that_runs_but_is_wrong_is_caught_by_the_check():
 
 
 @kernel_case
-def test_dispatch_returns_the_kernel_result_only_where_it_is_right(monkeypatch):
+def test_dispatch_returns_the_kernel_result_only_where_it_is_right(fresh_process_state):
     """bf16 through the dispatcher: right on GPUs, wrong under the interpreter (its tl.dot multiplies bf16 bit
     patterns, triton-lang/triton#11584). Whichever it is here, the dispatcher returns the kernel's result only
     when it agrees with the reference, and dense SDPA with the reason listed otherwise."""
-    monkeypatch.setattr(dispatch, "GUARD", KernelGuard())
     q, k, v = _inputs(2, 2, 256, 64, torch.bfloat16, seed=6)
     layout = _layout(1, 2, 256, 64, seed=6)
     raw = _attention(q, k, v, layout)
@@ -171,4 +170,4 @@ def test_dispatch_returns_the_kernel_result_only_where_it_is_right(monkeypatch):
         else:
             assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
             assert "differs from the masked reference" in kernel_fallbacks()[0]
-    assert dispatch.GUARD.checks == 1
+    assert dispatch.kernel_guard().checks == 1
