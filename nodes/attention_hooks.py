@@ -240,12 +240,10 @@ def _key_validity(mask, n_tokens: int) -> torch.Tensor | None | bool:
     return flat if flat.dtype == torch.bool else flat > torch.finfo(flat.dtype).min / 2
 
 
-def _block_index(options: dict) -> int | None:
+def _block_index(options: dict, carnator: CarnatorRun) -> int | None:
     """The transformer block of this attention call: the host's own `block_index` where the model sets it (Wan and
     HunyuanVideo on newer hosts), else the one Carnator's block patches set."""
-    carnator = run_state(options)
-    index = carnator.block if carnator is not None else None
-    return options.get("block_index") if index is None else index
+    return options.get("block_index") if carnator.block is None else carnator.block
 
 
 # ComfyUI's attention functions' leading parameters, in order: a caller may pass any of them by position (core
@@ -268,26 +266,25 @@ def _is_video_self_attention(run: SparseAttentionRun, queries: int, keys: int, m
     return queries < keys and isinstance(mask, torch.Tensor) and mask.shape[-1] == keys
 
 
-def _give_back_attention(options: dict) -> None:
+def _give_back_attention(options: dict, carnator: CarnatorRun) -> None:
     """Once the run cannot act: Carnator's override off this evaluation's options (the calls still to come in it) and
     off the run's (every later evaluation), so the layers' own attention is theirs again."""
     withdraw_sparse_attention(options)
-    carnator = run_state(options)
-    if carnator is not None and carnator.withdraw is not None:
+    if carnator.withdraw is not None:
         carnator.withdraw()
 
 
-def _sparse_or_none(options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
+def _sparse_or_none(carnator: CarnatorRun | None, options: dict, args: tuple,
+                    kwargs: dict) -> torch.Tensor | None:
     """The call's sparse attention, or None where it runs dense; a run that cannot act (a Carnator error, a malloc
     graph with no way out) is dense from here, its attention given back to the host."""
-    carnator = run_state(options)
     run = carnator.attention if carnator is not None else None
     if run is None or carnator.sampling_plain_again:
         return None
     out = None
     try:
         if not run.inactive:
-            out = _sparse_attention(run, options, args, kwargs)
+            out = _sparse_attention(run, carnator, options, args, kwargs)
     except Exception as error:
         fault = fault_of("running sparse attention", error)
         if fault is None:
@@ -295,7 +292,7 @@ def _sparse_or_none(options: dict, args: tuple, kwargs: dict) -> torch.Tensor | 
         fault.log_once("this call and the rest of the run use dense attention")
         run.go_dense(f"dense attention: {fault.line}")
     if run.inactive:
-        _give_back_attention(options)
+        _give_back_attention(options, carnator)
     return out
 
 
@@ -303,10 +300,10 @@ def carnator_attention_override(func, *args, **kwargs):
     """The run's attention: a sparse call's block-sparse result; a dense one goes to the override before Carnator's,
     else to `func`, the function the model called."""
     options = kwargs.get("transformer_options") or {}
-    out = _sparse_or_none(options, args, kwargs)
+    carnator = run_state(options)
+    out = _sparse_or_none(carnator, options, args, kwargs)
     if out is not None:
         return out
-    carnator = run_state(options)
     previous = carnator.previous_override if carnator is not None else None
     return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
@@ -322,11 +319,11 @@ def _containers_to_previous(*args, **kwargs):
     """A sparse call takes the containers; a dense one goes in them to the previous override's `container_function`,
     as `wrap_attn` would hand it without Carnator's override."""
     options = kwargs.get("transformer_options") or {}
-    previous = run_state(options).previous_override
+    carnator = run_state(options)
     tensors = tuple(container.peek() for container in args[:3])
-    out = _sparse_or_none(options, tensors + args[3:], kwargs)
+    out = _sparse_or_none(carnator, options, tensors + args[3:], kwargs)
     if out is None:
-        return previous.container_function(*args, **kwargs)
+        return carnator.previous_override.container_function(*args, **kwargs)
     for container in args[:3]:
         container.take()
     return out
@@ -338,7 +335,8 @@ carnator_container_override.container_function = _containers_to_previous
 CARNATOR_OVERRIDES = (carnator_attention_override, carnator_container_override)
 
 
-def _sparse_attention(run: SparseAttentionRun, options: dict, args: tuple, kwargs: dict) -> torch.Tensor | None:
+def _sparse_attention(run: SparseAttentionRun, carnator: CarnatorRun, options: dict, args: tuple,
+                      kwargs: dict) -> torch.Tensor | None:
     """The call's block-sparse attention in the layout the caller asked for, or None where it runs dense."""
     call = _by_name(args, kwargs)
     q, k, v = call.get("q"), call.get("k"), call.get("v")
@@ -352,7 +350,7 @@ def _sparse_attention(run: SparseAttentionRun, options: dict, args: tuple, kwarg
         # grouped key/value heads (the sparse path takes one per query head), or a caller that asks for attention
         # as exact as the host's own
         return None
-    layer = _block_index(options)
+    layer = _block_index(options, carnator)
     # Cheap exits first: every call of a sampling run passes here, most of them dense (cross-attention,
     # early steps, edge blocks), and a miss should cost as little as possible over plain sampling.
     if queries != keys or not run.may_be_sparse(queries, layer, _step_index(options, run)) or call.get("heads") is None:

@@ -585,8 +585,10 @@ def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_option
     state = _active_reuse(model_options.get("transformer_options", {}))
     if state is None:
         return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
-    with carnator_code("answering the sampler from the donor"):
-        served = state.serve(x_in, _first_sigma(timestep), conds)
+    served = None
+    if state.serving is not None:  # only the offered call's batch evaluation asks; every other passes straight on
+        with carnator_code("answering the sampler from the donor"):
+            served = state.serve(x_in, _first_sigma(timestep), conds)
     output = served if served is not None else executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
     try:
         with carnator_code("keeping the guidance"):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from carnator_core.judging.fewer_steps import fewer_steps_count
+
 PLOT_EXTRA = "pip install 'carnator[plot]' (matplotlib)"
 
 
@@ -35,8 +37,6 @@ MARKERS = "osD^vP*X<>hp8d"
 def quality_against_calls(configs: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """Write a PNG of each configuration's PSNR to plain against its model calls, one distinct colour and marker each
     (adherence in its legend label), the plain-<n> runs joined as the fewer-steps curve; None without matplotlib."""
-    from carnator_core.judging.fewer_steps import fewer_steps_count
-
     plt = pyplot()
     if plt is None:
         return None
