@@ -28,6 +28,11 @@ class ProbeThresholds:
     # with depth about as the threshold does, so it would miss at the others too. (Checkpoints holding a step
     # cache's extrapolation would break this; the planner never offers them.)
     give_up_margin: float = 0.05
+    # A mode that contains a shallower one asks a deep state first where the step-0 screen clears that state's bar by
+    # this much: a failed first call costs one call and a pass saves at least one, so the deep probe must be more
+    # likely to pass than not. Below this margin no deep probe of the calibration streams passed at cfg 1; above it
+    # most did, at every guidance scale measured (docs/measurements.md, "Deep first where the screen makes it likely").
+    deep_first_margin: float = 0.03
 
     def needed_structure(self, depth: float) -> float:
         return min(1.0, self.structure + self.structure_slope * depth)
@@ -42,6 +47,10 @@ class ProbeThresholds:
             return True
         needed_guidance = min(1.0, self.guidance + self.guidance_slope * signals.depth)
         return signals.guidance_cosine >= needed_guidance
+
+    def screen_clears(self, signals: ProbeSignals, margin: float) -> bool:
+        """Whether step-0 `signals`, taken at a deeper state's depth, pass its bar with `margin` to spare."""
+        return self.passes(signals) and signals.weakest_structure >= self.needed_structure(signals.depth) + margin
 
     def donor_hopeless(self, signals: ProbeSignals) -> bool:
         """Whether a failed probe says the donor's other checkpoints are not worth a model call either. Never at a

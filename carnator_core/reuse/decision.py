@@ -253,13 +253,17 @@ class Decider:
 
     def _likely_deep(self, deeper: list[ProbeTarget]) -> ProbeTarget | None:
         """The deepest state of all, of the donor the step-0 screen agreed with most, where that donor's screen cleared
-        the state's bar by the give-up margin (`_enters_deep`): the state to ask first. Where the screen clears it so,
-        the deep probe passes for every rewording of the calibration streams; the one-attribute edit the screen cannot
-        tell from a rewording fails it and costs one call (docs/measurements.md, "Deep first where the screen makes it
-        likely"). A shallower deep state the screen clears is not asked first: a pass at the contained mode's depth
-        may make the deepest one likely, which saves more. None where no state is that likely."""
+        the state's bar by the deep-first margin (`ProbeThresholds.deep_first_margin`): the state to ask first. Why
+        that margin and not the give-up margin that lets a donor skip its anchor: here a failed first call costs one
+        call (what the contained mode asks follows), and a pass saves at least one, so the deep probe need only be more
+        likely to pass than not, and on the calibration streams it is from that margin up; the one-attribute edit the
+        screen cannot tell from a rewording fails it and costs one call (docs/measurements.md, "Deep first where the
+        screen makes it likely"). On a 3- or 4-step stage that call is the whole of fast's saving over the contained
+        mode. A shallower deep state the screen clears is not asked first: a pass at the contained mode's depth may
+        make the deepest one likely, which saves more. None where no state is that likely."""
         deepest = max((t.step for t in deeper), default=None)
-        likely = [t for t in deeper if t.step == deepest and self._enters_deep(t)]
+        margin = self.settings.thresholds.deep_first_margin
+        likely = [t for t in deeper if t.step == deepest and self._screen_clears(t, t.depth, margin)]
         return max(likely, key=self._screen_agreement, default=None)
 
     def _probe_within(self, pending: list[ProbeTarget], evaluate: Evaluate,
@@ -465,14 +469,15 @@ class Decider:
         the others climb from the anchor, where a one-word edit still passes."""
         return self._screen_clears(target, target.depth)
 
-    def _screen_clears(self, target: ProbeTarget, depth: float) -> bool:
-        """Whether the target donor's step-0 screen passed at `depth` with the give-up margin to spare."""
+    def _screen_clears(self, target: ProbeTarget, depth: float, margin: float | None = None) -> bool:
+        """Whether the target donor's step-0 screen passed at `depth` with `margin` (default: the give-up margin) to
+        spare."""
         screened = self._screened.get(target.meta.entry_id)
         if screened is None:
             return False
-        thresholds, signals = self.settings.thresholds, replace(screened[0], depth=depth)
-        return thresholds.passes(signals) and \
-            signals.weakest_structure >= thresholds.needed_structure(depth) + thresholds.give_up_margin
+        thresholds = self.settings.thresholds
+        return thresholds.screen_clears(replace(screened[0], depth=depth),
+                                        thresholds.give_up_margin if margin is None else margin)
 
     def _ask_anchor(self, target: ProbeTarget, evaluate: Evaluate) -> Decision | None:
         """One call at the target donor's shallowest checkpoint, where the prompt still decides layout and motion: a

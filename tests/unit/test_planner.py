@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.lookup.compatible import Match
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import Candidate
@@ -564,7 +565,7 @@ def test_fast_asks_first_the_line_of_a_deep_only_donor_the_screen_agreed_with_mo
     agreement = {("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99,
                  ("edit", 2): 0.99, ("edit", 5): 0.70, ("edit", 8): 0.60}
     candidates, start, evaluate = _line_of_a_rewording(
-        store, {"scene": 0.94, "edit": 0.95, "rewording": 0.96}, agreement)
+        store, {"scene": 0.94, "edit": 0.948, "rewording": 0.951}, agreement)
     balanced = _decided(store, "balanced", candidates, start, evaluate)
     fast = _decided(store, "fast", candidates, start, evaluate)
     assert balanced[:2] == ([("edit", 5)], None)
@@ -577,7 +578,30 @@ def test_fast_does_not_ask_again_the_line_s_state_that_failed(tmp_path):
     state first and misses there, so fast misses after that one call too, at balanced's cost."""
     store = ReuseStore(str(tmp_path / "store"))
     agreement = {("scene", 2): 0.99, ("scene", 5): 0.50, ("scene", 8): 0.50, ("rewording", 8): 0.50}
-    candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.955, "rewording": 0.96}, agreement)
+    candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.95, "rewording": 0.951}, agreement)
     balanced = _decided(store, "balanced", candidates, start, evaluate)
     fast = _decided(store, "fast", candidates, start, evaluate)
     assert balanced == fast == ([("scene", 5)], None, balanced[2])
+
+
+@pytest.mark.parametrize(("rewording_screen", "deep_first"), [(0.962, True), (0.942, False)])
+def test_fast_asks_a_deep_state_first_from_the_deep_first_margin_below_the_give_up_margin(
+        tmp_path, rewording_screen, deep_first):
+    """A failed deep-first call costs fast one call and a pass saves one, so fast asks the deep state first where the
+    screen clears its bar by the deep-first margin, though by less than the give-up margin a donor needs to skip its
+    anchor; below the deep-first margin it asks what balanced asks first."""
+    thresholds = ProbeThresholds()
+    clearance = rewording_screen - thresholds.needed_structure(0.8)
+    if deep_first:
+        assert thresholds.deep_first_margin < clearance < thresholds.give_up_margin
+    else:
+        assert clearance < thresholds.deep_first_margin
+    store = ReuseStore(str(tmp_path / "store"))
+    agreement = {("scene", 2): 0.99, ("scene", 5): 0.99, ("scene", 8): 0.97, ("rewording", 8): 0.99}
+    candidates, start, evaluate = _line_of_a_rewording(store, {"scene": 0.93, "rewording": rewording_screen},
+                                                       agreement)
+    asked, resumed, calls = _decided(store, "fast", candidates, start, evaluate)
+    balanced = _decided(store, "balanced", candidates, start, evaluate)
+    assert (asked[0] == ("rewording", 8)) == deep_first, asked
+    assert resumed is not None and balanced[1] is not None and resumed[1] >= balanced[1][1]
+    assert calls < balanced[2] if deep_first else calls <= balanced[2] + 1
