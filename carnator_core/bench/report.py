@@ -20,6 +20,7 @@ from typing import Any
 
 from carnator_core.bench.results import REPO_DIR, RESULTS_DIR, RunConditions, read_result
 from carnator_core.judging.fewer_steps import fewer_steps_count
+from carnator_core.judging.probe_thresholds import ProbeThresholds
 
 DOCUMENTS = (REPO_DIR / "README.md", REPO_DIR / "docs" / "measurements.md")
 MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",
@@ -34,6 +35,13 @@ STREAM_RUNS = {
     "unrelated": "unrelated (8)",
     "two-expert-30-steps": "two experts, edit-loop (8), 30 steps",
     "two-expert-4-steps": "two experts, edit-loop (8), 4 steps",
+}
+# The stored runs of single-model streams behind the deep-first table, beside those of STREAM_RUNS: result name ->
+# the guidance scale the run sampled at.
+DEEP_FIRST_RUNS = {
+    "edit-loop": 1.0, "reword-and-edit": 1.0, "near-dup": 1.0, "mixed": 1.0, "unrelated": 1.0,
+    "blocks-and-balls": 1.0, "navy-and-grey": 1.0,
+    "reword-and-edit-cfg4": 4.0, "blocks-and-balls-cfg4": 4.0, "navy-and-grey-cfg4": 4.0,
 }
 MODES = ("balanced", "fast")
 
@@ -106,7 +114,7 @@ def streams_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str
 def runs_list(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
     """What each stored run was: its command, code, versions, machine and what else ran beside it."""
     lines = []
-    for name in STREAM_RUNS:
+    for name in runs:
         run = runs[name].conditions
         code = run.commit[:10] + (" with uncommitted changes" if run.uncommitted_changes else "")
         lines.append(
@@ -118,8 +126,48 @@ def runs_list(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def deep_first_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
+    """How often a deep probe of a screened donor passed, by how far the donor's step-0 screen cleared that state's bar:
+    the evidence behind the deep-first margin (`ProbeThresholds.deep_first_margin`). Every probe at a later step of a
+    donor the request's screen judged counts once per stored run and prompt, whichever mode asked it."""
+    thresholds = ProbeThresholds()
+    edges = (0.0, thresholds.deep_first_margin, thresholds.give_up_margin)
+    labels = ["below the bar", f"0 to {edges[1]:.2f}", f"{edges[1]:.2f} to {edges[2]:.2f}", f"{edges[2]:.2f} and more"]
+    counts: dict[float, list[list[int]]] = {}
+    for name, cfg in DEEP_FIRST_RUNS.items():
+        for clearance, passed in _deep_probes(runs[name]):
+            cell = counts.setdefault(cfg, [[0, 0] for _ in labels])[sum(clearance >= edge for edge in edges)]
+            cell[0] += passed
+            cell[1] += 1
+    lines = ["| guidance scale | runs | " + " | ".join(f"screen cleared the bar by {label}" for label in labels) + " |",
+             "|---|---|" + "---|" * len(labels)]
+    for cfg, cells in sorted(counts.items()):
+        names = ", ".join(f"[{name}]({link(name)})" for name, run_cfg in DEEP_FIRST_RUNS.items() if run_cfg == cfg)
+        lines.append(f"| {cfg:g} | {names} | " + " | ".join(
+            f"{passed} of {asked} passed" if asked else "none asked" for passed, asked in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _deep_probes(run: StoredRun) -> Iterable[tuple[float, bool]]:
+    """(screen clearance at the probe's depth, passed) for each distinct deep probe of a screened donor in the run."""
+    thresholds = ProbeThresholds()
+    steps = run.result["settings"]["steps"]
+    seen = set()
+    for prompt in run.result["per_prompt"]:
+        for config in prompt["configs"].values():
+            probes = config.get("probes") or []
+            screen = {p["donor_prompt"]: p["structure_agreement"] for p in probes
+                      if p["step"] == 0 and p["structure_agreement"] is not None}
+            for probe in probes:
+                key = (prompt["prompt"], probe["donor_prompt"], probe["step"])
+                if probe["step"] == 0 or probe["donor_prompt"] not in screen or key in seen:
+                    continue
+                seen.add(key)
+                yield screen[probe["donor_prompt"]] - thresholds.needed_structure(probe["step"] / steps), probe["passed"]
+
+
 TABLES: dict[str, Callable[[dict[str, StoredRun], Callable[[str], str]], str]] = {
-    "readme": readme_table, "streams": streams_table, "runs": runs_list}
+    "readme": readme_table, "streams": streams_table, "runs": runs_list, "deep-first": deep_first_table}
 
 
 def _threads(count: int) -> str:
@@ -164,7 +212,7 @@ def _fewer_steps(run: StoredRun) -> str:
 def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]]:
     """`text` with every marked table regenerated, and the names of the tables that changed."""
     changed: list[str] = []
-    runs = load_runs(STREAM_RUNS, results_dir) if MARKED.search(text) else {}
+    runs = load_runs({**STREAM_RUNS, **DEEP_FIRST_RUNS}, results_dir) if MARKED.search(text) else {}
 
     def link(name: str) -> str:
         return Path(os.path.relpath(results_dir / f"{name}.json", document.parent)).as_posix()

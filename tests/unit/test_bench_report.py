@@ -26,11 +26,12 @@ def _config(name: str, calls: float, speedup: float, psnr: float, against: str |
             "equal_quality_speedup": equal}
 
 
-def _store(results_dir: Path, name: str, conditions: RunConditions) -> None:
+def _store(results_dir: Path, name: str, conditions: RunConditions, per_prompt: list | None = None) -> None:
     configs = [_config("plain", 30.0, 1.0, 100.0, None), _config("plain-15", 15.0, 1.98, 38.3, None),
                _config("plain-10", 10.0, 2.97, 33.5, None), _config("balanced", 23.1, 1.27, 46.8),
                _config("fast", 19.1, 1.61, 46.4)]
-    payload = {"run": asdict(conditions), "stream": name, "prompts": [], "configs": configs}
+    payload = {"run": asdict(conditions), "stream": name, "prompts": [], "configs": configs,
+               "settings": {"steps": 30}, "per_prompt": per_prompt or []}
     (results_dir / f"{name}.json").write_text(json.dumps(payload))
 
 
@@ -40,7 +41,7 @@ def published(tmp_path, monkeypatch) -> Path:
     holding the generated tables, as `bench report` leaves it; `report.main` reads these."""
     results_dir = tmp_path / "docs" / "results"
     results_dir.mkdir(parents=True)
-    for name in report.STREAM_RUNS:
+    for name in {**report.STREAM_RUNS, **report.DEEP_FIRST_RUNS}:
         _store(results_dir, name, ALONE if name == "edit-loop" else SHARED)
     document = tmp_path / "docs" / "measurements.md"
     document.write_text("# Results\n\n<!-- results:streams -->\n<!-- /results:streams -->\n\nText.\n\n"
@@ -117,3 +118,30 @@ def test_where_the_system_does_not_say_what_else_ran_no_time_is_shown(tmp_path):
     conditions = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, blind, blind)
     assert (conditions.others_cpu_cores, conditions.alone) == (None, False)
     assert conditions.why_no_time == "not shown: this system does not say what else used the CPU during the run"
+
+
+def _probe(donor: str, step: int, agreement: float, passed: bool) -> dict:
+    return {"donor_prompt": donor, "step": step, "passed": passed, "donor_given_up": False,
+            "structure_agreement": agreement}
+
+
+def test_the_deep_first_table_counts_each_deep_probe_of_a_screened_donor_once_by_its_screen_s_clearance(published):
+    """The deep-first margin's evidence: a deep probe counts in the bin of how far its donor's step-0 screen cleared
+    the probe's bar (0.922 at step 24 of 30), once per prompt whichever modes asked it; a donor the screen did not
+    judge does not count."""
+    both = [_probe("scene", 0, 0.960, True), _probe("scene", 24, 0.95, True)]  # cleared by 0.038, in both modes
+    per_prompt = [
+        {"prompt": "a rewording", "configs": {"balanced": {"probes": both}, "fast": {"probes": both}}},
+        {"prompt": "an edit", "configs": {"fast": {"probes": [_probe("scene", 0, 0.950, True),  # by 0.028
+                                                               _probe("scene", 24, 0.89, False)]}}},
+        {"prompt": "another seed", "configs": {"fast": {"probes": [_probe("scene", 6, 0.99, True)]}}},  # unscreened
+        {"prompt": "a near twin", "configs": {"fast": {"probes": [_probe("scene", 0, 0.990, True),  # by 0.068
+                                                                  _probe("scene", 24, 0.98, True)]}}},
+    ]
+    _store(report.RESULTS_DIR, "blocks-and-balls", SHARED, per_prompt)
+    published.write_text(published.read_text() + "\n<!-- results:deep-first -->\n<!-- /results:deep-first -->\n")
+    assert report.main([]) == 0
+    row = next(line for line in published.read_text().splitlines() if line.startswith("| 1 |"))
+    assert row.endswith("| none asked | 0 of 1 passed | 1 of 1 passed | 1 of 1 passed |"), row
+    assert "[blocks-and-balls](results/blocks-and-balls.json)" in row
+    assert report.main(["--check"]) == 0
