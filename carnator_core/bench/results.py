@@ -81,7 +81,9 @@ class RunConditions:
         others = None if before.machine_seconds is None or after.machine_seconds is None else \
             max(0.0, after.machine_seconds - before.machine_seconds - (after.own_seconds - before.own_seconds)) / wall
         return cls(command=command, commit=_git("rev-parse", "HEAD") or "unknown",
-                   uncommitted_changes=bool(_git("status", "--porcelain", "--untracked-files=no")),
+                   # the stored results themselves are not the code that produced them
+                   uncommitted_changes=bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                                 f":(exclude){RESULTS_DIR.relative_to(REPO_DIR).as_posix()}")),
                    comfyui_version=comfyui_version(comfy), frontend_version=_installed("comfyui-frontend-package"),
                    torch_version=torch.__version__, cores=len(os.sched_getaffinity(0)), torch_threads=torch_threads,
                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -4,6 +4,7 @@ hand edit to one, and a time ratio shows only from a run that had the machine to
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -145,3 +146,31 @@ def test_the_deep_first_table_counts_each_deep_probe_of_a_screened_donor_once_by
     assert row.endswith("| none asked | 0 of 1 passed | 1 of 1 passed | 1 of 1 passed |"), row
     assert "[blocks-and-balls](results/blocks-and-balls.json)" in row
     assert report.main(["--check"]) == 0
+
+
+def test_a_stored_result_is_not_an_uncommitted_change_to_the_code_that_ran(tmp_path, monkeypatch):
+    """A run that records writes into docs/results/, so the next run of the same commit must not count that file as
+    a change to the code it ran; a change anywhere else counts."""
+    from carnator_core.bench import results
+
+    repo = tmp_path / "repo"
+    stored = repo / "docs" / "results" / "edit-loop.json"
+    stored.parent.mkdir(parents=True)
+    (repo / "engine.py").write_text("DEPTH = 0.8\n")
+    stored.write_text("{}\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=ci", "-c", "user.email=ci@localhost"]
+    for command in (["init", "-q"], ["add", "."], ["commit", "-qm", "code and a stored run"]):
+        subprocess.run([*git, *command], check=True)
+    monkeypatch.setattr(results, "REPO_DIR", repo)
+    monkeypatch.setattr(results, "RESULTS_DIR", stored.parent)
+    comfy = tmp_path / "comfy"
+    comfy.mkdir()
+    (comfy / "comfyui_version.py").write_text('__version__ = "0.3.64"\n')
+
+    def measured() -> RunConditions:
+        return RunConditions.measured("python -m carnator_core.bench workload", comfy, 1, CpuUse.now(), CpuUse.now())
+
+    stored.write_text('{"rerun": true}\n')
+    assert not measured().uncommitted_changes
+    (repo / "engine.py").write_text("DEPTH = 0.9\n")
+    assert measured().uncommitted_changes
