@@ -21,6 +21,7 @@ from typing import Any
 from carnator_core.bench.results import REPO_DIR, RESULTS_DIR, RunConditions, read_result
 from carnator_core.judging.fewer_steps import fewer_steps_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.ratio_interval import median_ratio_interval
 
 DOCUMENTS = (REPO_DIR / "README.md", REPO_DIR / "docs" / "measurements.md")
 MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",
@@ -67,8 +68,20 @@ class StoredRun:
         return sorted(runs, key=lambda c: -(fewer_steps_count(c["name"]) or 0))
 
     def time(self, config: dict[str, Any]) -> str:
-        """The configuration's median time against plain, where the run had the machine to itself."""
-        return f"{config['speedup']:.2f}x" if self.conditions.alone else "— (not measured alone)"
+        """The configuration's median time against plain, where the run had the machine to itself, with its 90 %
+        interval over the run's requests where the run stored them."""
+        if not self.conditions.alone:
+            return "— (not measured alone)"
+        times = self._request_times("plain"), self._request_times(config["name"])
+        if config["name"] == "plain" or not all(times) or len(times[0]) != len(times[1]):
+            return f"{config['speedup']:.2f}x"
+        low, high = median_ratio_interval(*times)
+        return f"{config['speedup']:.2f}x ({low:.2f}–{high:.2f}x)"
+
+    def _request_times(self, name: str) -> list[float]:
+        """The configuration's time per request, in request order; empty where the run did not store them."""
+        return [p["configs"][name]["time_s"] for p in self.result.get("per_prompt", [])
+                if "time_s" in p["configs"].get(name, {})]
 
 
 def load_runs(names: Iterable[str], results_dir: Path) -> dict[str, StoredRun]:

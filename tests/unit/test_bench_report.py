@@ -4,6 +4,7 @@ hand edit to one, and a time ratio shows only from a run that had the machine to
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from carnator_core.bench import report
 from carnator_core.bench.results import CpuUse, RunConditions
+from carnator_core.judging.ratio_interval import median_ratio_interval
 
 SHARED = RunConditions(
     command="python -m carnator_core.bench workload --stream edit-loop --n 8", commit="0" * 40,
@@ -174,3 +176,31 @@ def test_a_stored_result_is_not_an_uncommitted_change_to_the_code_that_ran(tmp_p
     assert not measured().uncommitted_changes
     (repo / "engine.py").write_text("DEPTH = 0.9\n")
     assert measured().uncommitted_changes
+
+
+def test_a_time_ratio_from_a_run_alone_shows_its_interval_over_the_run_s_requests(published):
+    """Where the run stored each request's time, a time ratio carries its 90 % bootstrap interval over the requests,
+    the same on every report (seeded), around the ratio of medians."""
+    plain, fast = [1.6, 2.4, 1.7, 2.1, 1.9, 1.8, 2.0, 1.6], [0.4, 1.8, 0.5, 0.4, 2.0, 0.5, 0.4, 0.5]
+    per_prompt = [{"prompt": f"p{i}", "configs": {"plain": {"time_s": a}, "fast": {"time_s": b}}}
+                  for i, (a, b) in enumerate(zip(plain, fast, strict=True))]
+    _store(report.RESULTS_DIR, "edit-loop", ALONE, per_prompt)
+    assert report.main([]) == 0
+    row = next(line for line in published.read_text().splitlines()
+               if line.startswith("| [edit-loop (8)](results/edit-loop.json) | fast |"))
+    low, high = median_ratio_interval(plain, fast)
+    assert low < statistics.median(plain) / statistics.median(fast) < high
+    assert f"| 1.61x ({low:.2f}–{high:.2f}x) |" in row, row
+    assert report.main(["--check"]) == 0
+
+
+def test_the_interval_of_a_ratio_of_medians():
+    times = [1.0, 1.2, 0.9, 1.1, 1.3, 0.8]
+    assert median_ratio_interval(times, times) == (1.0, 1.0)
+    halved = [t / 2 for t in times]
+    assert median_ratio_interval(times, halved) == pytest.approx((2.0, 2.0))
+    noisy = [t * f for t, f in zip(times, [1.0, 1.5, 0.7, 1.2, 0.9, 1.4], strict=True)]
+    low, high = median_ratio_interval(times, noisy)
+    assert low < 1.0 < high and (low, high) == median_ratio_interval(times, noisy)
+    with pytest.raises(ValueError):
+        median_ratio_interval(times, times[:-1])
