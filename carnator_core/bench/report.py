@@ -37,13 +37,10 @@ STREAM_RUNS = {
     "two-expert-30-steps": "two experts, edit-loop (8), 30 steps",
     "two-expert-4-steps": "two experts, edit-loop (8), 4 steps",
 }
-# The stored runs of single-model streams behind the deep-first table, beside those of STREAM_RUNS: result name ->
-# the guidance scale the run sampled at.
-DEEP_FIRST_RUNS = {
-    "edit-loop": 1.0, "reword-and-edit": 1.0, "near-dup": 1.0, "mixed": 1.0, "unrelated": 1.0,
-    "blocks-and-balls": 1.0, "navy-and-grey": 1.0,
-    "reword-and-edit-cfg4": 4.0, "blocks-and-balls-cfg4": 4.0, "navy-and-grey-cfg4": 4.0,
-}
+# The stored runs of single-model streams behind the deep-first table, beside those of STREAM_RUNS; each run's
+# guidance scale is read from its settings.
+DEEP_FIRST_RUNS = ("edit-loop", "reword-and-edit", "near-dup", "mixed", "unrelated", "blocks-and-balls", "navy-and-grey",
+                   "reword-and-edit-cfg4", "blocks-and-balls-cfg4", "navy-and-grey-cfg4")
 MODES = ("balanced", "fast")
 
 
@@ -147,23 +144,25 @@ def deep_first_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> 
     edges = (0.0, thresholds.deep_first_margin, thresholds.give_up_margin)
     labels = ["below the bar", f"0 to {edges[1]:.2f}", f"{edges[1]:.2f} to {edges[2]:.2f}", f"{edges[2]:.2f} and more"]
     counts: dict[float, list[list[int]]] = {}
-    for name, cfg in DEEP_FIRST_RUNS.items():
-        for clearance, passed in _deep_probes(runs[name]):
-            cell = counts.setdefault(cfg, [[0, 0] for _ in labels])[sum(clearance >= edge for edge in edges)]
+    names: dict[float, list[str]] = {}
+    for name in DEEP_FIRST_RUNS:
+        cfg = float(runs[name].result["settings"]["cfg"])
+        names.setdefault(cfg, []).append(f"[{name}]({link(name)})")
+        cells = counts.setdefault(cfg, [[0, 0] for _ in labels])
+        for clearance, passed in _deep_probes(runs[name], thresholds):
+            cell = cells[sum(clearance >= edge for edge in edges)]
             cell[0] += passed
             cell[1] += 1
     lines = ["| guidance scale | runs | " + " | ".join(f"screen cleared the bar by {label}" for label in labels) + " |",
              "|---|---|" + "---|" * len(labels)]
     for cfg, cells in sorted(counts.items()):
-        names = ", ".join(f"[{name}]({link(name)})" for name, run_cfg in DEEP_FIRST_RUNS.items() if run_cfg == cfg)
-        lines.append(f"| {cfg:g} | {names} | " + " | ".join(
+        lines.append(f"| {cfg:g} | {', '.join(names[cfg])} | " + " | ".join(
             f"{passed} of {asked} passed" if asked else "none asked" for passed, asked in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _deep_probes(run: StoredRun) -> Iterable[tuple[float, bool]]:
+def _deep_probes(run: StoredRun, thresholds: ProbeThresholds) -> Iterable[tuple[float, bool]]:
     """(screen clearance at the probe's depth, passed) for each distinct deep probe of a screened donor in the run."""
-    thresholds = ProbeThresholds()
     steps = run.result["settings"]["steps"]
     seen = set()
     for prompt in run.result["per_prompt"]:
@@ -225,7 +224,7 @@ def _fewer_steps(run: StoredRun) -> str:
 def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]]:
     """`text` with every marked table regenerated, and the names of the tables that changed."""
     changed: list[str] = []
-    runs = load_runs({**STREAM_RUNS, **DEEP_FIRST_RUNS}, results_dir) if MARKED.search(text) else {}
+    runs = load_runs(dict.fromkeys([*STREAM_RUNS, *DEEP_FIRST_RUNS]), results_dir) if MARKED.search(text) else {}
 
     def link(name: str) -> str:
         return Path(os.path.relpath(results_dir / f"{name}.json", document.parent)).as_posix()

@@ -34,7 +34,7 @@ def _store(results_dir: Path, name: str, conditions: RunConditions, per_prompt: 
                _config("plain-10", 10.0, 2.97, 33.5, None), _config("balanced", 23.1, 1.27, 46.8),
                _config("fast", 19.1, 1.61, 46.4)]
     payload = {"run": asdict(conditions), "stream": name, "prompts": [], "configs": configs,
-               "settings": {"steps": 30}, "per_prompt": per_prompt or []}
+               "settings": {"steps": 30, "cfg": 4.0 if name.endswith("cfg4") else 1.0}, "per_prompt": per_prompt or []}
     (results_dir / f"{name}.json").write_text(json.dumps(payload))
 
 
@@ -44,7 +44,7 @@ def published(tmp_path, monkeypatch) -> Path:
     holding the generated tables, as `bench report` leaves it; `report.main` reads these."""
     results_dir = tmp_path / "docs" / "results"
     results_dir.mkdir(parents=True)
-    for name in {**report.STREAM_RUNS, **report.DEEP_FIRST_RUNS}:
+    for name in {*report.STREAM_RUNS, *report.DEEP_FIRST_RUNS}:
         _store(results_dir, name, ALONE if name == "edit-loop" else SHARED)
     document = tmp_path / "docs" / "measurements.md"
     document.write_text("# Results\n\n<!-- results:streams -->\n<!-- /results:streams -->\n\nText.\n\n"
