@@ -1,7 +1,7 @@
 """Calibrate Carnator's probe thresholds on your own model, through ComfyUI's queue.
 
     python -m carnator_core.calibrate --server http://127.0.0.1:8188 --workflow API.json \\
-        (--pairs FILE | --from-store) --out DIR [--psnr 30] [--ssim 0.95] [--precision 0.95]
+        [--prompts FILE] [--pairs FILE | --from-store] --out DIR [--psnr 30] [--ssim 0.95] [--precision 0.95]
 
 The workflow (API format, one sampler, or stages one after another: then the first stage is calibrated) runs as it
 is, with the model it loads and its own sampler settings. For each pair (earlier prompt, new prompt; the workflow's
@@ -18,13 +18,19 @@ pairs meets the target and is not below the shipped rule's on them (`--force` pu
 that node, with its thresholds left at their defaults (auto), judges this model and schedule by it, and its report
 says so. The first line printed says whether it is in force and why.
 
-Is reuse worth it here at all? Per pair calibration also samples the new prompt plain at 1/2, 1/3 and 1/4 of the
-steps (same seed, sampler and scheduler; `--no-fewer-steps` leaves that out) and weighs each resuming mode, on the
-held-back pairs, against the cheapest of those runs as close to plain: the last lines say, per mode, whether reuse
-beats just lowering the steps (the profile's `equal_quality`; docs/calibration.md).
+Is reuse worth it here at all? `--prompts FILE` answers it on your own stream, in your order: each prompt sampled
+plain, then in balanced and in fast exactly as the engine runs each (its own store, every earlier prompt a donor, its
+real screen, anchor and probe calls), then plain at the step counts that bracket each mode's quality (bisected; at
+most four plain runs per prompt in all). Each mode is weighed by one yardstick (as adherent where the demo oracle
+scores, as close to plain by PSNR, as detailed) against the cheapest plain run as good: the last lines say, per mode,
+"saves 1.30x (1.10–1.50x)", "lower the steps instead (...)" or "not settled (...)" with the 90 % interval over the
+prompts (the profile's `equal_quality`; docs/calibration.md). `--from-store` weighs the store's own history as the
+stream. With pairs alone, each pair is weighed as a two-prompt stream (plain also at 1/2, 1/3 and 1/4 of the steps;
+`--no-fewer-steps` leaves that out). A stream alone fits no thresholds: its profile is not in force, and where the
+store already holds one for this model and schedule, that one keeps its thresholds and takes the verdict.
 
-`--pairs FILE`: one pair per line, the two prompts separated by a tab. `--from-store`: pairs drawn from the store's
-own history (successive prompts of one model, schedule and seed). Run again with the same arguments to resume an
+`--pairs FILE`: one pair per line, the two prompts separated by a tab. `--from-store`: pairs and the stream drawn from
+the store's own history (successive prompts of one model, schedule and seed). Run again with the same arguments to resume an
 interrupted calibration. Exit status: 0 done; 1 interrupted or nothing measured; 2 bad arguments or workflow.
 """
 
@@ -35,11 +41,12 @@ import sys
 from pathlib import Path
 
 from carnator_core.calibration.job import CalibrationPlan, NoPairs, NothingToCalibrate, calibrate
-from carnator_core.calibration.session import CalibrationInterrupted
+from carnator_core.calibration.server_runs import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
 from carnator_core.judging.quality_target import QualityTarget
-from carnator_core.prompt_file import PromptFileError
+from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
+from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.prompt_pairs import read_pairs
 from carnator_core.queue import Workflow, WorkflowError
 from carnator_core.reuse.settings import FORCED_DEPTHS
@@ -58,9 +65,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", required=True, help="ComfyUI's URL, e.g. http://127.0.0.1:8188")
     parser.add_argument("--workflow", required=True, type=Path, help="API-format workflow with one sampler (or stages)")
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--pairs", type=Path, help="pairs file: earlier and new prompt per line, tab-separated")
-    source.add_argument("--from-store", action="store_true", help="pairs from the store's own history")
+    source.add_argument("--from-store", action="store_true",
+                        help="pairs, and the stream of prompts, from the store's own history")
+    parser.add_argument("--prompts", type=Path,
+                        help=f"your stream of prompts, in your order, to weigh reuse on: a UTF-8 text file, "
+                             f"{PROMPT_FILE_RULE}")
     parser.add_argument("--out", required=True, type=Path, help="where profile.json, the rows and plots go")
     parser.add_argument("--depths", type=_depths, default=FORCED_DEPTHS,
                         help="resume depths, fractions of the steps (default: every checkpoint depth)")
@@ -79,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fewer-steps", action="store_true",
                         help="do not sample plain at fewer steps, so no mode is weighed against lowering the steps")
     args = parser.parse_args(argv)
+    if not (args.pairs or args.from_store or args.prompts):
+        parser.error("give --prompts FILE (a stream), --pairs FILE, or --from-store")
+    if args.prompts and args.from_store:
+        parser.error("--from-store draws the stream from the store's history: give --prompts with --pairs, or alone")
     try:
         workflow = Workflow.load(args.workflow, args.text_node)
-        pairs = read_pairs(args.pairs) if args.pairs else None
+        pairs = read_pairs(args.pairs) if args.pairs else None if args.from_store else []
+        prompts = read_prompt_file(args.prompts) if args.prompts else None
     except (WorkflowError, PromptFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -95,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                                    out=args.out, name=args.name or args.workflow.stem, depths=args.depths,
                                    target=QualityTarget(psnr_db=args.psnr, ssim=args.ssim, precision=args.precision),
                                    max_pairs=args.max_pairs, install=not args.no_install, force=args.force,
-                                   fewer_steps=not args.no_fewer_steps)
+                                   fewer_steps=not args.no_fewer_steps, prompts=prompts)
             calibrated = calibrate(client, plan)
         except (WorkflowError, NothingToCalibrate) as error:
             print(f"error: {error}", file=sys.stderr)

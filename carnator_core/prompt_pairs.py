@@ -47,13 +47,9 @@ def parse_pairs(lines: list[str], source: str) -> list[Pair]:
 def pairs_from_history(entries: list[dict], limit: int) -> tuple[list[Pair], str]:
     """The newest `limit` pairs of successive distinct prompts in a store listing (the store panel's entry
     summaries), from the model and schedule the listing holds most such pairs of; and a line saying which."""
-    runs: dict[tuple, list[dict]] = defaultdict(list)
-    for entry in entries:
-        if entry.get("prompt") and entry.get("seed") is not None and entry.get("model"):
-            runs[(entry["model"], entry.get("schedule"), entry["seed"])].append(entry)
+    runs = _histories(entries)
     by_model: dict[tuple, list[tuple[float, Pair]]] = defaultdict(list)
     for (model, schedule, _), history in runs.items():
-        history.sort(key=lambda entry: entry.get("created_at") or 0.0)
         for earlier, new in zip(history, history[1:], strict=False):
             if earlier["prompt"] != new["prompt"]:
                 by_model[(model, schedule)].append((new.get("created_at") or 0.0, Pair(earlier["prompt"],
@@ -63,3 +59,24 @@ def pairs_from_history(entries: list[dict], limit: int) -> tuple[list[Pair], str
     (model, _), found = max(by_model.items(), key=lambda item: len(item[1]))
     unique = list(dict.fromkeys(pair for _, pair in sorted(found, key=lambda item: -item[0])))[:limit]
     return unique, f"{len(unique)} pairs from the store's history of model {model[:12]}"
+
+
+def stream_from_history(entries: list[dict], limit: int) -> list[str]:
+    """The newest `limit` prompts of the history `pairs_from_history` draws its pairs from, oldest first, a prompt
+    repeated right after itself kept once: the user's own stream."""
+    runs = _histories(entries)
+    if not runs:
+        return []
+    prompts = [entry["prompt"] for entry in max(runs.values(), key=len)]
+    return [p for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]][-limit:]
+
+
+def _histories(entries: list[dict]) -> dict[tuple, list[dict]]:
+    """The entries that name their prompt, seed and model, by (model, schedule, seed), each oldest first."""
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for entry in entries:
+        if entry.get("prompt") and entry.get("seed") is not None and entry.get("model"):
+            runs[(entry["model"], entry.get("schedule"), entry["seed"])].append(entry)
+    for history in runs.values():
+        history.sort(key=lambda entry: entry.get("created_at") or 0.0)
+    return runs

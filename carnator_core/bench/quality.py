@@ -1,4 +1,5 @@
-"""PSNR and SSIM of decoded clips against the same-seed plain output (sparsity reuse must not change the picture).
+"""PSNR and SSIM of decoded clips against the same-seed plain output (sparsity reuse must not change the picture),
+and the detail a clip keeps beside it.
 
 Frames are tiny (the demo clip is 16 x 16 latent pixels), so SSIM uses a 7-tap Gaussian window (sigma 1.5)
 instead of the usual 11 taps, computed per frame and channel over the valid region and averaged.
@@ -43,6 +44,20 @@ def ssim(clip: torch.Tensor, reference: torch.Tensor) -> float:
     cov = F.conv2d(a * b, window) - mu_a * mu_b
     score = ((2 * mu_a * mu_b + _C1) * (2 * cov + _C2)) / ((mu_a**2 + mu_b**2 + _C1) * (var_a + var_b + _C2))
     return float(score.mean())
+
+
+def detail(clip: torch.Tensor) -> float:
+    """High-frequency energy of clips [..., H, W]: the mean squared Laplacian over every frame and channel. It needs
+    no reference: a run with fewer steps blurs fine detail away, a resume keeps its schedule's full-step detail."""
+    frames = clip.float().reshape(-1, 1, *clip.shape[-2:])
+    laplacian = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])[None, None]
+    return float(F.conv2d(frames, laplacian).pow(2).mean()) if min(frames.shape[-2:]) >= 3 else 0.0
+
+
+def detail_ratio(clip: torch.Tensor, reference: torch.Tensor) -> float:
+    """The detail `clip` keeps against `reference` (1: as much; a flat reference counts as matched)."""
+    wanted = detail(reference)
+    return 1.0 if wanted <= 0.0 else detail(clip) / wanted
 
 
 def latent_quality(latent: torch.Tensor, plain: torch.Tensor) -> tuple[float, float]:

@@ -114,8 +114,9 @@ def streams_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str
         run = runs[name]
         for c in [run.config("plain"), *run.fewer_steps, *(run.config(mode) for mode in MODES)]:
             equal = c["equal_quality_speedup"]
-            against = "" if equal is None else (f"{equal['calls']:.2f}x" + (
-                f", {equal['time']:.2f}x" if run.conditions.alone else "") + f"; {equal['against']}")
+            against = "" if equal is None else (_with_interval(equal) + (
+                f", {equal['time']:.2f}x" if run.conditions.alone and equal.get("time") is not None else "")
+                + f"; {equal['against']}")
             lines.append(f"| [{label}]({link(name)}) | {c['name']} | {run.time(c)} | {c['model_calls']:.1f} | "
                          f"{c['psnr']:.1f} | {c['ssim']:.3f} | {_adherence(c)} | {against} |")
     return "\n".join(lines) + "\n"
@@ -198,13 +199,19 @@ def _against(name: str) -> str:
 def _equal_quality(modes: list[dict[str, Any]]) -> str:
     """The modes' equal-quality speedups by calls, in bold where plain at fewer steps is as good and cheaper."""
     speedups = [c["equal_quality_speedup"] for c in modes]
-    ratios = " / ".join(f"{s['calls']:.2f}x" for s in speedups)
+    ratios = " / ".join(_with_interval(s) for s in speedups)
     if any(round(s["calls"], 2) < 1 for s in speedups):
         ratios = f"**{ratios}**"
     against = {s["against"] for s in speedups}
     if len(against) == 1:
         return f"{ratios} ({_against(against.pop())})"
     return f"{ratios} ({' / '.join(_against(s['against']) for s in speedups)})"
+
+
+def _with_interval(speedup: dict[str, Any]) -> str:
+    """An equal-quality ratio by calls, with its 90 % interval where the run measured one."""
+    interval = speedup.get("interval")
+    return f"{speedup['calls']:.2f}x" + ("" if interval is None else f" ({interval[0]:.2f}–{interval[1]:.2f}x)")
 
 
 def _fewer_steps(run: StoredRun) -> str:

@@ -14,11 +14,13 @@ sampler and scheduler), named by their step count (plain-15, plain-10, plain-7 a
 count is 0 or one a larger fraction already runs has no configuration (a progress line says so): `--steps 2` runs
 plain-1 alone, `--steps 4` plain-2 and plain-1.
 
-Every other configuration's `equal_quality_speedup` weighs it against the cheapest of those fewer-steps runs
-(fewest model calls) that is as good: its clips at least as close to full plain (PSNR) and its adherence no lower
-(within ADHERENCE_TOLERANCE; PSNR alone where the oracle scores no prompt), else against full plain: that run's mean
-model calls and median time over the configuration's. Below 1, just taking fewer steps gets as close for less, and
-the markdown says so under its table. A hit is a request that skipped steps (resumed, or a stage skipped);
+Every other configuration's `equal_quality_speedup` weighs it by the one yardstick the calibration also uses
+(`bench.yardstick`: as adherent, as close to plain by PSNR, as detailed) against the cheapest plain run as good: of
+those fewer-steps runs and of the plain-steps curve, plain sampled after the stream at the step counts that bracket
+each configuration's quality (`bench.plain_steps_curve`, at most three more counts), else full plain. It gives that
+run's mean model calls over the configuration's with a 90 % bootstrap interval over the requests, the words ("saves
+1.61x (...)", "lower the steps instead", "not settled"), the steps plain needs and the measure that decided; and the
+median time ratio where that run is one of the interleaved rows (the curve's runs are not timed against the stream). A hit is a request that skipped steps (resumed, or a stage skipped);
 `masks_only_rate` is the share that borrowed a donor's attention masks and sampled every step.
 
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
@@ -72,18 +74,20 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench import plot, stages
-from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
+from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
+from carnator_core.bench.quality import PSNR_IDENTICAL, detail_ratio, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
+from carnator_core.bench.yardstick import FULL, RequestOutcome, StreamQuality, equal_quality, short_of
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights
 from carnator_core.demo.wan_model import WanConfig
-from carnator_core.judging.fewer_steps import cheapest_as_good, fewer_steps, fewer_steps_count, step_count
+from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count, step_count
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import read_prompt_file
 from carnator_core.reuse.report import RunReport, Verdict
@@ -91,14 +95,14 @@ from carnator_core.store.reuse_store import ReuseStore
 
 CONFIGS = ("plain", "easycache", "text-only", "own-masks", "any-donor-masks", "safe", "balanced", "fast",
            "balanced+easycache")
-FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_density", "psnr", "ssim", "adherence",
+FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_density", "psnr", "ssim", "detail",
+          "adherence",
           "bytes_per_entry")
 # Plain's median server CPU time / this configuration's (None where unknown); the mean model calls and the speedup
 # (plain's median time / the hits' median time) of the requests that resumed (None without one); the mean model calls
 # per request of each stage, in stage order (two-expert graph: first and second expert; else the one sampler); the
 # configuration against the cheapest plain run of as good a quality (`equal_quality_speedup`; None for plain runs).
 EXTRA_FIELDS = ("cpu_speedup", "hit_model_calls", "hit_speedup", "stage_model_calls", "equal_quality_speedup")
-ADHERENCE_TOLERANCE = 0.005  # how much less adherence still counts as the same in `equal_quality_speedup`
 # The two-expert graph (`--graph two-expert`, the Wan 2.2 14B template's shape): plain and the reuse modes, one
 # CarnatorReuse on each expert.
 TWO_EXPERT_CONFIGS = ("plain", "safe", "balanced", "fast")
@@ -329,28 +333,70 @@ def _adherence(runs: list[Sample]) -> float | None:
     return _mean([s.quality["adherence"] for s in runs])
 
 
-def equal_quality_speedup(runs: list[Sample], plain: list[Sample],
-                          fewer: dict[str, list[Sample]]) -> dict[str, Any]:
-    """`runs` against the cheapest plain run that is as good: of the plain-at-fewer-steps runs in `fewer` whose clips
-    are at least as close to full plain (PSNR) and that keep the adherence (within ADHERENCE_TOLERANCE; PSNR alone
-    where either has none), the one of fewest model calls, else full `plain`. A reuse configuration that saves fewer
-    calls than just taking fewer steps shows a calls ratio below 1."""
-    psnr, adherence = _psnr(runs), _adherence(runs)
-
-    def as_good(candidate: list[Sample]) -> bool:
-        candidate_adherence = _adherence(candidate)
-        return _psnr(candidate) >= psnr and (adherence is None or candidate_adherence is None
-                                             or candidate_adherence >= adherence - ADHERENCE_TOLERANCE)
-
-    against = cheapest_as_good({name: _mean_calls(candidate) for name, candidate in fewer.items()},
-                               lambda name: as_good(fewer[name])) or "plain"
-    reference = fewer.get(against, plain)
-    return {"against": against, "calls": round(_mean_calls(reference) / _mean_calls(runs), 3),
-            "time": round(_median_seconds(reference) / _median_seconds(runs), 3)}
+def equal_quality_speedup(runs: list[Sample], plain: list[Sample], fewer: dict[str, list[Sample]], steps: int,
+                          timed: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """`runs` weighed by the yardstick (`bench.yardstick`) against full `plain` and the plain runs at fewer steps
+    (`fewer`, by name): the cheapest as good, its calls over theirs with the interval, and its median time over
+    theirs where it is one of the `timed` configurations (run interleaved with the others), else None."""
+    weighed = equal_quality([_outcome(s) for s in runs], [_outcome(s) for s in plain],
+                            {fewer_steps_count(name): [_outcome(s) for s in samples] for name, samples in fewer.items()},
+                            steps)
+    reference = fewer.get(weighed.against, plain)
+    timed_reference = weighed.against == FULL or weighed.against in timed
+    return {**weighed.as_dict(),
+            "time": round(_median_seconds(reference) / _median_seconds(runs), 3) if timed_reference else None}
 
 
-def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per configuration, with the FIELDS and EXTRA_FIELDS of the JSON report."""
+def curve_table(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]], steps: int) -> list[dict[str, Any]]:
+    """Every plain run the stream weighs against, fewest steps first: its calls and the yardstick's three measures."""
+    runs = {steps: samples["plain"], **{fewer_steps_count(name): runs for name, runs in {**samples, **curve}.items()
+                                        if fewer_steps_count(name) is not None}}
+    rows = []
+    for count in sorted(runs):
+        quality = StreamQuality.of([_outcome(s) for s in runs[count]])
+        rows.append({"steps": count, "model_calls": round(quality.model_calls, 2), "psnr": round(quality.psnr_db, 2),
+                     "detail": round(quality.detail, 4), "adherence": _round(quality.adherence, 3),
+                     "bisected": f"plain-{count}" in curve})
+    return rows
+
+
+def _outcome(sample: Sample) -> RequestOutcome:
+    return RequestOutcome(model_calls=sample.model_calls, mse=sample.quality["mse"], detail=sample.quality["detail"],
+                          adherence=sample.quality["adherence"])
+
+
+def plain_steps_curve(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]], steps: int,
+                      sample_at: Callable[[int, int], Sample], prompts: list[str],
+                      progress: Callable[[str], None]) -> None:
+    """Plain at the step counts that bracket each weighed configuration's quality (`bench.plain_steps_curve`),
+    sampled on every prompt (`sample_at(prompt index, steps)`) and scored into `curve` by name, beside the fixed
+    fewer-steps runs already in `samples`."""
+    weighed = {name: runs for name, runs in samples.items() if name != "plain" and fewer_steps_count(name) is None}
+
+    def lowered() -> dict[int, list[Sample]]:
+        return {fewer_steps_count(name): runs for name, runs in {**samples, **curve}.items()
+                if fewer_steps_count(name) is not None}
+
+    def judge(runs: list[Sample]) -> Callable[[int], bool]:
+        wanted = StreamQuality.of([_outcome(s) for s in runs])
+        return lambda n: short_of(StreamQuality.of([_outcome(s) for s in lowered()[n]]), wanted) is None
+
+    for _ in range(MAX_LOWERED_COUNTS):
+        count = next_count(steps, lowered(), [judge(runs) for runs in weighed.values()])
+        if count is None:
+            return
+        progress(f"plain-steps curve: plain at {step_count(count)} on every prompt")
+        runs = [sample_at(i, count) for i in range(len(prompts))]
+        curve[f"plain-{count}"] = runs
+        score_samples(prompts, {"plain": samples["plain"], f"plain-{count}": runs})
+
+
+def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float], steps: int,
+              curve: dict[str, list[Sample]] | None = None) -> list[dict[str, Any]]:
+    """One row per configuration, with the FIELDS and EXTRA_FIELDS of the JSON report; `curve` holds the plain runs
+    the bisection added (`plain_steps_curve`), weighed against but not rows of their own (they ran after the stream,
+    not interleaved with it)."""
+    curve = curve or {}
     plain_time = _median_seconds(samples["plain"])
     plain_cpu = _median([s.cpu_seconds for s in samples["plain"] if s.cpu_seconds is not None])
     fewer = {name: runs for name, runs in samples.items() if fewer_steps_count(name) is not None}
@@ -370,6 +416,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "attention_density": round(sum(s.density for s in runs) / len(runs), 3),
             "psnr": _psnr(runs),
             "ssim": round(_mean([s.quality["ssim"] for s in runs]), 4),
+            "detail": round(_mean([s.quality["detail"] for s in runs]), 4),
             "adherence": _round(_adherence(runs), 3),
             "bytes_per_entry": round(store_bytes.get(name, 0.0)),
             "hit_model_calls": _round(_mean([s.model_calls for s in hits]), 2),
@@ -377,7 +424,8 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float]) -
             "stage_model_calls": [round(calls, 2)] if first_expert is None else
                                  [round(first_expert, 2), round(calls - first_expert, 2)],
             "equal_quality_speedup": None if name == "plain" or name in fewer else
-                                     equal_quality_speedup(runs, samples["plain"], fewer),
+                                     equal_quality_speedup(runs, samples["plain"], {**fewer, **curve}, steps,
+                                                           frozenset(fewer)),
         })
     return rows
 
@@ -459,7 +507,8 @@ def _psnr(runs: list[Sample]) -> float | None:
 
 
 def score_samples(prompts: list[str], samples: dict[str, list[Sample]]) -> None:
-    """PSNR/SSIM against the same prompt's plain clip, and oracle adherence (None when unscorable)."""
+    """PSNR/SSIM and the detail ratio against the same prompt's plain clip, and oracle adherence (None when
+    unscorable)."""
     for i, prompt in enumerate(prompts):
         reference = samples["plain"][i].rgb
         for name in samples:
@@ -467,7 +516,8 @@ def score_samples(prompts: list[str], samples: dict[str, list[Sample]]) -> None:
             result = score(prompt, sample.rgb)
             error = mse(sample.rgb, reference)
             sample.quality = {"mse": error, "psnr": psnr_from_mse(error), "ssim": ssim(sample.rgb, reference),
-                              "adherence": result.adherence, "observed": result.observed}
+                              "detail": detail_ratio(sample.rgb, reference), "adherence": result.adherence,
+                              "observed": result.observed}
 
 
 def _mask_donor_graph(base: dict, store: str, donor: str) -> dict:
@@ -646,14 +696,16 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                      f"{_shown(c.get('hit_model_calls'), '{:.1f}')} | {_shown(c.get('hit_speedup'), '{:.2f}x')} | "
                      f"{c['masks_only_rate']:.2f} | {c['attention_density']:.3f} | {c['psnr']:.1f} | {c['ssim']:.3f} | "
                      f"{_shown(c['adherence'], '{:.3f}')} | {c['bytes_per_entry']:,} |")
-    slower = [c for c in result["configs"] if c["equal_quality_speedup"] and c["equal_quality_speedup"]["calls"] < 1]
-    if slower:
-        lines.append("")
-    for c in slower:
-        against = c["equal_quality_speedup"]["against"]
-        cheaper = "plain itself is cheaper" if against == "plain" else \
-            f"plain at {step_count(fewer_steps_count(against))} is as close to plain and cheaper"
-        lines.append(f"{c['name']}: {cheaper} ({c['equal_quality_speedup']['calls']:.2f}x by model calls).")
+    weighed = [c for c in result["configs"] if c["equal_quality_speedup"]]
+    if weighed:
+        curve = result.get("plain_steps_curve") or []
+        lines += ["", "Equal quality (as adherent, as close to plain by PSNR and as detailed as the request's own "
+                      "full-step render; 90 % interval over the requests):", ""]
+        lines += [f"- {verdict_line(c['name'], c['equal_quality_speedup'])}" for c in weighed]
+        lines += ["", "Plain-steps curve (bisected counts marked *): " + "; ".join(
+            f"{row['steps']}{'*' if row['bisected'] else ''} steps {row['model_calls']:.1f} calls, "
+            f"{row['psnr']:.1f} dB, detail {row['detail']:.3f}, adherence {_shown(row['adherence'], '{:.3f}')}"
+            for row in curve)]
     if result.get("per_kind"):
         kinds = list(next(iter(result["per_kind"].values())))
         lines += ["", "Resumed per kind of edit (resumed/requests, skipped steps each, PSNR of the resumed clips):", "",
@@ -676,9 +728,9 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
                       f"{heavy['attention_density']} -> {heavy['speedup']:.2f}x end to end."]
     lines += ["", "PSNR: of all the stream's clips together (mean squared error over prompts) against the same-seed "
                   f"plain clips, {PSNR_IDENTICAL:.0f} dB when identical; SSIM: mean over prompts; adherence over the prompts the oracle can score; bytes/entry 0: "
-                  "the configuration records nothing. Equal-quality speedup: the model calls and median time of the "
-                  "cheapest plain-<n> (plain at n steps) as close to plain and as adherent as the configuration, else "
-                  "of plain, over the configuration's. Hits: requests that skipped steps; masks-only: requests that "
+                  "the configuration records nothing. Equal-quality speedup: the model calls (and, for an interleaved "
+                  "row, the median time) of the cheapest plain run as adherent, as close to plain and as detailed as "
+                  "the configuration, else of plain, over the configuration's. Hits: requests that skipped steps; masks-only: requests that "
                   "sampled every step on a donor's attention masks. Dense attention: PyTorch SDPA (ComfyUI "
                   f"{' '.join(settings['comfyui_args'])}). Server torch threads: "
                   f"{settings.get('server_threads') or 'every core'}. Machine: {settings['machine']}"]
@@ -688,7 +740,18 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
 def _equal_quality(speedup: dict[str, Any] | None) -> str:
     if speedup is None:
         return "n/a"
-    return f"{speedup['calls']:.2f}x calls, {speedup['time']:.2f}x time vs {speedup['against']}"
+    low, high = speedup["interval"]
+    time = "" if speedup["time"] is None else f", {speedup['time']:.2f}x time"
+    return f"{speedup['calls']:.2f}x calls ({low:.2f}–{high:.2f}x){time} vs {speedup['against']}"
+
+
+def verdict_line(name: str, speedup: dict[str, Any]) -> str:
+    """A configuration's equal-quality verdict in words, with the steps plain needs and the measure that decided."""
+    needed = f"plain needs {step_count(speedup['steps_needed'])}"
+    if speedup["steps_short"] is not None:
+        needed += f" ({speedup['steps_short']} fall short"
+        needed += f" on {speedup['decided_by']})" if speedup["decided_by"] else ")"
+    return f"{name}: {speedup['words']}; {needed}."
 
 
 def _first_expert(config: dict[str, Any]) -> str:
@@ -720,6 +783,7 @@ def _details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sampl
                "verdict": s.verdict.value,
                "skipped_steps": s.skipped_steps, "attention_density": round(s.density, 3),
                "psnr": round(s.quality["psnr"], 2), "ssim": round(s.quality["ssim"], 4),
+               "detail": round(s.quality["detail"], 4),
                "adherence": s.quality["adherence"], "observed": s.quality["observed"],
                "donor_prompt": (s.report or {}).get("donor_prompt"), "reason": (s.report or {}).get("reason"),
                "probes": [_probe_summary(probe) for probe in (s.report or {}).get("probes", [])]}
@@ -843,21 +907,32 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
                 store_bytes = {name: _bytes_per_entry(base_dir / _store_dir(
                     f"two-expert-{SHARED_STORE if args.shared_store and name in SHARED_MODES else name}"))
                                for name in configs if name != "plain"}
+
+                def plain_at(i: int, steps: int) -> Sample:
+                    graph = graphs.two_expert_graph(unet, prompts[i], seed=seeds[i], steps=steps,
+                                                    boundary=expert_boundary(steps), cfg=args.cfg)
+                    return bench.sample(f"plain-{steps}", graph, steps, expert_boundary(steps))
             else:
                 samples, store_bytes, donor = run_stream(bench, unet, prompts, seeds, args.steps, args.cfg,
                                                          seed_policy, say, fewer, configs, args.shared_store)
+
+                def plain_at(i: int, steps: int) -> Sample:
+                    graph = graphs.base_graph(unet, prompts[i], seed=seeds[i], steps=steps, cfg=args.cfg)
+                    return bench.sample(f"plain-{steps}", graph, steps)
+            score_samples(prompts, samples)
+            curve: dict[str, list[Sample]] = {}
+            plain_steps_curve(samples, curve, args.steps, plain_at, prompts, say)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:
         if (base_dir / "comfyui.log").exists():
             args.out.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(base_dir / "comfyui.log", args.out / "comfyui.log")
         shutil.rmtree(base_dir, ignore_errors=True)
-    score_samples(prompts, samples)
     stream = f"file:{Path(args.prompts).name}" if args.prompts else args.stream
     if args.graph == "two-expert":
         stream += " (two-expert)"
-    result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes),
-              "nesting": nesting(prompts, samples)}
+    result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes, args.steps, curve),
+              "plain_steps_curve": curve_table(samples, curve, args.steps), "nesting": nesting(prompts, samples)}
     if args.stream in KINDED_STREAMS and not args.prompts:
         result["per_kind"] = per_kind(edit_kinds(args.stream, len(prompts)), samples)
     if not args.prompts:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from carnator_core.calibration.job import CalibrationPlan, NothingToCalibrate, calibrate
-from carnator_core.calibration.session import CalibrationInterrupted, Progress
+from carnator_core.calibration.server_runs import CalibrationInterrupted, Progress
 from carnator_core.client import ComfyClient, ComfyError
 from carnator_core.queue import WorkflowError
 

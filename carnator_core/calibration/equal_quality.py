@@ -1,28 +1,28 @@
-"""Is reuse worth it on this model? Each resuming mode weighed against plain sampling at fewer steps, on the
-calibration's own pairs, by the yardstick of the workload benchmark (`carnator_core.judging.fewer_steps`).
+"""Is reuse worth it on this model, told from the pairs alone: each resuming mode weighed against plain sampling at
+fewer steps by the one yardstick (`bench.yardstick`), each pair weighed as a two-prompt stream.
 
-Per pair weighed (the held-back ones, which the fit never saw; every pair where none is held back) a request in a
-mode is taken to resume at the deepest measured depth within the mode's limit (`RESUME_LIMITS`) that the rule
-judging it (the profile's where it is in force, else the shipped one) accepts, as the engine resumes at the deepest
-checkpoint its probes pass: it costs that forced resume's model calls, and its clip is that resume's. A request the
-rule resumes nowhere costs the plain run's calls and one probe call (a miss costs at most one) and its clip is the
-plain one. Quality is PSNR against the full plain clips of the pairs' clips together (mean squared error over them,
-so a plain clip's "infinite" dB cannot hide the ones that differ), as `bench workload` measures it; the cheapest
-plain-<n> at least that close is the mode's yardstick.
+Per pair weighed (the held-back ones, which the fit never saw; every pair where none is held back) the stream is the
+earlier prompt, sampled plain (nothing is stored before it: every configuration costs it its plain calls; at fewer
+steps it is taken to lose what the new prompt's run at as many steps loses, since only the new prompt is sampled
+there), then the new prompt. In a mode the new prompt resumes at the deepest measured depth within the mode's limit
+(`RESUME_LIMITS`) that the rule judging it (the profile's where it is in force, else the shipped one) accepts, as the
+engine resumes at the deepest checkpoint its probes pass: it costs that forced resume's model calls and its clip is
+that resume's. A request the rule resumes nowhere costs the plain run's calls and one probe call (a miss costs at most
+one) and its clip is the plain one.
 
-What this does not measure: a resume from a donor is a different clip from the request's own plain one, and PSNR
-against plain cannot tell a different valid clip from a worse one (docs/calibration.md).
+A stream calibration (`calibration.stream`) weighs the modes as the engine runs them instead; this is what a
+calibration on pairs alone can tell.
 """
 
 from __future__ import annotations
 
 import statistics
 
-from carnator_core.bench.quality import psnr_from_mse
+from carnator_core.bench.quality import PSNR_IDENTICAL
+from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality
 from carnator_core.calibration.fit import accepts, held_back
 from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
-from carnator_core.judging.fewer_steps import cheapest_as_good
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.reuse.settings import RESUME_LIMITS
 
@@ -40,47 +40,49 @@ def weigh(measured: list[Measured], plain_runs: list[PlainRun], thresholds: Prob
     pairs = kept_back or complete
     if not pairs or not counts:
         return {}, {}
-    fewer = {f"plain-{n}": FewerStepsRun(steps=n, psnr_db=_together([by_pair[p, n].psnr_db for p in pairs]),
+    donors = [RequestOutcome(model_calls=by_pair[p, steps].model_calls, mse=0.0, detail=1.0) for p in pairs]
+    plain = [*donors, *donors]
+    lowered = {n: [*(_outcome(by_pair[p, n], by_pair[p, n].model_calls) for p in pairs),
+                   *(_outcome(by_pair[p, n], by_pair[p, n].model_calls) for p in pairs)] for n in counts}
+    fewer = {f"plain-{n}": FewerStepsRun(steps=n, psnr_db=round(StreamQuality.of(lowered[n]).psnr_db, 2),
                                          ssim=round(statistics.median(by_pair[p, n].ssim for p in pairs), 4),
-                                         model_calls=round(_mean([by_pair[p, n].model_calls for p in pairs]), 2))
+                                         model_calls=round(StreamQuality.of(lowered[n]).model_calls, 2),
+                                         detail=round(StreamQuality.of(lowered[n]).detail, 4))
              for n in counts}
-    plain_calls = _mean([by_pair[p, steps].model_calls for p in pairs])
-    verdicts = {mode: _verdict([_request(mode, [m for m in measured if m.resume.pair == pair], by_pair[pair, steps],
-                                         thresholds) for pair in pairs], fewer, plain_calls, steps, bool(kept_back))
-                for mode in WEIGHED_MODES}
+    verdicts = {}
+    for mode in WEIGHED_MODES:
+        requests = [_request(mode, [m for m in measured if m.resume.pair == pair], by_pair[pair, steps], thresholds)
+                    for pair in pairs]
+        runs = [*donors, *(outcome for outcome, _, _ in requests)]
+        weighed = equal_quality(runs, plain, lowered, steps)
+        quality = StreamQuality.of(runs)
+        verdicts[mode] = ModeVerdict(
+            model_calls=round(weighed.model_calls, 2), psnr_db=round(quality.psnr_db, 2),
+            ssim=round(statistics.median(similarity for _, similarity, _ in requests), 4),
+            resumed=sum(resumed for _, _, resumed in requests), pairs=len(pairs), held_back=bool(kept_back),
+            steps=steps, against=weighed.against, against_calls=round(weighed.against_calls, 2),
+            calls=round(weighed.calls, 3), interval=weighed.rounded_interval(), decided_by=weighed.decided_by,
+            steps_short=weighed.steps_short, weighed_on="pairs", detail=round(quality.detail, 4))
     return fewer, verdicts
 
 
-def _verdict(outcomes: list[tuple[float, float, float, bool]], fewer: dict[str, FewerStepsRun], plain_calls: float,
-             steps: int, kept_back: bool) -> ModeVerdict:
-    """A mode's requests (`_request`) weighed against the cheapest fewer-steps run as close to plain."""
-    calls = _mean([outcome[0] for outcome in outcomes])
-    psnr = _together([outcome[1] for outcome in outcomes])
-    against = cheapest_as_good({name: run.model_calls for name, run in fewer.items()},
-                               lambda name: fewer[name].psnr_db >= psnr) or "plain"
-    against_calls = plain_calls if against == "plain" else fewer[against].model_calls
-    return ModeVerdict(model_calls=round(calls, 2), psnr_db=psnr,
-                       ssim=round(statistics.median(outcome[2] for outcome in outcomes), 4),
-                       resumed=sum(outcome[3] for outcome in outcomes), pairs=len(outcomes), held_back=kept_back,
-                       steps=steps, against=against, against_calls=round(against_calls, 2),
-                       calls=round(against_calls / calls, 3))
-
-
 def _request(mode: str, resumes: list[Measured], plain: PlainRun,
-             thresholds: ProbeThresholds) -> tuple[float, float, float, bool]:
-    """One pair's request in `mode`: its model calls, PSNR and SSIM against plain, and whether it resumed."""
+             thresholds: ProbeThresholds) -> tuple[RequestOutcome, float, bool]:
+    """One pair's new prompt in `mode`: its outcome, its SSIM against plain, and whether it resumed."""
     within = [m for m in resumes if m.resume.depth <= RESUME_LIMITS[mode] + 1e-9 and m.model_calls is not None]
     taken = [m for m in within if accepts(thresholds, m.resume)]
     if not taken:
-        return plain.model_calls + (MISS_PROBE_CALLS if within else 0), plain.psnr_db, plain.ssim, False
+        calls = plain.model_calls + (MISS_PROBE_CALLS if within else 0)
+        return RequestOutcome(model_calls=calls, mse=0.0, detail=1.0), plain.ssim, False
     deepest = max(taken, key=lambda m: m.resume.depth)
-    return float(deepest.model_calls), deepest.resume.psnr_db, deepest.resume.ssim, True
+    return (RequestOutcome(model_calls=float(deepest.model_calls), mse=_mse(deepest.resume.psnr_db),
+                           detail=deepest.detail), deepest.resume.ssim, True)
 
 
-def _together(psnr_db: list[float]) -> float:
-    """The PSNR of clips together: of their mean squared error, each taken back from its PSNR (peak 1)."""
-    return round(psnr_from_mse(_mean([10 ** (-value / 10) for value in psnr_db])), 2)
+def _outcome(run: PlainRun, calls: float) -> RequestOutcome:
+    return RequestOutcome(model_calls=calls, mse=_mse(run.psnr_db), detail=run.detail)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def _mse(psnr_db: float) -> float:
+    """The mean squared error a PSNR stands for (peak 1); 0 for an identical clip."""
+    return 0.0 if psnr_db >= PSNR_IDENTICAL else 10 ** (-psnr_db / 10)

@@ -13,21 +13,26 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS
 from carnator_core.calibration.equal_quality import weigh
 from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit, accepts, fit
-from carnator_core.calibration.plot import calibration_plots
-from carnator_core.calibration.session import Measured, Progress, Session
+from carnator_core.calibration.plot import calibration_plots, stream_plots
+from carnator_core.calibration.server_runs import Progress
+from carnator_core.calibration.session import Measured, PlainRun, Session
+from carnator_core.calibration.stream import NoStreamVerdict, StreamCalibration
 from carnator_core.calibration.verdict import pairs_line, verdict
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
-from carnator_core.judging.calibration_profile import THRESHOLD_RANGES, Profile
+from carnator_core.judging.calibration_profile import THRESHOLD_RANGES, WEIGHED_MODES, Profile
 from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality_target import QualityTarget
-from carnator_core.prompt_pairs import Pair, pairs_from_history
+from carnator_core.prompt_pairs import Pair, pairs_from_history, stream_from_history
 from carnator_core.reuse.settings import FORCED_DEPTHS
 
 HISTORY_PAGE = 100
+STREAM_ONLY_REASON = ("not in force: a stream calibration fits no thresholds (calibrate on pairs, --pairs or "
+                      "--from-store, to fit them); it carries the stream's verdict")
 
 
 class NothingToCalibrate(RuntimeError):
@@ -35,12 +40,15 @@ class NothingToCalibrate(RuntimeError):
 
 
 class NoPairs(NothingToCalibrate):
-    """Neither the pairs given nor the store's history hold a pair to calibrate on."""
+    """Nothing given to calibrate on: no pair (given or in the store's history) and no stream that can give a
+    verdict; the message says why."""
 
 
 @dataclass(frozen=True)
 class CalibrationPlan:
-    """What to calibrate: the prepared workflow, its pairs (None: drawn from the store's history) and the target."""
+    """What to calibrate: the prepared workflow, its pairs (None: the pairs and the stream drawn from the store's
+    history; empty: none), the stream of prompts the verdict is weighed on (None: each pair weighed as a two-prompt
+    stream) and the target."""
 
     workflow: CalibrationWorkflow
     pairs: list[Pair] | None
@@ -52,6 +60,7 @@ class CalibrationPlan:
     install: bool = True
     force: bool = False  # put the profile in force whatever its held-back pairs say
     fewer_steps: bool = True  # also sample plain at fewer steps, to weigh each mode against lowering the steps
+    prompts: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class Calibrated:
     """A finished calibration: the profile, the per-depth table, and where the profile was filed (None: not)."""
 
     profile: Profile
-    result: Fit
+    result: Fit | None  # None: a calibration on a stream alone, which fits nothing
     resumes: int
     table: list[str]
     location: str | None
@@ -71,6 +80,8 @@ class Calibrated:
 
     def lines(self) -> list[str]:
         """What the command prints and the node reports when it is done."""
+        if self.result is None:
+            return [self.profile.reason, f"stream calibrated in {self.minutes:.1f} min", *self._closing()]
         t = self.result.thresholds
         held, held_pairs, oracle = self.result.held_back, self.result.held_back_pairs, self.result.oracle
         by_oracle = (f"; by the demo oracle: precision {_share(oracle.precision)}, recall {_share(oracle.recall)}"
@@ -93,8 +104,10 @@ class Calibrated:
                          "are): this profile accepts no resume, so on this model and schedule Carnator borrows "
                          "attention masks only. To resume here, calibrate on more pairs or loosen the target (PSNR, "
                          "SSIM or precision).")
-        if self.plot_note:
-            lines.append(self.plot_note)
+        return lines + self._closing()
+
+    def _closing(self) -> list[str]:
+        lines = [self.plot_note] if self.plot_note else []
         if self.location is not None:
             state = "in force" if self.profile.in_force else "not in force: shipped thresholds judge"
             lines.append(f"filed as {self.profile.describe()} in the store at {self.location} ({state})")
@@ -105,16 +118,94 @@ class Calibrated:
 def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], None] = print,
               on_progress: Callable[[Progress], None] | None = None,
               should_stop: Callable[[], bool] = lambda: False) -> Calibrated:
-    """Run what is left of the calibration in `plan.out`, fit, write `profile.json`, `summary.json` and the plots
-    there, and file the profile (unless `plan.install` is off). Raises CalibrationInterrupted when the server goes
-    away or `should_stop()` says so before a run, NothingToCalibrate (NoPairs), WorkflowError, or ComfyError (the
-    profile could not be filed: it is still written)."""
+    """Run what is left of the calibration in `plan.out`: the stream (where there is one) and the pairs (where there
+    are any), fit, write `profile.json`, `summary.json` and the plots there, and file the profile (unless
+    `plan.install` is off). Raises CalibrationInterrupted when the server goes away or `should_stop()` says so before
+    a run, NothingToCalibrate (NoPairs), WorkflowError, or ComfyError (the profile could not be filed: it is still
+    written)."""
     started = time.monotonic()
     pairs = plan.pairs[:plan.max_pairs] if plan.pairs is not None else None
+    prompts = plan.prompts
     if pairs is None:
-        pairs, note = history_pairs(client, plan.workflow, plan.max_pairs)
+        pairs, prompts, note = history(client, plan.workflow, plan.max_pairs)
         echo(note)
-    pairs = distinct_pairs(pairs, echo)
+    stream = None if prompts is None else _stream(client, plan, prompts, bool(pairs), echo, on_progress, should_stop)
+    if stream is None and not pairs:
+        raise NoPairs("neither pairs nor a stream of prompts to calibrate on")
+    stream_verdict = None if stream is None else stream.run()
+    if stream_verdict is not None and stream_verdict.note:
+        echo(stream_verdict.note)
+    fitted = _fitted(client, plan, distinct_pairs(pairs, echo), echo, on_progress, should_stop) if pairs else None
+    if fitted is None:
+        profile = _stream_profile(plan, stream)
+        measured, plain_runs, note = [], [], ""
+    else:
+        profile, measured, plain_runs, note = fitted.profile, fitted.measured, fitted.plain_runs, fitted.note
+    if stream_verdict is not None:
+        profile = replace(profile, fewer_steps=stream_verdict.fewer_steps, equal_quality=stream_verdict.verdicts)
+        note = stream_verdict.note or note
+    (plan.out / "profile.json").write_text(profile.to_json())
+    written, plot_note = calibration_plots(measured, profile, plan.out, plain_runs)
+    if stream is not None:
+        stream_plot = stream_plots(profile, stream.curve(), {mode: stream.mode_quality(mode) for mode in WEIGHED_MODES},
+                                   plan.out)
+        written += [stream_plot] if stream_plot else []
+    result = None if fitted is None else fitted.result
+    summary = {"profile": profile.as_dict(), "resumes": len(measured), "plots": [str(p) for p in written],
+               "plain_runs": [asdict(run) for run in plain_runs], "equal_quality_verdict": profile.verdict_lines() or
+               [note], **(fitted.summary if fitted else {}),
+               **({"stream": {"prompts": prompts, "curve": stream.curve(),
+                              "runs": [asdict(row) for row in stream.rows]}} if stream is not None else {})}
+    (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    location = None
+    if plan.install:
+        try:
+            location = _install(client, plan.workflow, profile, merge=fitted is None)
+        except ComfyError as error:
+            raise ComfyError(f"the profile could not be filed in the store ({error}); it is in "
+                             f"{plan.out / 'profile.json'}") from None
+    return Calibrated(profile=profile, result=result, resumes=len(measured),
+                      table=[] if fitted is None else fitted.table, location=location, plots=written,
+                      minutes=(time.monotonic() - started) / 60, pairs_used=0 if fitted is None else fitted.pairs_used,
+                      plot_note=plot_note, fewer_steps_note=note)
+
+
+def _stream(client: ComfyClient, plan: CalibrationPlan, prompts: list[str], fits_pairs: bool,
+            echo: Callable[[str], None], on_progress: Callable[[Progress], None] | None,
+            should_stop: Callable[[], bool]) -> StreamCalibration | None:
+    """The stream calibration of `prompts`; where the stream can give no verdict, NothingToCalibrate, or (with pairs
+    to fit on) None and a line saying why."""
+    try:
+        stream = StreamCalibration(client, plan.workflow, prompts, plan.out / "stream", echo=echo,
+                                   on_progress=on_progress, should_stop=should_stop)
+    except NoStreamVerdict as error:
+        if not fits_pairs:
+            raise NoPairs(str(error)) from None
+        echo(f"{error}; the pairs still fit thresholds")
+        return None
+    echo(f"stream: {len(prompts)} prompts, plain and {' and '.join(WEIGHED_MODES)} each as the engine runs them, then "
+         f"plain at up to {MAX_LOWERED_COUNTS} bisected step counts (at most {MAX_LOWERED_COUNTS + 1} plain runs per "
+         "prompt)")
+    return stream
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """The pairs' part of a calibration: the fitted profile (weighed on the pairs), what it was fitted on, and the
+    summary's fields about the fit."""
+
+    profile: Profile
+    result: Fit
+    measured: list[Measured]
+    plain_runs: list[PlainRun]
+    pairs_used: int
+    table: list[str]
+    note: str
+    summary: dict
+
+
+def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo: Callable[[str], None],
+            on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool]) -> _Fitted:
     counts, fewer_steps_note = fewer_step_counts(plan)
     echo(fewer_steps_note)
     session = Session(client, plan.workflow, pairs, list(plan.depths), plan.out, echo=echo, on_progress=on_progress,
@@ -134,32 +225,45 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
                       held_back=result.held_back, oracle=result.oracle,
                       cfg=float(session.fingerprints.get("cfg", 1.0)), in_force=decided.in_force,
                       reason=decided.reason, forced=decided.forced)
+    plain_runs = session.these_plain_runs()
     if counts:
         judging = profile.probe_thresholds() if profile.in_force else ProbeThresholds()
-        fewer, verdicts = weigh(measured, session.these_plain_runs(), judging, plan.workflow.steps)
+        fewer, verdicts = weigh(measured, plain_runs, judging, plan.workflow.steps)
         profile = replace(profile, fewer_steps=fewer, equal_quality=verdicts)
         if not verdicts:
             fewer_steps_note = "no pair has its plain runs at fewer steps measured: no mode is weighed against them"
-    (plan.out / "profile.json").write_text(profile.to_json())
-    written, plot_note = calibration_plots(measured, profile, plan.out, session.these_plain_runs())
-    summary = {"profile": profile.as_dict(), "fitted": result.fitted.__dict__, "met_target": result.met_target,
-               "margin_met": result.margin_met, "fitted_lower_bound": result.lower_bound,
+    summary = {"fitted": result.fitted.__dict__, "met_target": result.met_target, "margin_met": result.margin_met,
+               "fitted_lower_bound": result.lower_bound,
                "shipped_held_back": None if result.shipped_held_back is None else result.shipped_held_back.__dict__,
-               "pairs_used": pairs_used, "pairs_needed": result.pairs_needed,
-               "resumes": len(measured), "skipped_pairs": session.skipped, "plots": [str(p) for p in written],
-               "plain_runs": [asdict(run) for run in session.these_plain_runs()],
-               "equal_quality_verdict": profile.verdict_lines() or [fewer_steps_note]}
-    (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    location = None
-    if plan.install:
-        try:
-            location = session.install(profile.as_dict())
-        except ComfyError as error:
-            raise ComfyError(f"the profile could not be filed in the store ({error}); it is in "
-                             f"{plan.out / 'profile.json'}") from None
-    return Calibrated(profile=profile, result=result, resumes=len(measured), table=depth_table(measured, result, plan),
-                      location=location, plots=written, minutes=(time.monotonic() - started) / 60,
-                      pairs_used=pairs_used, plot_note=plot_note, fewer_steps_note=fewer_steps_note)
+               "pairs_used": pairs_used, "pairs_needed": result.pairs_needed, "skipped_pairs": session.skipped}
+    return _Fitted(profile=profile, result=result, measured=measured, plain_runs=plain_runs, pairs_used=pairs_used,
+                   table=depth_table(measured, result, plan), note=fewer_steps_note, summary=summary)
+
+
+def _stream_profile(plan: CalibrationPlan, stream: StreamCalibration) -> Profile:
+    """The profile of a calibration on a stream alone: the shipped thresholds, not in force (a stream fits none), to
+    carry the stream's verdict."""
+    if not stream.fingerprints:
+        raise NothingToCalibrate("no run of the stream was recorded, so the model it ran cannot be told")
+    return Profile(model=str(stream.fingerprints["model"]), schedule=str(stream.fingerprints["schedule"]),
+                   name=plan.name, thresholds={name: getattr(ProbeThresholds(), name) for name in THRESHOLD_RANGES},
+                   target=plan.target, cfg=float(stream.fingerprints.get("cfg", 1.0)), in_force=False,
+                   reason=STREAM_ONLY_REASON)
+
+
+def _install(client: ComfyClient, workflow: CalibrationWorkflow, profile: Profile, merge: bool) -> str:
+    """File `profile` in the store the workflow's reuse node reads; with `merge`, a profile already filed there for
+    the same model and schedule keeps its thresholds and takes this one's verdict. The store's location."""
+    location = Session.store_location(client, workflow)
+    query = urllib.parse.urlencode({"store": location})
+    if merge:
+        filed = next((p for p in client.api(f"/carnator/store/profiles?{query}").get("profiles", [])
+                      if p.get("key") == profile.key), None)
+        if filed is not None:
+            kept = Profile.from_dict({name: value for name, value in filed.items() if name not in ("key", "description")})
+            profile = replace(kept, fewer_steps=profile.fewer_steps, equal_quality=profile.equal_quality)
+    client.api(f"/carnator/store/profiles?{query}", profile.as_dict())
+    return location
 
 
 def fewer_step_counts(plan: CalibrationPlan) -> tuple[tuple[int, ...], str]:
@@ -211,8 +315,9 @@ def depth_table(measured: list[Measured], result: Fit, plan: CalibrationPlan) ->
     return lines
 
 
-def history_pairs(client: ComfyClient, workflow: CalibrationWorkflow, limit: int) -> tuple[list[Pair], str]:
-    """Pairs from the history of the store the workflow's reuse node reads."""
+def history(client: ComfyClient, workflow: CalibrationWorkflow, limit: int) -> tuple[list[Pair], list[str], str]:
+    """The pairs and the stream of prompts from the history of the store the workflow's reuse node reads, and a line
+    saying what was found."""
     location = Session.store_location(client, workflow)
     entries, offset = [], 0
     while True:
@@ -221,7 +326,8 @@ def history_pairs(client: ComfyClient, workflow: CalibrationWorkflow, limit: int
         entries += page.get("entries", [])
         offset += HISTORY_PAGE
         if offset >= int(page.get("total") or 0):
-            return pairs_from_history(entries, limit)
+            pairs, note = pairs_from_history(entries, limit)
+            return pairs, stream_from_history(entries, limit + 1), note
 
 
 def _share(value: float | None) -> str:

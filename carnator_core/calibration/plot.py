@@ -10,6 +10,10 @@ The trade-off panel (`plot-calls.png`, where plain also ran at fewer steps) puts
 the resumes as above, each pair's plain-<n> runs as grey crosses, the fewer-steps curve (the pairs weighed together)
 as a joined line, and each mode's requests on the weighed pairs as a star: a star above the curve beats lowering the
 steps, one below it does not.
+
+The stream panel (`plot-stream.png`, a stream calibration) shows the yardstick's three measures against model calls,
+one axis each: PSNR to plain, detail kept and adherence (where the demo oracle scores the prompts). The plain-steps
+curve is a joined line, each point named by its step count, and each mode's requests a star named with its verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from carnator_core.bench.plot import plot_unavailable, pyplot
+from carnator_core.bench.yardstick import StreamQuality
 from carnator_core.calibration.fit import held_back
 from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.judging.calibration_profile import Profile
@@ -31,9 +36,44 @@ def calibration_plots(measured: list[Measured], profile: Profile, out: Path,
     if plt is None:
         return [], plot_unavailable("calibration plot")
     written = _signal_plots(plt, measured, profile, out)
-    if profile.fewer_steps:
+    if profile.fewer_steps and all(v.weighed_on == "pairs" for v in profile.equal_quality.values()):
         written.append(_trade_off_plot(plt, measured, profile, out, plain_runs))
     return written, ""
+
+
+def stream_plots(profile: Profile, curve: list[dict], modes: dict[str, StreamQuality], out: Path) -> Path | None:
+    """The stream panel: `curve` (the plain runs weighed against, `StreamCalibration.curve`) and each mode's
+    quality, by the yardstick's three measures; None without matplotlib (the pair plots' line says so)."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    measures = [("psnr_db", "PSNR to the plain clip (dB)"), ("detail", "detail kept (ratio to the full render)")]
+    if all(row["adherence"] is not None for row in curve):
+        measures.append(("adherence", "adherence (demo oracle)"))
+    figure, panels = plt.subplots(1, len(measures), figsize=(6 * len(measures), 5), dpi=100, squeeze=False)
+    for axes, (measure, label) in zip(panels[0], measures, strict=True):
+        axes.plot([row["model_calls"] for row in curve], [row[measure] for row in curve], color="black", marker="D",
+                  linewidth=1.5, label="plain at the curve's step counts")
+        for row in curve:
+            axes.annotate(str(row["steps"]), (row["model_calls"], row[measure]), textcoords="offset points",
+                          xytext=(5, -11), fontsize=8)
+        for (mode, quality), marker in zip(modes.items(), ("*", "P"), strict=False):
+            weighed = profile.equal_quality.get(mode)
+            value = getattr(quality, measure)
+            if value is None or weighed is None:
+                continue
+            axes.scatter([quality.model_calls], [value], marker=marker, s=180, color="crimson", edgecolors="black",
+                         zorder=5, label=f"{mode}: {weighed.words()}")
+        axes.set(xlabel="model calls per request", ylabel=label)
+        axes.grid(True, alpha=0.3)
+    panels[0][0].legend(loc="upper left", fontsize=8)
+    figure.suptitle(f"reuse vs the plain-steps curve on the stream: profile {profile.name!r}")
+    figure.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "plot-stream.png"
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 def _trade_off_plot(plt, measured: list[Measured], profile: Profile, out: Path,

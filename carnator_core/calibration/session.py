@@ -19,27 +19,23 @@ same arguments. A pair whose prompt fails to sample (a node error, an interrupti
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-from PIL import Image
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import load_file, save_file
-
-from carnator_core.bench.quality import PSNR_IDENTICAL, latent_quality, mse, psnr_from_mse, ssim
+from carnator_core.bench.quality import PSNR_IDENTICAL
+from carnator_core.calibration.clip import Clip, detail, quality
 from carnator_core.calibration.fit import Resume
+from carnator_core.calibration.server_runs import (
+    CalibrationInterrupted,
+    Progress,
+    ServerRuns,
+    model_calls,
+    store_location,
+)
 from carnator_core.calibration.workflow import (
-    AUDIO_NODE,
-    FRAMES_NODE,
-    LATENT_NODE,
-    STORE_INFO_NODE,
     CalibrationWorkflow,
 )
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
@@ -48,35 +44,6 @@ from carnator_core.queue import WorkflowError
 from carnator_core.reuse.decision import ProbeRecord
 
 STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
-STORE_WAIT_S = 120.0  # how long the donor's background recording may take
-
-
-class CalibrationInterrupted(RuntimeError):
-    """The server went away mid-calibration; what finished is kept and the same command resumes."""
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where a calibration stands after a run: runs done of those it has left to do, and the time left."""
-
-    runs_done: int
-    runs_total: int
-    seconds_left: float
-    line: str
-
-
-@dataclass
-class Clip:
-    """A run's output as calibration compares it: decoded frames [F, C, H, W] in [0, 1] where the graph decodes,
-    else None; the (video) latent; and an audio+video run's audio latent, else None."""
-
-    latent: torch.Tensor
-    frames: torch.Tensor | None
-    audio: torch.Tensor | None = None
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        optional = {"frames": self.frames, "audio": self.audio}
-        return {"latent": self.latent, **{name: tensor for name, tensor in optional.items() if tensor is not None}}
 
 
 @dataclass
@@ -94,10 +61,11 @@ class Measured:
     # the lowest; None for one latent
     part_structures: list[float] | None = None
     model_calls: int | None = None  # the run's, every stage's reuse node's together (None: rows that lack them)
+    detail: float = 1.0  # the detail its clip keeps against plain (`clip.detail`; rows that lack it: 1)
 
     def as_dict(self) -> dict:
         return {**asdict(self.resume), "requested_depth": self.requested_depth, "earlier": self.earlier,
-                "new": self.new, "skipped_steps": self.skipped_steps,
+                "new": self.new, "skipped_steps": self.skipped_steps, "detail": self.detail,
                 "total_steps": self.total_steps, "seconds": self.seconds, "model_calls": self.model_calls,
                 **({"part_structures": self.part_structures} if self.part_structures is not None else {})}
 
@@ -108,7 +76,7 @@ class Measured:
                    requested_depth=float(data["requested_depth"]), earlier=data["earlier"],
                    new=data["new"], skipped_steps=int(data["skipped_steps"]), total_steps=int(data["total_steps"]),
                    seconds=float(data["seconds"]), part_structures=data.get("part_structures"),
-                   model_calls=data.get("model_calls"))
+                   model_calls=data.get("model_calls"), detail=float(data.get("detail", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -123,20 +91,7 @@ class PlainRun:
     model_calls: int
     psnr_db: float
     ssim: float
-
-
-def quality(clip: Clip, plain: Clip) -> tuple[float, float]:
-    """PSNR (dB) and SSIM of a clip against the plain clip: on decoded frames where there are any, else on the
-    latents scaled by the plain latent's range; with audio, the lower of the video's and the audio latent's, so that
-    a resume is good only where both are."""
-    if clip.frames is not None and plain.frames is not None and clip.frames.shape == plain.frames.shape:
-        video = psnr_from_mse(mse(clip.frames, plain.frames)), ssim(clip.frames, plain.frames)
-    else:
-        video = latent_quality(clip.latent, plain.latent)
-    if clip.audio is None or plain.audio is None:
-        return video
-    audio = latent_quality(clip.audio, plain.audio)
-    return min(video[0], audio[0]), min(video[1], audio[1])
+    detail: float = 1.0  # the detail its clip keeps against the full plain one (rows that lack it: 1)
 
 
 @dataclass
@@ -157,12 +112,11 @@ class Session:
     skipped: dict[str, str] = field(default_factory=dict)
     # the model and schedule fingerprints and the guidance scale the runs were made with
     fingerprints: dict[str, str | float] = field(default_factory=dict)
-    _durations: list[float] = field(default_factory=list)
-    _total_runs: int = field(default=0, init=False)
-    _runs_done: int = field(default=0, init=False)
+    runs: ServerRuns = field(init=False)
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        self.runs = ServerRuns(self.client, self.workflow, self.key, self.echo, self.on_progress, self.should_stop)
         rows = self.out / "resumes.jsonl"
         if rows.exists():
             self.measured = [Measured.from_dict(json.loads(line)) for line in rows.read_text().splitlines() if line]
@@ -222,8 +176,8 @@ class Session:
         """Every pair not yet done, then every measured resume of these pairs (those of an earlier run with more or
         fewer pairs in the same directory are kept on disk, not fitted); CalibrationInterrupted when the server goes
         away. `these_plain_runs` gives the plain runs of these pairs."""
-        self._total_runs = sum(self._left(i) for i in range(len(self.pairs)))
-        self._runs_done = 0
+        self.runs.total = sum(self._left(i) for i in range(len(self.pairs)))
+        self.runs.done = 0
         try:
             for index, pair in enumerate(self.pairs):
                 if not self._left(index):
@@ -251,27 +205,26 @@ class Session:
         try:
             location = self._donor(index, pair, store)
             if plain_path.exists():
-                plain = Clip(**_loaded(plain_path))
+                plain = Clip.load(plain_path)
             else:
-                plain, run = self._sample(index, pair.new, store, "model", record=False, label="plain")
+                plain, run = self._sample(index, pair.new, store, "plain")
                 self._keep_plain_run(PlainRun(pair=index, earlier=pair.earlier, new=pair.new,
-                                              steps=self.workflow.steps or 0, model_calls=_model_calls(run),
+                                              steps=self.workflow.steps or 0, model_calls=model_calls(run),
                                               psnr_db=PSNR_IDENTICAL, ssim=1.0))
-                plain_path.parent.mkdir(parents=True, exist_ok=True)
-                save_file(plain.tensors(), str(plain_path))
+                plain.save(plain_path)
         except (ExecutionFailed, RequestRefused) as error:
             self.skipped[str(index)] = f"{pair.earlier!r} -> {pair.new!r}: {error}"
             self.echo(f"pair {index + 1}: skipped, a prompt failed to sample: {error}")
             self._save_state()
             return
         self._learn_fingerprints(location)
-        oracle_plain = self._oracle(pair.new, plain)
+        oracle_plain = self.runs.oracle(pair.new, plain)
         for depth in self.depths:
             if self._done(index, depth):
                 continue
             verification = f"forced {round(depth * 100)}%"
             try:
-                clip, run = self._sample(index, pair.new, store, verification, record=False, label=verification)
+                clip, run = self._sample(index, pair.new, store, verification, verification=verification)
             except (ExecutionFailed, RequestRefused) as error:
                 self.echo(f"pair {index + 1}, {verification}: failed to sample ({error}); left out")
                 continue
@@ -285,14 +238,14 @@ class Session:
             if self._plain_done(index, steps):
                 continue
             try:
-                clip, run = self._sample(index, pair.new, store, "model", record=False, label=f"plain-{steps}",
-                                         steps=steps)
+                clip, run = self._sample(index, pair.new, store, f"plain-{steps}", steps=steps)
             except (ExecutionFailed, RequestRefused) as error:
                 self.echo(f"pair {index + 1}, plain at {steps} steps: failed to sample ({error}); left out")
                 continue
             psnr, similarity = quality(clip, plain)
             self._keep_plain_run(PlainRun(pair=index, earlier=pair.earlier, new=pair.new, steps=steps,
-                                          model_calls=_model_calls(run), psnr_db=psnr, ssim=similarity))
+                                          model_calls=model_calls(run), psnr_db=psnr, ssim=similarity,
+                                          detail=detail(clip, plain)))
 
     def _keep_plain_run(self, run: PlainRun) -> None:
         self.plain_runs.append(run)
@@ -304,80 +257,21 @@ class Session:
 
     def _donor(self, index: int, pair: Pair, store: str) -> str:
         """The earlier prompt recorded in the pair's store (unless it already is); the store's location."""
-        location = self._served(store)
-        if location is None or self._entries(location) < 1:
-            _, run = self._sample(index, pair.earlier, store, "model", record=True, label="donor")
-            location = _store_location(run.history)
-            deadline = time.monotonic() + STORE_WAIT_S
-            while self._entries(location) < 1:
-                if time.monotonic() > deadline:
-                    raise ExecutionFailed(run.prompt_id, "the donor run was not recorded in the pair's store", {})
-                time.sleep(0.2)
+        location = self.runs.served(store)
+        if location is None or self.runs.entries(location) < 1:
+            _, run = self._sample(index, pair.earlier, store, "donor", record=True)
+            location = self.runs.wait_recorded(run, 1)
         return location
 
-    def _served(self, store: str) -> str | None:
-        stores = self.client.api("/carnator/store/stores").get("stores", [])
-        suffix = "/" + store
-        return next((s["name"] for s in stores if str(s.get("name", "")).endswith(suffix)), None)
-
-    def _entries(self, location: str) -> int:
-        query = urllib.parse.urlencode({"store": location})
-        return int(self.client.api(f"/carnator/store/stats?{query}").get("entries") or 0)
+    def _sample(self, index: int, prompt: str, store: str, label: str, **options) -> tuple[Clip, PromptRun]:
+        return self.runs.sample(f"pair {index + 1}/{len(self.pairs)}", label, prompt, store, **options)
 
     def _learn_fingerprints(self, location: str) -> None:
         if self.fingerprints:
             return
-        query = urllib.parse.urlencode({"store": location, "limit": 1})
-        entries = self.client.api(f"/carnator/store/entries?{query}").get("entries", [])
-        if entries:
-            self.fingerprints = {"model": entries[0]["model"], "schedule": entries[0]["schedule"],
-                                 "cfg": float(entries[0].get("cfg") or 1.0)}
+        self.fingerprints = self.runs.fingerprints(location)
+        if self.fingerprints:
             self._save_state()
-
-    def _sample(self, index: int, prompt: str, store: str, verification: str, record: bool,
-                label: str, steps: int | None = None) -> tuple[Clip, PromptRun]:
-        prefix = f"carnator_calibration/{self.key}/{index:03d}-{label.replace(' ', '').replace('%', '')}"
-        if self.should_stop():
-            raise CalibrationInterrupted("stopped")
-        graph = self.workflow.graph_for(prompt, store, verification=verification, record=record, prefix=prefix,
-                                        steps=steps)
-        started = time.perf_counter()
-        run = self.client.run(graph)
-        self._durations.append(time.perf_counter() - started)
-        self._runs_done += 1
-        left = max(0, self._total_runs - self._runs_done)
-        eta = float(np.median(self._durations) * left)
-        line = (f"[pair {index + 1}/{len(self.pairs)}] {label:<11} {self._durations[-1]:5.1f} s   "
-                f"{self._runs_done}/{self._total_runs} runs, about {_minutes(eta)} left")
-        self.echo(line)
-        if self.on_progress is not None:
-            self.on_progress(Progress(self._runs_done, self._total_runs, eta, line))
-        return self._clip(run.history), run
-
-    def _clip(self, history: dict) -> Clip:
-        outputs = history.get("outputs") or {}
-        latent = self._saved_latent(outputs[LATENT_NODE])
-        audio = self._saved_latent(outputs[AUDIO_NODE]) if AUDIO_NODE in outputs else None
-        frames = None
-        images = (outputs.get(FRAMES_NODE) or {}).get("images") or []
-        if images:
-            frames = torch.stack([_png(self.client.view(image["filename"], image.get("subfolder", ""),
-                                                        image.get("type", "temp"))) for image in images])
-        return Clip(latent=latent, frames=frames, audio=audio)
-
-    def _saved_latent(self, output: dict) -> torch.Tensor:
-        saved = output["latents"][0]
-        return load_safetensors(self.client.view(saved["filename"], saved.get("subfolder", ""),
-                                                 saved.get("type", "output")))["latent_tensor"].float()
-
-    def _oracle(self, prompt: str, clip: Clip):
-        """The demo world's verdict on a clip of the demo model, None for any other model."""
-        if not self.workflow.runs_demo:
-            return None
-        from carnator_core.demo import world
-        from carnator_core.demo.oracle import score
-
-        return score(prompt, world.decode(world.from_raw(clip.latent[0])))
 
     def _measure(self, index: int, depth: float, pair: Pair, clip: Clip, plain: Clip, run, oracle_plain):
         reports = [r for r in run.statuses if r.get("probes") is not None and r.get("node") == self.workflow.sampler]
@@ -392,7 +286,7 @@ class Session:
         psnr, similarity = quality(clip, plain)
         oracle_kept = None
         if oracle_plain is not None:
-            oracle_kept = bool(self._oracle(pair.new, clip).adherence >= oracle_plain.adherence - 1e-9)
+            oracle_kept = bool(self.runs.oracle(pair.new, clip).adherence >= oracle_plain.adherence - 1e-9)
         resume = Resume(pair=index, depth=float(probe["depth"]),
                         screen_structure=None if screen is None else structure_signal(screen),
                         screen_guidance=None if screen is None else screen.get("guidance_cosine"),
@@ -403,12 +297,12 @@ class Session:
                         skipped_steps=int(report["skipped_steps"]), total_steps=int(report.get("total_steps") or 0),
                         seconds=float(run.seconds),
                         part_structures=[float(probe["structure_agreement"]), *others] if others else None,
-                        model_calls=_model_calls(run))
+                        model_calls=model_calls(run), detail=detail(clip, plain))
 
     @staticmethod
     def store_location(client: ComfyClient, workflow: CalibrationWorkflow) -> str:
         """The location of the store the workflow's reuse node reads, opened on the server (so its routes serve it)."""
-        return _store_location(client.run(workflow.store_graph()).history)
+        return store_location(client.run(workflow.store_graph()).history)
 
     def install(self, profile_json: dict) -> str:
         """File the profile in the store the workflow's reuse node reads; returns that store's location."""
@@ -423,28 +317,3 @@ def structure_signal(probe: dict) -> float:
     part's (a packed latent's video and audio each), and the conditional branches' where the screen judged them, so
     that the fit calibrates the bar every part must pass on what it is compared with."""
     return ProbeRecord.from_dict(probe).signals.weakest_structure
-
-
-def _model_calls(run: PromptRun) -> int:
-    """The run's model calls as its reuse nodes report them, every stage's together."""
-    return sum(int(report.get("model_calls") or 0) for report in run.statuses if report.get("probes") is not None)
-
-
-def _store_location(history: dict) -> str:
-    info = (history.get("outputs") or {}).get(STORE_INFO_NODE) or {}
-    return json.loads(info["carnator_store"][0])["store"]
-
-
-def _loaded(path: Path) -> dict[str, torch.Tensor | None]:
-    tensors = load_file(str(path))
-    return {"latent": tensors["latent"], "frames": tensors.get("frames"), "audio": tensors.get("audio")}
-
-
-def _png(data: bytes) -> torch.Tensor:
-    with Image.open(io.BytesIO(data)) as image:
-        array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-    return torch.from_numpy(array).permute(2, 0, 1)
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

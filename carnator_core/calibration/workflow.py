@@ -139,16 +139,17 @@ class CalibrationWorkflow:
         return INSERTED_REUSE_NODE
 
     def graph_for(self, prompt: str, store_path: str, *, verification: str = "model", record: bool = False,
-                  prefix: str = "carnator_calibration/run", steps: int | None = None) -> dict:
+                  prefix: str = "carnator_calibration/run", steps: int | None = None, mode: str | None = None) -> dict:
         """The graph of one calibration run: `prompt` sampled with the pair's store at `store_path`, its latent (and
         decoded frames) saved under `prefix`. `record` keeps it as the pair's donor; a forced `verification`
-        resumes from that donor; otherwise the run is plain (mode safe, sparse attention off), at `steps` steps
-        where given (`self.steps` must be set)."""
+        resumes from that donor; a `mode` runs the engine as that mode runs it (its own judgement); otherwise the
+        run is plain (mode safe, sparse attention off), at `steps` steps where given (`self.steps` must be set)."""
         graph = self.workflow.for_prompt(prompt, "fixed", random.Random(0))
         if steps is not None:
             self.lower_steps(graph, steps)
         reuse = graph[self.reuse_node]["inputs"]
-        reuse.update(mode="fast" if verification != "model" else "safe", verification=verification, record=record,
+        reuse.update(mode=mode or ("fast" if verification != "model" else "safe"), verification=verification,
+                     record=record,
                      sparse_attention="off", store=[STORE_NODE, 0])
         for node_id in self.later_reuse_nodes:
             graph[node_id]["inputs"].update(mode="safe", verification="model", record=False, sparse_attention="off")

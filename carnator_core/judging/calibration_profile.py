@@ -30,6 +30,7 @@ from typing import Any
 from carnator_core.judging.fewer_steps import fewer_steps_count, step_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality_target import QualityTarget
+from carnator_core.judging.ratio_interval import ratio_words
 
 PROFILE_FORMAT = "carnator-calibration-profile"
 PROFILE_VERSION = 2
@@ -39,6 +40,7 @@ THRESHOLD_RANGES = {"structure": (0.0, 1.0), "structure_slope": (0.0, 1.0),
                     "guidance": (0.0, 1.0), "guidance_slope": (0.0, 1.0)}
 MAX_REASON = 500
 WEIGHED_MODES = ("balanced", "fast")  # the modes that resume, each weighed against plain at fewer steps
+DECIDING_MEASURES = ("adherence", "PSNR", "detail")  # the yardstick's measures, as a verdict names the deciding one
 MAX_COUNT = 1e6  # the most model calls, steps or pairs a profile's field may give
 FORCED_NOTE = "put in force without held-back support"
 
@@ -66,62 +68,72 @@ class Score:
 
 @dataclass(frozen=True)
 class FewerStepsRun:
-    """Plain at `steps` steps on the calibration's pairs: its clips against the full plain clips (PSNR of them
-    together, median SSIM) and its mean model calls."""
+    """Plain at `steps` steps on the calibration's requests: its clips against the full plain clips (PSNR of them
+    together, median SSIM, mean detail ratio) and its mean model calls."""
 
     steps: int
     psnr_db: float
     ssim: float
     model_calls: float
+    detail: float = 1.0
 
 
 @dataclass(frozen=True)
 class ModeVerdict:
-    """A reuse mode weighed against lowering the steps: the model calls a request of the calibrated stream takes in
-    the mode (under the rule that judges it) and how close its clips stay to plain, the cheapest plain run as close
-    (`against`: a `plain-<n>`, or `plain` where none with fewer steps is) and `calls`, that run's calls over the
-    mode's: below 1, lowering the steps is cheaper at the same quality."""
+    """A reuse mode weighed against lowering the steps by the one yardstick (`bench.yardstick`): the model calls a
+    request takes in the mode, how close its clips stay to plain, the cheapest plain run as good (`against`: a
+    `plain-<n>`, or `plain` where none with fewer steps is) and `calls`, that run's calls over the mode's, with its
+    90 % `interval` over the requests: below 1, lowering the steps is cheaper at the same quality.
+
+    `weighed_on` "stream": the user's prompts in order, each mode run by the engine as it runs (`pairs` counts the
+    prompts); "pairs": each pair weighed as a two-prompt stream, its earlier prompt sampled plain."""
 
     model_calls: float
     psnr_db: float
     ssim: float
-    resumed: int  # pairs whose request the mode resumed
-    pairs: int  # pairs weighed: the held-back ones, or every pair where none is held back (`held_back` false)
+    resumed: int  # requests the mode resumed
+    pairs: int  # requests weighed: the stream's prompts, or the pairs (held-back ones, or all: `held_back` false)
     held_back: bool
     steps: int  # the graph's steps
     against: str
     against_calls: float
     calls: float
+    interval: tuple[float, float] | None = None
+    decided_by: str | None = None  # the measure on which the next cheaper plain run fell short
+    steps_short: int | None = None  # the most steps measured that fall short of the mode
+    weighed_on: str = "pairs"
+    detail: float = 1.0
+
+    def words(self) -> str:
+        if self.interval is None:
+            return f"{self.calls:.2f}x over the cheapest plain run as good (no interval measured)"
+        requests = self.pairs if self.weighed_on == "stream" else 2 * self.pairs
+        return ratio_words(self.calls, tuple(self.interval), requests)
 
     def sentence(self, mode: str) -> str:
         """The verdict in one plain sentence, for the command, the Calibrate node and the store panel."""
-        mine, theirs = _calls(self.model_calls), _calls(self.against_calls)
-        lowered = fewer_steps_count(self.against)
+        if self.weighed_on == "stream":
+            basis = f"on a stream of {self.pairs} prompts, each mode run as the engine runs it"
+        else:
+            basis = (f"each of {self.pairs} {'held-back ' if self.held_back else ''}pairs weighed as a two-prompt "
+                     "stream (its earlier prompt sampled plain)")
         if not self.resumed:
-            which = "held-back" if self.held_back else "calibration"
-            return (f"On this model, {mode} resumed none of the {self.pairs} {which} pairs' requests: it saves "
-                    "nothing to weigh against lowering the steps.")
-        if self.calls < 1.0:
-            if lowered is None:
-                return (f"On this model, {mode} costs {mine} calls against plain's {theirs} and no run with fewer "
-                        "steps is as close to plain: reuse does not pay here.")
-            return (f"On this model, plain at {lowered} of {self.steps} steps is as close to plain as {mode}'s "
-                    f"resumes and costs {theirs} calls against {mine}: lower the steps instead.")
-        if lowered is None:
-            return (f"On this model, no run with fewer steps is as close to plain as {mode}'s resumes: {mode} saves "
-                    f"{self.calls:.1f}x over plain ({mine} calls against {theirs}).")
-        return (f"On this model, {mode} saves {self.calls:.1f}x over the cheapest plain run as close (plain at "
-                f"{lowered} of {self.steps} steps: {mine} calls against {theirs}).")
+            return f"On this model, {mode} resumed no request ({basis}): no verdict, it saves nothing to weigh."
+        lowered = fewer_steps_count(self.against)
+        against = f"full plain ({self.steps} steps)" if lowered is None else f"plain at {lowered} of {self.steps} steps"
+        short = ""
+        if self.steps_short is not None:
+            short = f"; {step_count(self.steps_short)} fall short" + (f" on {self.decided_by}" if self.decided_by else "")
+        return (f"On this model, {mode}: {self.words()}. Weighed against {against}, the cheapest plain run as good "
+                f"({_calls(self.against_calls)} calls against {mode}'s {_calls(self.model_calls)}{short}), {basis}.")
 
     def short(self, mode: str) -> str:
         """The verdict in a few words, for the report of a request the profile judged."""
         if not self.resumed:
-            return f"calibration: {mode} resumed no calibration pair, so nothing weighs it against fewer steps"
+            return f"calibration: {mode} resumed no calibration request, so nothing weighs it against fewer steps"
         lowered = fewer_steps_count(self.against)
-        against = "plain" if lowered is None else f"plain at {step_count(lowered)}"
-        if self.calls < 1.0:
-            return f"calibration: {against} is as close to plain for {self.calls:.2f}x {mode}'s calls: lower the steps"
-        return f"calibration: {mode} saves {self.calls:.2f}x over {against}, the cheapest plain run as close"
+        against = "full plain" if lowered is None else f"plain at {step_count(lowered)}"
+        return f"calibration: {mode} {self.words()} against {against}, the cheapest plain run as good"
 
 
 def _calls(value: float) -> str:
@@ -176,7 +188,10 @@ class Profile:
         """How the report and the store panel name it."""
         day = time.strftime("%Y-%m-%d", time.gmtime(self.created_at))
         forced = f" ({FORCED_NOTE})" if self.forced else ""
-        return f"profile {self.name!r} ({day}, {self.fit_pairs + self.held_back_pairs} pairs){forced}"
+        pairs = self.fit_pairs + self.held_back_pairs
+        streams = [v.pairs for v in self.equal_quality.values() if v.weighed_on == "stream"]
+        source = f"{pairs} pairs" if pairs or not streams else f"a stream of {streams[0]} prompts"
+        return f"profile {self.name!r} ({day}, {source}){forced}"
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -282,7 +297,8 @@ def _fewer_steps(data: Any) -> dict[str, FewerStepsRun]:
         runs[name] = FewerStepsRun(steps=int(_number(run, "steps", 1, MAX_COUNT, within)),
                                    psnr_db=_number(run, "psnr_db", 0.0, 100.0, within),
                                    ssim=_number(run, "ssim", -1.0, 1.0, within),
-                                   model_calls=_number(run, "model_calls", 0.0, MAX_COUNT, within))
+                                   model_calls=_number(run, "model_calls", 0.0, MAX_COUNT, within),
+                                   detail=_number(run, "detail", 0.0, MAX_COUNT, within) if "detail" in run else 1.0)
         if runs[name].steps != fewer_steps_count(name):
             raise ProfileError(f"profile field {within + 'steps'!r} is {runs[name].steps}, not the {name}'s steps")
     return runs
@@ -307,10 +323,34 @@ def _equal_quality(data: Any, fewer: dict[str, FewerStepsRun]) -> dict[str, Mode
             pairs=int(_number(verdict, "pairs", 1, MAX_COUNT, within)), held_back=_flag(verdict, "held_back", within),
             steps=int(_number(verdict, "steps", 1, MAX_COUNT, within)), against=against,
             against_calls=_number(verdict, "against_calls", 0.0, MAX_COUNT, within),
-            calls=_number(verdict, "calls", 0.0, MAX_COUNT, within))
+            calls=_number(verdict, "calls", 0.0, MAX_COUNT, within), interval=_interval(verdict, within),
+            decided_by=_choice(verdict, "decided_by", DECIDING_MEASURES, within),
+            steps_short=None if verdict.get("steps_short") is None else
+            int(_number(verdict, "steps_short", 1, MAX_COUNT, within)),
+            weighed_on=_choice(verdict, "weighed_on", ("pairs", "stream"), within) or "pairs",
+            detail=_number(verdict, "detail", 0.0, MAX_COUNT, within) if "detail" in verdict else 1.0)
         if verdicts[mode].resumed > verdicts[mode].pairs:
             raise ProfileError(f"profile field {within + 'resumed'!r} is more than its {verdicts[mode].pairs} pairs")
     return verdicts
+
+
+def _interval(verdict: dict, within: str) -> tuple[float, float] | None:
+    value = verdict.get("interval")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ProfileError(f"profile field {within + 'interval'!r} must be [low, high], got {value!r}")
+    low, high = (_number({"interval": v}, "interval", 0.0, MAX_COUNT, within) for v in value)
+    if low > high:
+        raise ProfileError(f"profile field {within + 'interval'!r} has its low end above its high end")
+    return low, high
+
+
+def _choice(data: dict, name: str, choices: tuple[str, ...], within: str) -> str | None:
+    value = data.get(name)
+    if value is not None and value not in choices:
+        raise ProfileError(f"profile field {within + name!r} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def _score(data: Any, name: str) -> Score:

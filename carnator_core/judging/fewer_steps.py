@@ -1,10 +1,11 @@
 """Plain sampling at fewer steps: the cheapest alternative to reuse, and the yardstick both the workload benchmark
 and the calibration weigh reuse against.
 
-A fewer-steps run is the same graph (same seed, sampler and scheduler) with its steps lowered to 1/2, 1/3 and 1/4,
-named `plain-<its steps>`. A configuration or a mode is weighed against the cheapest of them (fewest model calls)
-whose clips are as good as its own; the ratio of that run's calls over the configuration's is below 1 where just
-taking fewer steps gets as close for less.
+A fewer-steps run is the same graph (same seed, sampler and scheduler) with its steps lowered, named
+`plain-<its steps>`: at 1/2, 1/3 and 1/4 of them in the workload's timed rows and a pair calibration, at bisected
+counts on the plain-steps curve (`bench.plain_steps_curve`). A configuration or a mode is weighed against the
+cheapest of them as good as its own by the yardstick (`bench.yardstick`); the ratio of that run's calls over the
+configuration's is below 1 where just taking fewer steps gets as good for less.
 
 Here, below the benchmarks and calibration, because the calibration profile's checks read these names too.
 """
@@ -12,7 +13,6 @@ Here, below the benchmarks and calibration, because the calibration profile's ch
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
 
 FEWER_STEPS_DIVISORS = (2, 3, 4)
 FEWER_STEPS_NAME = re.compile(r"plain-(\d+)")
@@ -45,8 +45,3 @@ def fewer_steps_count(name: str) -> int | None:
     """The steps of a plain-at-fewer-steps run (`plain-<steps>`); None for every other name."""
     match = FEWER_STEPS_NAME.fullmatch(name)
     return int(match.group(1)) if match else None
-
-
-def cheapest_as_good(calls: Mapping[str, float], as_good: Callable[[str], bool]) -> str | None:
-    """Of the fewer-steps runs by name (their model calls), the cheapest that is `as_good`; None where none is."""
-    return min((name for name in calls if as_good(name)), key=lambda name: calls[name], default=None)

@@ -72,24 +72,30 @@ def _agrees_with_its_runs(config: dict, runs: list[dict]) -> None:
 
 
 def _equal_quality_agrees_with_configs(data: dict, markdown: str) -> None:
-    """Each equal-quality speedup names the cheapest plain-at-fewer-steps row as close to plain and as adherent as
-    its configuration (else plain), its calls ratio is that row's calls over the configuration's, and a ratio below
-    1 is said in words under the table."""
-    by_name = {c["name"]: c for c in data["configs"]}
+    """Each equal-quality speedup names the cheapest plain run of the stream's plain-steps curve (fixed rows and
+    bisected counts) as adherent, as close to plain and as detailed as its configuration (else plain), its calls
+    ratio is that run's calls over the configuration's inside its interval, and its words are said under the
+    table."""
     fewer = [c for c in data["configs"] if fewer_steps_count(c["name"]) is not None]
+    curve = {f"plain-{row['steps']}": row for row in data["plain_steps_curve"]}
+    steps = data["settings"]["steps"]
+    assert {c["name"] for c in fewer} <= set(curve) and curve[f"plain-{steps}"]["psnr"] == PSNR_IDENTICAL
     for config in data["configs"]:
         speedup = config["equal_quality_speedup"]
         if config["name"] == "plain" or config in fewer:
             assert speedup is None, config
             continue
-        as_good = [c for c in fewer if c["psnr"] >= config["psnr"] and (
-            c["adherence"] is None or config["adherence"] is None or c["adherence"] >= config["adherence"] - 0.005)]
-        assert speedup["against"] == min(as_good, key=lambda c: c["model_calls"])["name"] if as_good else "plain"
-        against = by_name[speedup["against"]]
-        assert speedup["calls"] == pytest.approx(against["model_calls"] / config["model_calls"], abs=2e-3), config
-        assert speedup["time"] > 0, config
-        said = f"\n{config['name']}: " in markdown
-        assert said == (speedup["calls"] < 1), (config, markdown)
+        as_good = [row for name, row in curve.items() if row["steps"] < steps and row["psnr"] >= config["psnr"] - 0.01
+                   and (row["adherence"] is None or config["adherence"] is None
+                        or row["adherence"] >= config["adherence"] - 0.005)
+                   and row["detail"] >= min(config["detail"], 1.0) - 0.02 - 1e-3]
+        cheapest = min(as_good, key=lambda row: row["model_calls"], default=curve[f"plain-{steps}"])
+        assert speedup["steps_needed"] == cheapest["steps"], (config, data["plain_steps_curve"])
+        assert speedup["calls"] == pytest.approx(cheapest["model_calls"] / config["model_calls"], abs=2e-3), config
+        low, high = speedup["interval"]
+        assert low <= speedup["calls"] + 1e-9 and speedup["calls"] <= high + 1e-9, config
+        assert (speedup["time"] is None) == (speedup["against"] not in {"plain", *(c["name"] for c in fewer)})
+        assert f"- {config['name']}: {speedup['words']}" in markdown, (config, markdown)
 
 
 def _targets_agree_with_configs(data: dict, stream: str) -> None:
@@ -192,27 +198,30 @@ def test_fewer_steps_configurations_skip_what_cannot_run_on_its_own():
     assert [fewer_steps_count(name) for name in ("plain-15", "plain", "plain-x", "fast")] == [15, None, None, None]
 
 
-def _run(calls: int, seconds: float, error: float, adherence: float | None) -> Sample:
-    """A request's outcome as `equal_quality_speedup` reads it: calls, time, MSE against plain and adherence."""
+def _run(calls: int, seconds: float, error: float, adherence: float | None, detail: float = 1.0) -> Sample:
+    """A request's outcome as `equal_quality_speedup` reads it: calls, time, MSE against plain, detail, adherence."""
     return Sample(seconds=seconds, model_calls=calls, verdict=Verdict.MISS, skipped_steps=0, density=1.0,
-                  rgb=torch.zeros(1), report=None, quality={"mse": error, "adherence": adherence})
+                  rgb=torch.zeros(1), report=None, quality={"mse": error, "adherence": adherence, "detail": detail})
 
 
-def test_equal_quality_speedup_takes_the_cheapest_plain_run_as_close_and_as_adherent():
+def test_equal_quality_speedup_weighs_by_the_yardstick_and_times_only_against_an_interleaved_row():
     plain = [_run(30, 3.0, 0.0, 1.0)] * 2
     fewer = {"plain-15": [_run(15, 1.5, 1e-5, 1.0)] * 2,  # 50 dB
              "plain-10": [_run(10, 1.0, 1e-4, 0.996)] * 2,  # 40 dB
              "plain-7": [_run(7, 0.7, 1e-3, 0.5)] * 2}  # 30 dB, the shapes lost
-    close = [_run(12, 1.2, 2e-5, 1.0), _run(12, 1.2, 2e-5, 1.0)]  # 47 dB: only plain-15 is as close
-    assert equal_quality_speedup(close, plain, fewer) == {"against": "plain-15", "calls": 1.25, "time": 1.25}
+    close = [_run(12, 1.2, 2e-5, 1.0)] * 2  # 47 dB: only plain-15 is as close
+    speedup = equal_quality_speedup(close, plain, fewer, 30, frozenset(fewer))
+    assert (speedup["against"], speedup["calls"], speedup["time"], speedup["decided_by"]) == \
+        ("plain-15", 1.25, 1.25, "PSNR")
     rougher = [_run(20, 2.0, 1e-3, 1.0)] * 2  # 30 dB: plain-10 is cheaper and within the adherence tolerance
-    assert equal_quality_speedup(rougher, plain, fewer) == {"against": "plain-10", "calls": 0.5, "time": 0.5}
-    unscored = [_run(20, 2.0, 1e-3, None)] * 2  # no adherence: PSNR alone, so plain-7 qualifies
-    assert equal_quality_speedup(unscored, plain, fewer)["against"] == "plain-7"
-    less_adherent = {**fewer, "plain-10": [_run(10, 1.0, 1e-4, 0.994)] * 2}  # beyond the tolerance
-    assert equal_quality_speedup(rougher, plain, less_adherent)["against"] == "plain-15"
+    assert equal_quality_speedup(rougher, plain, fewer, 30, frozenset(fewer))["against"] == "plain-10"
+    assert equal_quality_speedup(rougher, plain, fewer, 30)["time"] is None  # plain-10 not interleaved: no time
+    blurred = {**fewer, "plain-10": [_run(10, 1.0, 1e-4, 0.996, detail=0.9)] * 2}  # as close, but blurred
+    assert equal_quality_speedup(rougher, plain, blurred, 30)["against"] == "plain-15"
     sharper = [_run(24, 4.0, 1e-6, 1.0)] * 2  # 60 dB: no fewer-steps run is as close, so full plain
-    assert equal_quality_speedup(sharper, plain, fewer) == {"against": "plain", "calls": 1.25, "time": 0.75}
+    sharp = equal_quality_speedup(sharper, plain, fewer, 30)
+    assert (sharp["against"], sharp["calls"], sharp["time"], sharp["steps_needed"], sharp["steps_short"]) == \
+        ("plain", 1.25, 0.75, 30, 15)
 
 
 def test_a_miss_costing_more_than_three_percent_of_plains_time_misses_the_unrelated_streams_target():

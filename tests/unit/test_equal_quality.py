@@ -18,6 +18,7 @@ from carnator_core.judging.calibration_profile import FewerStepsRun, Profile, Pr
 from carnator_core.judging.fewer_steps import fewer_steps
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality_target import QualityTarget
+from carnator_core.judging.ratio_interval import ratio_words
 from carnator_core.queue import Workflow
 from carnator_core.reuse.settings import ReuseSettings
 
@@ -121,38 +122,42 @@ def _pairs(balanced_db: float, fast_db: float, structure: float = 0.99) -> tuple
     return measured, plain
 
 
-def test_a_mode_closer_to_plain_than_every_cheaper_plain_run_saves_over_the_cheapest_as_close():
+def test_each_pair_is_weighed_as_a_two_prompt_stream_its_earlier_prompt_sampled_plain():
     measured, plain = _pairs(balanced_db=35.0, fast_db=29.0)
     fewer, verdicts = weigh(measured, plain, ProbeThresholds(), STEPS)
+    # at fewer steps the earlier prompt loses what the new one does: both requests of a pair at the run's quality
     assert fewer == {"plain-6": FewerStepsRun(6, 31.0, 0.9, 6.0), "plain-4": FewerStepsRun(4, 27.0, 0.9, 4.0),
                      "plain-3": FewerStepsRun(3, 22.0, 0.9, 3.0)}
     fast, balanced = verdicts["fast"], verdicts["balanced"]
-    assert (fast.pairs, fast.held_back, fast.resumed, fast.model_calls, fast.against, fast.calls) == (
-        2, True, 2, 5.0, "plain-6", 1.2)
-    assert fast.sentence("fast") == ("On this model, fast saves 1.2x over the cheapest plain run as close (plain at "
-                                     "6 of 12 steps: 5 calls against 6).")
-    assert (balanced.model_calls, balanced.against, balanced.against_calls) == (7.0, "plain", 12.0)
-    assert balanced.sentence("balanced") == (
-        "On this model, no run with fewer steps is as close to plain as balanced's resumes: balanced saves 1.7x over "
-        "plain (7 calls against 12).")
+    # two held-back pairs, four requests: the earlier prompts at plain's 12 calls, the resumed ones at 5
+    assert (fast.pairs, fast.held_back, fast.resumed, fast.model_calls, fast.weighed_on) == (2, True, 2, 8.5, "pairs")
+    # 29 dB resumes beside two identical clips are 32 dB together: closer than plain-6, so full plain is the yardstick
+    assert (fast.psnr_db, fast.against, fast.calls, fast.steps_short, fast.decided_by) == (
+        32.01, "plain", 1.412, 6, "PSNR")
+    low, high = fast.interval
+    assert low <= fast.calls <= high and fast.words() == ratio_words(fast.calls, fast.interval, 4)
+    assert fast.sentence("fast") == (
+        f"On this model, fast: {fast.words()}. Weighed against full plain (12 steps), the cheapest plain run as good "
+        "(12 calls against fast's 8.5; 6 steps fall short on PSNR), each of 2 held-back pairs weighed as a two-prompt "
+        "stream (its earlier prompt sampled plain).")
+    assert (balanced.model_calls, balanced.against, balanced.against_calls) == (9.5, "plain", 12.0)
 
 
-def test_where_a_plain_run_with_fewer_steps_is_as_close_for_less_the_verdict_says_lower_the_steps():
-    measured, plain = _pairs(balanced_db=35.0, fast_db=26.0)
+def test_where_a_plain_run_with_fewer_steps_is_as_good_for_less_the_verdict_weighs_against_it():
+    measured, plain = _pairs(balanced_db=35.0, fast_db=20.0)
     verdict = weigh(measured, plain, ProbeThresholds(), STEPS)[1]["fast"]
-    assert (verdict.against, verdict.calls) == ("plain-4", 0.8)
-    assert verdict.sentence("fast") == ("On this model, plain at 4 of 12 steps is as close to plain as fast's resumes "
-                                        "and costs 4 calls against 5: lower the steps instead.")
-    assert verdict.short("fast") == "calibration: plain at 4 steps is as close to plain for 0.80x fast's calls: " \
-                                    "lower the steps"
+    assert (verdict.psnr_db, verdict.against, verdict.calls, verdict.decided_by) == (23.01, "plain-4", 0.471, "PSNR")
+    assert verdict.short("fast") == f"calibration: fast {verdict.words()} against plain at 4 steps, the cheapest " \
+                                    "plain run as good"
 
 
-def test_a_rule_that_resumes_nothing_costs_a_probe_call_and_says_there_is_nothing_to_weigh():
+def test_a_rule_that_resumes_nothing_costs_a_probe_call_and_claims_no_verdict():
     measured, plain = _pairs(balanced_db=35.0, fast_db=29.0, structure=0.5)
     verdict = weigh(measured, plain, ProbeThresholds(), STEPS)[1]["fast"]
-    assert (verdict.resumed, verdict.model_calls, verdict.psnr_db) == (0, STEPS + 1, 100.0)
-    assert verdict.sentence("fast") == ("On this model, fast resumed none of the 2 held-back pairs' requests: it saves "
-                                        "nothing to weigh against lowering the steps.")
+    assert (verdict.resumed, verdict.model_calls, verdict.psnr_db) == (0, STEPS + 0.5, 100.0)
+    assert verdict.sentence("fast") == (
+        "On this model, fast resumed no request (each of 2 held-back pairs weighed as a two-prompt stream (its earlier "
+        "prompt sampled plain)): no verdict, it saves nothing to weigh.")
 
 
 def test_without_held_back_pairs_every_pair_is_weighed_and_a_pair_missing_a_plain_run_is_left_out():
@@ -178,7 +183,7 @@ def test_the_verdict_survives_the_profile_s_json_and_a_profile_without_it_still_
     assert Profile.from_json(profile.to_json()) == profile
     assert [line.split(",")[0] for line in profile.verdict_lines()] == [
         "On this model", "On this model"]
-    assert profile.verdict_lines()[1].startswith("On this model, plain at 4 of 12 steps is as close")
+    assert profile.verdict_lines()[1].startswith("On this model, fast: ")
     data = profile.as_dict()
     del data["fewer_steps"], data["equal_quality"]
     assert Profile.from_dict(data).verdict_lines() == []
@@ -197,6 +202,10 @@ def test_the_verdict_survives_the_profile_s_json_and_a_profile_without_it_still_
     (lambda d: d["fewer_steps"]["plain-6"].update(psnr_db="high"), "'fewer_steps.plain-6.psnr_db' must be a number"),
     (lambda d: d["fewer_steps"]["plain-6"].update(steps=5), "'fewer_steps.plain-6.steps' is 5, not the plain-6's"),
     (lambda d: d["fewer_steps"].update(fast={}), "must map names plain-<steps> to objects, got 'fast'"),
+    (lambda d: d["equal_quality"]["fast"].update(interval=[2, 1]), "'equal_quality.fast.interval' has its low end"),
+    (lambda d: d["equal_quality"]["fast"].update(interval=[1]), "'equal_quality.fast.interval' must be \\[low, high\\]"),
+    (lambda d: d["equal_quality"]["fast"].update(decided_by="vibes"), "'equal_quality.fast.decided_by' must be one"),
+    (lambda d: d["equal_quality"]["fast"].update(weighed_on="dreams"), "'equal_quality.fast.weighed_on' must be one"),
 ])
 def test_a_hand_edited_verdict_is_refused_naming_the_field(edit, message):
     data = _profile().as_dict()
