@@ -129,6 +129,9 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     if pairs is None:
         pairs, prompts, note = history(client, plan.workflow, plan.max_pairs)
         echo(note)
+    if prompts is not None and not plan.fewer_steps:
+        echo("the stream is not weighed: plain at fewer steps is turned off, and the stream weighs reuse against it")
+        prompts = None
     stream = None if prompts is None else _stream(client, plan, prompts, bool(pairs), echo, on_progress, should_stop)
     if stream is None and not pairs:
         raise NoPairs("neither pairs nor a stream of prompts to calibrate on")

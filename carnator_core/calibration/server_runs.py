@@ -122,12 +122,18 @@ class ServerRuns:
         return score(prompt, world.decode(world.from_raw(clip.latent[0])))
 
     def _clip(self, history: dict) -> Clip:
+        """The run's clip. The demo model's frames are those the demo world decodes (what its oracle scores and
+        `bench workload` measures), not the 8-bit previews, so that both tools measure one picture."""
         outputs = history.get("outputs") or {}
         latent = self._saved_latent(outputs[LATENT_NODE])
         audio = self._saved_latent(outputs[AUDIO_NODE]) if AUDIO_NODE in outputs else None
         frames = None
         images = (outputs.get(FRAMES_NODE) or {}).get("images") or []
-        if images:
+        if self.workflow.runs_demo:
+            from carnator_core.demo import world
+
+            frames = world.decode(world.from_raw(latent[0]))
+        elif images:
             frames = torch.stack([_png(self.client.view(image["filename"], image.get("subfolder", ""),
                                                         image.get("type", "temp"))) for image in images])
         return Clip(latent=latent, frames=frames, audio=audio)
