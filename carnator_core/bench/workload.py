@@ -80,7 +80,7 @@ from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
-from carnator_core.bench.yardstick import FULL, RequestOutcome, StreamQuality, equal_quality, short_of
+from carnator_core.bench.yardstick import FULL, RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
@@ -378,8 +378,9 @@ def plain_steps_curve(samples: dict[str, list[Sample]], curve: dict[str, list[Sa
                 if fewer_steps_count(name) is not None}
 
     def judge(runs: list[Sample]) -> Callable[[int], bool]:
-        wanted = StreamQuality.of([_outcome(s) for s in runs])
-        return lambda n: short_of(StreamQuality.of([_outcome(s) for s in lowered()[n]]), wanted) is None
+        target = quality_bar(StreamQuality.of([_outcome(s) for s in runs]),
+                        StreamQuality.of([_outcome(s) for s in samples["plain"]]))
+        return lambda n: short_of(StreamQuality.of([_outcome(s) for s in lowered()[n]]), target) is None
 
     for _ in range(MAX_LOWERED_COUNTS):
         count = next_count(steps, lowered(), [judge(runs) for runs in weighed.values()])

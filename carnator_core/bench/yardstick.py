@@ -4,9 +4,11 @@ as `bench workload` and the calibration both weigh them.
 Equal quality means all three, each against the request's own full-step plain render:
 - as adherent (the demo world's oracle, where it scores the prompts; within `ADHERENCE_TOLERANCE`);
 - as close by PSNR (the requests' clips together: the PSNR of their mean squared error);
-- as detailed (the mean detail ratio, `bench.quality.detail_ratio`, within `DETAIL_TOLERANCE` of the configuration's,
-  which counts as at most the full render's own): fewer steps lose fine detail, a resume keeps the full-step detail
-  of its own schedule, and PSNR to plain alone cannot tell a blur from a different valid render.
+- as detailed (the mean detail ratio, `bench.quality.detail_ratio`, within `DETAIL_TOLERANCE`): fewer steps lose fine
+  detail, a resume keeps the full-step detail of its own schedule, and PSNR to plain alone cannot tell a blur from a
+  different valid render.
+A configuration's adherence and detail count up to the full render's own (`quality_bar`): no plain run is asked to beat
+the full-step render it converges to.
 
 A configuration's equal-quality ratio is the mean model calls of the cheapest plain run that is as good (full plain
 always is) over its own. Its interval is a seeded percentile bootstrap over the requests, every run's outcome on a
@@ -58,15 +60,25 @@ class StreamQuality:
                    adherence=_mean(scored) if scored else None)
 
 
-def short_of(candidate: StreamQuality, wanted: StreamQuality) -> str | None:
-    """The first measure on which `candidate` falls short of `wanted` (adherence, PSNR, detail); None where it is as
-    good on all three."""
-    if candidate.adherence is not None and wanted.adherence is not None \
-            and candidate.adherence < wanted.adherence - ADHERENCE_TOLERANCE:
+def quality_bar(mode: StreamQuality, full: StreamQuality) -> StreamQuality:
+    """What a plain run must reach to be as good as `mode`: its PSNR, and its adherence and detail up to the full
+    render's own (a resume that keeps a donor's right attribute, or renders sharper, asks no plain run to beat the
+    full-step render plain runs converge to)."""
+    adherence = mode.adherence if mode.adherence is None or full.adherence is None else \
+        min(mode.adherence, full.adherence)
+    return StreamQuality(model_calls=mode.model_calls, psnr_db=mode.psnr_db, detail=min(mode.detail, full.detail),
+                         adherence=adherence)
+
+
+def short_of(candidate: StreamQuality, target: StreamQuality) -> str | None:
+    """The first measure on which `candidate` falls short of `target` (`quality_bar`): adherence, PSNR or detail; None
+    where it is as good on all three."""
+    if candidate.adherence is not None and target.adherence is not None \
+            and candidate.adherence < target.adherence - ADHERENCE_TOLERANCE:
         return "adherence"
-    if candidate.psnr_db < wanted.psnr_db:
+    if candidate.psnr_db < target.psnr_db:
         return "PSNR"
-    if candidate.detail < min(wanted.detail, 1.0) - DETAIL_TOLERANCE:
+    if candidate.detail < target.detail - DETAIL_TOLERANCE:
         return "detail"
     return None
 
@@ -116,8 +128,9 @@ def equal_quality(runs: Sequence[RequestOutcome], plain: Sequence[RequestOutcome
     tail = (1.0 - INTERVAL_LEVEL) / 2.0
     interval = ratios[int(tail * RESAMPLES)], ratios[min(RESAMPLES - 1, int((1.0 - tail) * RESAMPLES))]
     mode = StreamQuality.of(runs)
+    target = quality_bar(mode, StreamQuality.of(plain))
     needed = steps if against == FULL else int(against.removeprefix("plain-"))
-    short = [n for n in fewer if n < needed and short_of(StreamQuality.of(fewer[n]), mode) is not None]
+    short = [n for n in fewer if n < needed and short_of(StreamQuality.of(fewer[n]), target) is not None]
     return EqualQuality(against=against, against_calls=calls * mode.model_calls, model_calls=mode.model_calls,
                         calls=calls, interval=interval, requests=count, decided_by=decided_by, steps_needed=needed,
                         steps_short=max(short) if short else None)
@@ -128,19 +141,20 @@ def _cheapest_as_good(runs: Sequence[RequestOutcome], plain: Sequence[RequestOut
                       picks: Sequence[int]) -> tuple[str, float, str | None]:
     """Over the requests `picks`: the cheapest plain run as good as `runs`, its calls over theirs, and the measure on
     which the next cheaper plain run fell short."""
-    wanted = StreamQuality.of([runs[i] for i in picks])
+    mode = StreamQuality.of([runs[i] for i in picks])
+    full = StreamQuality.of([plain[i] for i in picks])
+    target = quality_bar(mode, full)
     candidates = sorted(((StreamQuality.of([outcomes[i] for i in picks]), f"plain-{n}") for n, outcomes in fewer.items()),
                         key=lambda item: item[0].model_calls)
-    full = StreamQuality.of([plain[i] for i in picks])
     decided_by = None
     for quality, name in candidates:
         if quality.model_calls >= full.model_calls:
             break
-        missing = short_of(quality, wanted)
+        missing = short_of(quality, target)
         if missing is None:
-            return name, quality.model_calls / wanted.model_calls, decided_by
+            return name, quality.model_calls / mode.model_calls, decided_by
         decided_by = missing
-    return FULL, full.model_calls / wanted.model_calls, decided_by
+    return FULL, full.model_calls / mode.model_calls, decided_by
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -135,7 +135,10 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     stream = None if prompts is None else _stream(client, plan, prompts, bool(pairs), echo, on_progress, should_stop)
     if stream is None and not pairs:
         raise NoPairs("neither pairs nor a stream of prompts to calibrate on")
-    stream_verdict = None if stream is None else stream.run()
+    try:
+        stream_verdict = None if stream is None else stream.run()
+    except NoStreamVerdict as error:
+        raise NothingToCalibrate(str(error)) from None
     if stream_verdict is not None and stream_verdict.note:
         echo(stream_verdict.note)
     fitted = _fitted(client, plan, distinct_pairs(pairs, echo), echo, on_progress, should_stop) if pairs else None

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.bench.quality import PSNR_IDENTICAL
-from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality, short_of
+from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
 from carnator_core.calibration.clip import Clip, detail, quality
-from carnator_core.calibration.server_runs import Progress, ServerRuns, model_calls
+from carnator_core.calibration.server_runs import CalibrationInterrupted, Progress, ServerRuns, model_calls
 from carnator_core.calibration.workflow import CalibrationWorkflow
-from carnator_core.client import ComfyClient, ExecutionFailed
+from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, RequestRefused
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.queue import WorkflowError
 
@@ -123,14 +123,25 @@ class StreamCalibration:
         self.runs.total = sum(not self._done(i, name) for i in range(len(self.prompts))
                               for name in (PLAIN, *WEIGHED_MODES)) + MAX_LOWERED_COUNTS * len(self.prompts)
         self.runs.done = 0
+        try:
+            return self._run(steps)
+        except ComfyError as error:  # the server went away (ServerLost, unreachable); a prompt's failure is per run
+            if isinstance(error, (ExecutionFailed, RequestRefused)):
+                raise
+            raise CalibrationInterrupted(str(error)) from None
+
+    def _run(self, steps: int) -> StreamVerdict:
         for index, prompt in enumerate(self.prompts):
             self._prompt(index, prompt)
+        if len(self._of(PLAIN)) < 2:
+            raise NoStreamVerdict(f"only {len(self._of(PLAIN))} of the {len(self.prompts)} prompts sampled in every "
+                                  "run (each failure's line says why): no verdict")
         resumed = {mode: [r for r in self._of(mode) if r.skipped_steps > 0] for mode in WEIGHED_MODES}
         if not any(resumed.values()):
             note = (f"no mode resumed any of the {len(self.prompts)} prompts: nothing in this stream is resumable here, "
                     "so no verdict is claimed and plain was not sampled at fewer steps")
             return StreamVerdict({}, {mode: self._verdict(mode, {}) for mode in WEIGHED_MODES}, note)
-        self.runs.total = self.runs.done + sum(len(self.prompts) - len(self._of(f"plain-{n}"))
+        self.runs.total = self.runs.done + sum(len(self.prompts) - len(self._rows(f"plain-{n}"))
                                                for n in self._lowered_counts()) + len(self.prompts) * max(
             0, MAX_LOWERED_COUNTS - len(self._lowered_counts()))
         for count in self._lowered_counts():  # a count an interrupted run began
@@ -179,13 +190,20 @@ class StreamCalibration:
                            **common)
 
     def _judge(self, mode: str) -> Callable[[int], bool]:
-        wanted = self.mode_quality(mode)
-        return lambda n: short_of(StreamQuality.of(_outcomes(self._of(f"plain-{n}"))), wanted) is None
+        target = quality_bar(self.mode_quality(mode), self.mode_quality(PLAIN))
+        return lambda n: short_of(StreamQuality.of(_outcomes(self._of(f"plain-{n}"))), target) is None
 
-    def _of(self, name: str) -> list[StreamRun]:
-        """The rows of run `name`, one per prompt, in the stream's order."""
+    def _rows(self, name: str) -> list[StreamRun]:
+        """The rows of run `name`, one per prompt it ran on, in the stream's order."""
         latest = {r.index: r for r in self.rows if r.run == name}
         return [latest[i] for i in sorted(latest)]
+
+    def _of(self, name: str) -> list[StreamRun]:
+        """The rows of run `name` on the prompts weighed: those every run of the stream ran on (a prompt that failed
+        to sample in one run is left out of all)."""
+        names = (PLAIN, *WEIGHED_MODES, *(f"plain-{n}" for n in self._lowered_counts()))
+        weighed = set.intersection(*({r.index for r in self._rows(n)} for n in names))
+        return [r for r in self._rows(name) if r.index in weighed]
 
     def _done(self, index: int, name: str) -> bool:
         return any(r.index == index and r.run == name for r in self.rows)
@@ -214,16 +232,24 @@ class StreamCalibration:
     def _prompt(self, index: int, prompt: str) -> None:
         if all(self._done(index, name) for name in (PLAIN, *WEIGHED_MODES)):
             return
-        plain = self._plain(index, prompt)
+        try:
+            plain = self._plain(index, prompt)
+        except (ExecutionFailed, RequestRefused) as error:
+            self.echo(f"prompt {index + 1}: failed to sample plain ({error}); left out of the verdict")
+            return
         for mode in WEIGHED_MODES:
             if self._done(index, mode):
                 continue
-            clip, run = self._sample(index, prompt, mode, self._store(mode), mode=mode, record=True)
+            try:
+                clip, run = self._sample(index, prompt, mode, self._store(mode), mode=mode, record=True)
+            except (ExecutionFailed, RequestRefused) as error:
+                self.echo(f"prompt {index + 1}, {mode}: failed to sample ({error}); left out of the verdict")
+                continue
             reports = [r for r in run.statuses if r.get("probes") is not None]
             self._measured(index, prompt, mode, clip, plain, model_calls(run),
                            sum(int(r.get("skipped_steps") or 0) for r in reports))
             try:
-                location = self.runs.wait_recorded(run, len(self._of(mode)))
+                location = self.runs.wait_recorded(run, len(self._rows(mode)))
             except ExecutionFailed:
                 self.echo(f"prompt {index + 1}: not recorded in {mode}'s store in time; the stream goes on")
                 continue
@@ -232,11 +258,14 @@ class StreamCalibration:
     def _plain_at(self, count: int) -> None:
         for index, prompt in enumerate(self.prompts):
             name = f"plain-{count}"
-            if self._done(index, name):
+            if self._done(index, name) or not self._done(index, PLAIN):
                 continue
-            plain = self._plain(index, prompt)
-            clip, run = self._sample(index, prompt, name, self._store(PLAIN), steps=count)
-            self._measured(index, prompt, name, clip, plain, model_calls(run), 0)
+            try:
+                clip, run = self._sample(index, prompt, name, self._store(PLAIN), steps=count)
+            except (ExecutionFailed, RequestRefused) as error:
+                self.echo(f"prompt {index + 1}, {name}: failed to sample ({error}); left out of the verdict")
+                continue
+            self._measured(index, prompt, name, clip, self._plain(index, prompt), model_calls(run), 0)
 
     def _measured(self, index: int, prompt: str, name: str, clip: Clip, plain: Clip, calls: int,
                   skipped: int) -> None:

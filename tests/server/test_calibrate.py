@@ -9,6 +9,7 @@ and starts another on the same base directory: the same command finishes the res
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import subprocess
 import sys
@@ -24,6 +25,9 @@ from support.t2v_graphs import LTX2_AUDIO_LATENT, ltx2_audio_latent_shape
 from support.tiny_models import LTXAV, host_lacks, write_ltx2_stage_models, write_tiny_model
 from support.tiny_workflows import api_workflow, on_tiny_models
 
+from carnator_core.calibration.job import CalibrationPlan, calibrate
+from carnator_core.calibration.server_runs import CalibrationInterrupted
+from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.demo.server import demo_weights
 from carnator_core.judging.calibration_profile import Profile
 from carnator_core.queue import Workflow
@@ -308,12 +312,18 @@ def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server
         _report(server, prompt, record=True, top_k=top_k)
     workflow, _ = _files(tmp_path, _graph())
     command = [sys.executable, "-m", "carnator_core.calibrate", "--server", server.url, "--workflow", str(workflow),
-               "--from-store", "--out", str(tmp_path / "out"), "--depths", "0.5", "--no-install", "--no-fewer-steps"]
+               "--from-store", "--out", str(tmp_path / "out"), "--depths", "0.5", "--no-install", "--max-pairs", "3"]
     run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "pairs from the store's history of model" in run.stdout
     rows = [json.loads(line) for line in (tmp_path / "out" / "resumes.jsonl").read_text().splitlines()]
     assert {(row["earlier"], row["new"]) for row in rows} >= {(EARLIER, REWORDED), (REWORDED, edited)}
+    # the same history, in the user's order, is the stream the verdict is weighed on
+    stream = [json.loads(line) for line in (tmp_path / "out" / "stream" / "stream_runs.jsonl").read_text().splitlines()]
+    prompts = [row["prompt"] for row in sorted(stream, key=lambda row: row["index"]) if row["run"] == "plain"]
+    assert prompts[-3:] == [EARLIER, REWORDED, edited] and len(prompts) <= 4
+    profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
+    assert {v.weighed_on for v in profile.equal_quality.values()} == {"stream"} and profile.fit_pairs >= 1
 
 
 def test_an_output_directory_of_another_workflow_is_refused_not_mixed_in(server, tmp_path):
@@ -328,6 +338,131 @@ def test_an_output_directory_of_another_workflow_is_refused_not_mixed_in(server,
     output, _ = again.communicate(timeout=300)
     assert again.returncode == 2 and "holds a calibration of another workflow" in output, output
     assert len((out / "resumes.jsonl").read_text().splitlines()) == 2
+
+
+STREAM = [EARLIER, REWORDED, "a blue circle moving right on a black background",
+          "a blue circle moving left on a white background"]
+
+
+def _stream_files(tmp_path: Path, prompts: list[str], graph: dict | None = None) -> tuple[Path, Path]:
+    """The workflow (the demo twin at 10 steps, reading and filing in a store of its own) and the prompts file."""
+    if graph is None:
+        graph = _graph()
+        graph["20"] = {"class_type": "CarnatorStore", "inputs": {"path": f"stream-{tmp_path.name}",
+                                                                  "size_limit_gb": 1.0}}
+        graph["8"]["inputs"]["store"] = ["20", 0]
+    workflow = tmp_path / "workflow.json"
+    workflow.write_text(json.dumps(graph))
+    prompts_file = tmp_path / "stream.txt"
+    prompts_file.write_text("\n".join(prompts) + "\n")
+    return workflow, prompts_file
+
+
+def _calibrate_stream(url: str, workflow: Path, prompts: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "carnator_core.calibrate", "--server", url, "--workflow", str(workflow),
+               "--prompts", str(prompts), "--out", str(out), *extra]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_a_stream_calibration_runs_each_mode_as_the_engine_does_and_the_workload_lies_in_its_interval(server,
+                                                                                                     tmp_path):
+    workflow, prompts = _stream_files(tmp_path, STREAM)
+    out = tmp_path / "out"
+    run = _calibrate_stream(server.url, workflow, prompts, out)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    profile = Profile.from_json((out / "profile.json").read_text())
+    lines = output.splitlines()
+    assert lines[-2:] == profile.verdict_lines() and not profile.in_force, output
+    assert "a stream calibration fits no thresholds" in profile.reason and "(at most 4 plain runs per prompt)" in output
+    rows = [json.loads(line) for line in (out / "stream" / "stream_runs.jsonl").read_text().splitlines()]
+    runs = {(row["index"], row["run"]) for row in rows}
+    assert len(runs) == len(rows)  # every run once
+    lowered = sorted({row["run"] for row in rows if row["run"].startswith("plain-")})
+    assert 1 <= len(lowered) <= 3 and all((i, name) in runs for i in range(4) for name in ("plain", "balanced",
+                                                                                            "fast", *lowered))
+    first = [row for row in rows if row["index"] == 0 and row["run"] in ("balanced", "fast")]
+    assert all(row["skipped_steps"] == 0 for row in first)  # nothing stored before the first prompt
+    reworded = {row["run"]: row for row in rows if row["index"] == 1}  # the rewording resumes in each mode
+    assert reworded["fast"]["skipped_steps"] >= reworded["balanced"]["skipped_steps"] > 0
+    assert reworded["fast"]["model_calls"] < reworded["plain"]["model_calls"] == STEPS
+    for mode, weighed in profile.equal_quality.items():
+        assert (weighed.weighed_on, weighed.pairs, weighed.steps) == ("stream", 4, STEPS) and weighed.resumed >= 1
+        mine = [row["model_calls"] for row in rows if row["run"] == mode]
+        assert weighed.model_calls == pytest.approx(sum(mine) / 4, abs=0.01)  # the engine's own calls, as counted
+        low, high = weighed.interval
+        assert low <= weighed.calls <= high and ("not settled" in weighed.words()) == (low <= 1.0 <= high)
+        against = STEPS if weighed.against == "plain" else profile.fewer_steps[weighed.against].model_calls
+        assert weighed.calls == pytest.approx(against / weighed.model_calls, abs=2e-3)
+    assert (out / "plot-stream.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    location = output.split("in the store at ")[1].split(" (")[0]
+    filed = server.get("/carnator/store/profiles", params={"store": location}).json()["profiles"]
+    assert [p["verdict"] for p in filed] == [profile.verdict_lines()]  # the store panel says the same
+
+    # the workload benchmark on the same stream and settings: its ratio by the same yardstick lies in the interval
+    bench = subprocess.run([sys.executable, "-m", "carnator_core.bench", "workload", "--prompts", str(prompts),
+                            "--steps", str(STEPS), "--configs", "balanced,fast", "--json", "--out",
+                            str(tmp_path / "bench")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert bench.returncode == 0, bench.stderr
+    for config in json.loads(bench.stdout)["configs"]:
+        if config["name"] in profile.equal_quality:
+            low, high = profile.equal_quality[config["name"]].interval
+            assert low - 1e-3 <= config["equal_quality_speedup"]["calls"] <= high + 1e-3, (config, profile)
+
+    # run again: nothing is sampled; a profile already filed for the model keeps its thresholds, takes the verdict
+    fitted = {**profile.as_dict(), "name": "fitted", "in_force": True, "reason": "in force: held back",
+              "thresholds": {**profile.thresholds, "structure": 0.9},
+              "held_back": {"accepted": 4, "good": 4, "precision": 1.0, "recall": 1.0}}
+    assert server.post("/carnator/store/profiles", params={"store": location}, json=fitted).status_code == 200
+    again = _calibrate_stream(server.url, workflow, prompts, out)
+    assert again.returncode == 0 and "[prompt" not in again.stdout, again.stdout + again.stderr
+    [merged] = server.get("/carnator/store/profiles", params={"store": location}).json()["profiles"]
+    assert (merged["name"], merged["in_force"], merged["thresholds"]["structure"]) == ("fitted", True, 0.9)
+    assert merged["verdict"] == profile.verdict_lines()
+
+
+@pytest.mark.parametrize(("prompts", "steps_linked", "message"), [
+    ([EARLIER], False, "a stream of 1 prompt has no earlier prompt to resume from: no verdict"),
+    (STREAM[:2], True, "cannot be lowered"),
+])
+def test_a_stream_that_cannot_give_a_verdict_says_why_in_one_line_and_claims_none(server, tmp_path, prompts,
+                                                                                   steps_linked, message):
+    graph = _graph()
+    if steps_linked:  # the steps come from another node: calibration cannot lower them
+        graph["30"] = {"class_type": "PrimitiveInt", "inputs": {"value": STEPS}}
+        graph["9"]["inputs"]["steps"] = ["30", 0]
+    workflow, prompts_file = _stream_files(tmp_path, prompts, graph)
+    run = _calibrate_stream(server.url, workflow, prompts_file, tmp_path / "out")
+    assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / "out" / "profile.json").exists()
+
+
+def test_a_stream_with_nothing_resumable_claims_no_verdict_and_samples_no_fewer_steps(server, tmp_path):
+    workflow, prompts = _stream_files(tmp_path, [EARLIER, "a green triangle moving up on a white background"])
+    run = _calibrate_stream(server.url, workflow, prompts, tmp_path / "out", "--no-install")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "no mode resumed any of the 2 prompts: nothing in this stream is resumable here" in run.stdout
+    profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
+    assert profile.fewer_steps == {} and all(v.interval is None and v.resumed == 0
+                                             for v in profile.equal_quality.values())
+    assert all("resumed no request" in line and "no verdict" in line for line in run.stdout.splitlines()[-2:])
+
+
+def test_an_interrupted_stream_calibration_resumes_where_it_stopped(server, tmp_path):
+    graph = json.loads(_stream_files(tmp_path, STREAM[:3])[0].read_text())
+    plan = CalibrationPlan(workflow=CalibrationWorkflow.prepare(Workflow(graph), server.client.object_info()),
+                           pairs=[], prompts=STREAM[:3], out=tmp_path / "out", name="stream", install=False)
+    asked = itertools.count()
+    with pytest.raises(CalibrationInterrupted):
+        calibrate(server.client, plan, echo=lambda line: None, should_stop=lambda: next(asked) >= 4)
+    rows = tmp_path / "out" / "stream" / "stream_runs.jsonl"
+    assert len(rows.read_text().splitlines()) == 4 and not (tmp_path / "out" / "profile.json").exists()
+    said: list[str] = []
+    calibrated = calibrate(server.client, plan, echo=said.append)
+    kept = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len({(row["index"], row["run"]) for row in kept}) == len(kept)  # nothing sampled twice
+    assert sum(line.startswith("[prompt") for line in said) == len(kept) - 4  # only what was left
+    assert set(calibrated.profile.equal_quality) == {"balanced", "fast"}
 
 
 def _calibration_state(server, until, timeout: float = 600) -> dict:

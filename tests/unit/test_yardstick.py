@@ -8,7 +8,7 @@ import torch
 
 from carnator_core.bench.plain_steps_curve import bracket, next_count
 from carnator_core.bench.quality import detail, detail_ratio
-from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality, short_of
+from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
 from carnator_core.judging.ratio_interval import ratio_words, settled
 
 
@@ -17,16 +17,19 @@ def _quality(psnr: float = 40.0, detail_kept: float = 1.0, adherence: float | No
 
 
 def test_a_plain_run_falls_short_on_adherence_psnr_or_detail_and_the_first_is_named():
-    wanted = _quality()
-    assert short_of(_quality(), wanted) is None
-    assert short_of(_quality(adherence=0.996), wanted) is None  # within the tolerance
-    assert short_of(_quality(adherence=0.99, psnr=30.0), wanted) == "adherence"
-    assert short_of(_quality(psnr=39.9), wanted) == "PSNR"
-    assert short_of(_quality(detail_kept=0.97), wanted) == "detail"
-    assert short_of(_quality(detail_kept=0.985), wanted) is None
-    # a resume sharper than its plain render asks no more detail than the full render's own
-    assert short_of(_quality(detail_kept=0.99), _quality(detail_kept=1.2)) is None
+    goal = _quality()
+    assert short_of(_quality(), goal) is None
+    assert short_of(_quality(adherence=0.996), goal) is None  # within the tolerance
+    assert short_of(_quality(adherence=0.99, psnr=30.0), goal) == "adherence"
+    assert short_of(_quality(psnr=39.9), goal) == "PSNR"
+    assert short_of(_quality(detail_kept=0.97), goal) == "detail"
+    assert short_of(_quality(detail_kept=0.985), goal) is None
     assert short_of(_quality(adherence=None), _quality(adherence=1.0)) is None  # no oracle: PSNR and detail decide
+    # a resume sharper or more adherent than its plain render asks no more than the full render's own
+    full = _quality(psnr=100.0, detail_kept=1.0, adherence=0.9)
+    target = quality_bar(_quality(detail_kept=1.2, adherence=0.95), full)
+    assert (target.detail, target.adherence, target.psnr_db) == (1.0, 0.9, 40.0)
+    assert short_of(_quality(detail_kept=0.99, adherence=0.9), target) is None
 
 
 def test_detail_sees_a_blur_that_psnr_to_a_different_render_cannot_tell():
