@@ -78,7 +78,7 @@ def _equal_quality_agrees_with_configs(data: dict, markdown: str) -> None:
     table."""
     fewer = [c for c in data["configs"] if fewer_steps_count(c["name"]) is not None]
     curve = {f"plain-{row['steps']}": row for row in data["plain_steps_curve"]}
-    steps = data["settings"]["steps"]
+    steps = max(row["steps"] for row in data["plain_steps_curve"])  # the full run's
     assert {c["name"] for c in fewer} <= set(curve) and curve[f"plain-{steps}"]["psnr"] == PSNR_IDENTICAL
     for config in data["configs"]:
         speedup = config["equal_quality_speedup"]
@@ -257,7 +257,7 @@ def test_workload_end_to_end_json_shape(tmp_path):
                     "--weights", str(weights))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert set(data) == {"stream", "prompts", "configs", "targets", "nesting"}
+    assert set(data) == {"stream", "prompts", "configs", "targets", "nesting", "plain_steps_curve"}
     assert set(data["nesting"]) == {"fast_shallower_than_balanced", "fast_over_balanced_plus_one",
                                     "balanced_over_safe_plus_one"}
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
@@ -341,7 +341,8 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
     assert data["stream"] == "edit-loop (two-expert)"
-    assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets", "nesting"}
+    assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets", "nesting",
+                         "plain_steps_curve"}
     _targets_agree_with_configs(data, "edit-loop")
     by_name = {c["name"]: c for c in data["configs"]}
     names = ["plain", "plain-2", "plain-1", *TWO_EXPERT_CONFIGS[1:]]  # 4 // 4 steps is plain-1 again: said, skipped
