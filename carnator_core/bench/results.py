@@ -105,9 +105,10 @@ class RunConditions:
         return None if self.alone else f"not shown: {self.beside}"
 
 
-def command_line(benchmark: str, argv: list[str]) -> str:
-    """The command as a user types it from the repository root."""
-    return shlex.join(["python", "-m", "carnator_core.bench", benchmark, *argv])
+def command_line(command: str, argv: list[str]) -> str:
+    """The command (`carnator_core.bench workload`, `carnator_core.calibrate`) as a user types it from the repository
+    root."""
+    return shlex.join(["python", "-m", *command.split(), *argv])
 
 
 def comfyui_version(comfy: Path) -> str:

@@ -860,7 +860,7 @@ def main(argv: list[str]) -> int:
         weights = demo_weights(args.weights)
         before = CpuUse.now()
         result, settings, details = _run(args, prompts, weights, say)
-        conditions = RunConditions.measured(command_line("workload", argv), find_comfyui(), args.threads, before,
+        conditions = RunConditions.measured(command_line("carnator_core.bench workload", argv), find_comfyui(), args.threads, before,
                                             CpuUse.now())
     except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:
         print(f"carnator workload benchmark: {error}", file=sys.stderr)
