@@ -72,7 +72,8 @@ class CarnatorCalibrate(io.ComfyNode):
                         "held-back pairs support it, it is put in force and that node's thresholds left at their "
                         "defaults (auto) judge by it. The node says in one line whether it is in force, why, and "
                         "about how many pairs would settle it, and per mode whether reuse beats just lowering the "
-                        "steps on this model.",
+                        "steps on this model, with its 90 % interval: weighed on your stream of prompts (prompts) as "
+                        "the engine runs it, else on the pairs.",
             is_output_node=True,
             not_idempotent=True,
             inputs=[

@@ -45,7 +45,7 @@ from carnator_core.reuse.report import Verdict
 REPO = Path(__file__).resolve().parents[2]
 # What the saved JSON says of each configuration's run of each prompt (`per_prompt`).
 DETAIL_FIELDS = {"time_s", "cpu_s", "model_calls", "hit", "verdict", "skipped_steps", "attention_density", "psnr",
-                 "ssim", "adherence", "observed", "donor_prompt", "reason", "probes"}
+                 "ssim", "detail", "adherence", "observed", "donor_prompt", "reason", "probes"}
 RESUMED = ("resumed", "stage skipped")  # the verdicts of a run that took a donor's state and skipped steps
 
 
