@@ -68,12 +68,7 @@ def stream_plots(profile: Profile, curve: list[dict], modes: dict[str, StreamQua
         axes.grid(True, alpha=0.3)
     panels[0][0].legend(loc="upper left", fontsize=8)
     figure.suptitle(f"reuse vs the plain-steps curve on the stream: profile {profile.name!r}")
-    figure.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "plot-stream.png"
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return _saved(plt, figure, out / "plot-stream.png")
 
 
 def _trade_off_plot(plt, measured: list[Measured], profile: Profile, out: Path,
@@ -110,12 +105,7 @@ def _trade_off_plot(plt, measured: list[Measured], profile: Profile, out: Path,
              ylabel="PSNR to the plain clip (dB)")
     axes.grid(True, alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    figure.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "plot-calls.png"
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return _saved(plt, figure, out / "plot-calls.png")
 
 
 def _signal_plots(plt, measured: list[Measured], profile: Profile, out: Path) -> list[Path]:
@@ -149,10 +139,13 @@ def _signal_plots(plt, measured: list[Measured], profile: Profile, out: Path) ->
                  xlabel=f"{signal} agreement at the resume state", ylabel="PSNR to the plain clip (dB)")
         axes.grid(True, alpha=0.3)
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        figure.tight_layout()
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"plot-{signal}.png"
-        figure.savefig(path)
-        plt.close(figure)
-        written.append(path)
+        written.append(_saved(plt, figure, out / f"plot-{signal}.png"))
     return written
+
+
+def _saved(plt, figure, path: Path) -> Path:
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -154,11 +154,7 @@ class StreamCalibration:
             self.echo(f"plain-steps curve: plain at {count} of {steps} steps on every prompt")
             self._plain_at(count)
         lowered = {n: self._of(f"plain-{n}") for n in self._lowered_counts()}
-        fewer = {f"plain-{n}": FewerStepsRun(steps=n, psnr_db=round(StreamQuality.of(_outcomes(rows)).psnr_db, 2),
-                                             ssim=round(statistics.median(r.ssim for r in rows), 4),
-                                             model_calls=round(StreamQuality.of(_outcomes(rows)).model_calls, 2),
-                                             detail=round(StreamQuality.of(_outcomes(rows)).detail, 4))
-                 for n, rows in lowered.items()}
+        fewer = {f"plain-{n}": _fewer_steps_run(n, rows) for n, rows in lowered.items()}
         return StreamVerdict(fewer, {mode: self._verdict(mode, lowered) for mode in WEIGHED_MODES})
 
     def curve(self) -> list[dict]:
@@ -298,6 +294,12 @@ class StreamCalibration:
             self.fingerprints = self.runs.fingerprints(location)
             state = {"workflow": self.workflow.digest(), "fingerprints": self.fingerprints}
             (self.out / "stream_state.json").write_text(json.dumps(state))
+
+
+def _fewer_steps_run(steps: int, rows: list[StreamRun]) -> FewerStepsRun:
+    quality = StreamQuality.of(_outcomes(rows))
+    return FewerStepsRun(steps=steps, psnr_db=round(quality.psnr_db, 2), ssim=round(statistics.median(r.ssim for r in rows), 4),
+                         model_calls=round(quality.model_calls, 2), detail=round(quality.detail, 4))
 
 
 def _outcomes(rows: list[StreamRun]) -> list[RequestOutcome]:
