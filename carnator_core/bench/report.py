@@ -21,7 +21,7 @@ from typing import Any
 from carnator_core.bench.results import REPO_DIR, RESULTS_DIR, RunConditions, read_result
 from carnator_core.judging.fewer_steps import fewer_steps_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
-from carnator_core.judging.ratio_interval import median_ratio_interval
+from carnator_core.judging.ratio_interval import median_ratio_interval, ratio_words
 
 DOCUMENTS = (REPO_DIR / "README.md", REPO_DIR / "docs" / "measurements.md")
 MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",
@@ -42,6 +42,13 @@ STREAM_RUNS = {
 DEEP_FIRST_RUNS = ("edit-loop", "reword-and-edit", "near-dup", "mixed", "unrelated", "blocks-and-balls", "navy-and-grey",
                    "reword-and-edit-cfg4", "blocks-and-balls-cfg4", "navy-and-grey-cfg4")
 MODES = ("balanced", "fast")
+# The stored pairs of runs behind the agreement table, each stream at each guidance scale: the workload's record is
+# agree-STREAM-cfgN (`bench workload --prompts docs/streams/STREAM.txt --configs balanced,fast --cfg N`), the stream
+# calibration's calibrate-STREAM-cfgN (`calibrate --prompts` of the same file on the demo workflow at that scale).
+AGREEMENT_STREAMS = ("blocks-and-balls", "navy-and-grey", "reword-and-edit")
+AGREEMENT_CFGS = (1, 4)
+AGREEMENT_RUNS = tuple(f"{tool}-{stream}-cfg{cfg}" for stream in AGREEMENT_STREAMS for cfg in AGREEMENT_CFGS
+                       for tool in ("agree", "calibrate"))
 
 
 @dataclass(frozen=True)
@@ -179,8 +186,29 @@ def _deep_probes(run: StoredRun, thresholds: ProbeThresholds) -> Iterable[tuple[
                 yield screen[probe["donor_prompt"]] - thresholds.needed_structure(probe["step"] / steps), probe["passed"]
 
 
+def agreement_table(runs: dict[str, StoredRun], link: Callable[[str], str]) -> str:
+    """The workload's equal-quality ratio beside the stream calibration's verdict on the same stream, guidance and
+    modes, both by the one yardstick: whether the workload's ratio lies in the calibration's 90 % interval."""
+    lines = ["| stream | cfg | mode | workload: calls ratio (90 % interval), against | calibration: verdict, against | "
+             "workload inside the calibration's interval |", "|---|---|---|---|---|---|"]
+    for stream in AGREEMENT_STREAMS:
+        for cfg in AGREEMENT_CFGS:
+            workload, calibration = runs[f"agree-{stream}-cfg{cfg}"], runs[f"calibrate-{stream}-cfg{cfg}"]
+            for mode in MODES:
+                bench = workload.config(mode)["equal_quality_speedup"]
+                verdict = calibration.result["profile"]["equal_quality"][mode]
+                low, high = verdict["interval"]
+                inside = "yes" if low - 5e-4 <= bench["calls"] <= high + 5e-4 else "**no**"
+                lines.append(
+                    f"| [{stream}]({link(workload.name)}) | {cfg} | {mode} | {_with_interval(bench)}, "
+                    f"{_against(bench['against'])} | [{ratio_words(verdict['calls'], (low, high), verdict['pairs'])}]"
+                    f"({link(calibration.name)}), {_against(verdict['against'])} | {inside} |")
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[dict[str, StoredRun], Callable[[str], str]], str]] = {
-    "readme": readme_table, "streams": streams_table, "runs": runs_list, "deep-first": deep_first_table}
+    "readme": readme_table, "streams": streams_table, "runs": runs_list, "deep-first": deep_first_table,
+    "agreement": agreement_table}
 
 
 def _threads(count: int) -> str:
@@ -231,7 +259,8 @@ def _fewer_steps(run: StoredRun) -> str:
 def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]]:
     """`text` with every marked table regenerated, and the names of the tables that changed."""
     changed: list[str] = []
-    runs = load_runs(dict.fromkeys([*STREAM_RUNS, *DEEP_FIRST_RUNS]), results_dir) if MARKED.search(text) else {}
+    runs = load_runs(dict.fromkeys([*STREAM_RUNS, *DEEP_FIRST_RUNS, *AGREEMENT_RUNS]), results_dir) \
+        if MARKED.search(text) else {}
 
     def link(name: str) -> str:
         return Path(os.path.relpath(results_dir / f"{name}.json", document.parent)).as_posix()

@@ -160,7 +160,9 @@ class StreamCalibration:
     def curve(self) -> list[dict]:
         """Every plain run the stream weighs against, fewest steps first: its calls and the yardstick's measures."""
         counts = {**{n: self._of(f"plain-{n}") for n in self._lowered_counts()}, self.workflow.steps: self._of(PLAIN)}
-        return [{"steps": n, **asdict(StreamQuality.of(_outcomes(counts[n])))} for n in sorted(counts)]
+        return [{"steps": n, **{name: value if value is None else round(value, 4)
+                                for name, value in asdict(StreamQuality.of(_outcomes(counts[n]))).items()}}
+                for n in sorted(counts)]
 
     def mode_quality(self, mode: str) -> StreamQuality:
         return StreamQuality.of(_outcomes(self._of(mode)))

@@ -55,4 +55,4 @@ def _more_to_settle(ratio: float, interval: tuple[float, float], requests: int) 
     if distance < 0.01 or half_width <= 0:
         return "the ratio sits at 1.00x, so no number of prompts can be told to settle it"
     more = max(1, math.ceil(requests * (half_width / distance) ** 2) - requests)
-    return f"about {more} more prompts would settle it"
+    return f"about {more} more prompt{'' if more == 1 else 's'} would settle it"

@@ -38,6 +38,20 @@ def _store(results_dir: Path, name: str, conditions: RunConditions, per_prompt: 
     (results_dir / f"{name}.json").write_text(json.dumps(payload))
 
 
+def _store_agreement(results_dir: Path, name: str, fast_calls: float = 1.58) -> None:
+    """A workload run (agree-*) or a stream calibration (calibrate-*) of the agreement table."""
+    if name.startswith("agree-"):
+        configs = [{"name": mode, "equal_quality_speedup": {"against": "plain-26", "calls": calls,
+                                                             "interval": [calls - 0.3, calls + 0.3], "time": None}}
+                   for mode, calls in (("balanced", 1.27), ("fast", fast_calls))]
+        payload = {"run": asdict(SHARED), "configs": configs}
+    else:
+        verdicts = {mode: {"against": "plain-26", "calls": calls, "interval": [calls - 0.4, calls + 0.4], "pairs": 16}
+                    for mode, calls in (("balanced", 1.27), ("fast", 1.6))}
+        payload = {"run": asdict(SHARED), "kind": "calibration", "profile": {"equal_quality": verdicts}}
+    (results_dir / f"{name}.json").write_text(json.dumps(payload))
+
+
 @pytest.fixture
 def published(tmp_path, monkeypatch) -> Path:
     """A results folder with every stream run (edit-loop alone on the machine, the others shared) and a document
@@ -46,6 +60,8 @@ def published(tmp_path, monkeypatch) -> Path:
     results_dir.mkdir(parents=True)
     for name in {*report.STREAM_RUNS, *report.DEEP_FIRST_RUNS}:
         _store(results_dir, name, ALONE if name == "edit-loop" else SHARED)
+    for name in report.AGREEMENT_RUNS:
+        _store_agreement(results_dir, name)
     document = tmp_path / "docs" / "measurements.md"
     document.write_text("# Results\n\n<!-- results:streams -->\n<!-- /results:streams -->\n\nText.\n\n"
                         "<!-- results:runs -->\n<!-- /results:runs -->\n")
@@ -204,3 +220,17 @@ def test_the_interval_of_a_ratio_of_medians():
     assert low < 1.0 < high and (low, high) == median_ratio_interval(times, noisy)
     with pytest.raises(ValueError):
         median_ratio_interval(times, times[:-1])
+
+
+def test_the_agreement_table_says_whether_the_workload_s_ratio_lies_in_the_calibration_s_interval(published):
+    results_dir = report.RESULTS_DIR
+    runs = report.load_runs(report.AGREEMENT_RUNS, results_dir)
+    table = report.agreement_table(runs, lambda name: f"results/{name}.json")
+    rows = table.splitlines()[2:]
+    assert len(rows) == 2 * len(report.AGREEMENT_STREAMS) * len(report.AGREEMENT_CFGS)
+    assert rows[1] == ("| [blocks-and-balls](results/agree-blocks-and-balls-cfg1.json) | 1 | fast | 1.58x (1.28–1.88x), "
+                       "plain at 26 steps | [saves 1.60x (1.20–2.00x)](results/calibrate-blocks-and-balls-cfg1.json), "
+                       "plain at 26 steps | yes |")
+    _store_agreement(results_dir, "agree-blocks-and-balls-cfg1", fast_calls=2.5)
+    runs = report.load_runs(report.AGREEMENT_RUNS, results_dir)
+    assert report.agreement_table(runs, str).splitlines()[3].endswith("| **no** |")
