@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from carnator_core.judging.fewer_steps import fewer_steps_count
-
 PLOT_EXTRA = "pip install 'carnator[plot]' (matplotlib)"
 
 
@@ -32,29 +30,38 @@ def plot_unavailable(what: str) -> str:
 
 
 MARKERS = "osD^vP*X<>hp8d"
+# The yardstick's measures (`bench.yardstick`), as a point or a curve row names them, and their axes.
+MEASURES = (("psnr", "PSNR to the plain clip (dB)"), ("detail", "detail kept (ratio to the full render)"),
+            ("adherence", "adherence (demo oracle)"))
 
 
-def quality_against_calls(configs: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """Write a PNG of each configuration's PSNR to plain against its model calls, one distinct colour and marker each
-    (adherence in its legend label), the plain-<n> runs joined as the fewer-steps curve; None without matplotlib."""
+def yardstick_panels(curve: list[dict[str, Any]], points: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Write a PNG of the yardstick's three measures against model calls, one panel each (adherence where every
+    curve row has it): `curve` (rows with `steps`, `model_calls` and the measures: plain at each step count) joined,
+    each point named by its steps, and each of `points` (`label`, `model_calls`, the measures) in a colour and marker
+    of its own. None without matplotlib."""
     plt = pyplot()
     if plt is None:
         return None
-    figure, axes = plt.subplots(figsize=(10, 6), dpi=100)
-    colours = plt.get_cmap("tab20")
-    for index, config in enumerate(configs):
-        adherence = "" if config.get("adherence") is None else f", adherence {config['adherence']:.3f}"
-        axes.scatter([config["model_calls"]], [config["psnr"]], s=60, color=colours(index % 20),
-                     marker=MARKERS[index % len(MARKERS)], edgecolors="black", zorder=3,
-                     label=f"{config['name']}{adherence}")
-    curve = sorted((c for c in configs if c["name"] == "plain" or fewer_steps_count(c["name"]) is not None),
-                   key=lambda c: c["model_calls"])
-    axes.plot([c["model_calls"] for c in curve], [c["psnr"] for c in curve], color="grey", linewidth=1.2,
-              zorder=2, label="plain at fewer steps (joined)")
-    axes.set(title=title, xlabel="model calls per request (mean)", ylabel="PSNR to plain (dB)")
-    axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    figure.tight_layout()
+    measures = [m for m in MEASURES if m[0] != "adherence" or all(row.get("adherence") is not None for row in curve)]
+    figure, panels = plt.subplots(1, len(measures), figsize=(6 * len(measures), 5.5), dpi=100, squeeze=False)
+    colours = plt.get_cmap("tab10")
+    for axes, (measure, label) in zip(panels[0], measures, strict=True):
+        axes.plot([row["model_calls"] for row in curve], [row[measure] for row in curve], color="black", marker="D",
+                  linewidth=1.5, zorder=2, label="plain at fewer steps (the curve)")
+        for row in curve:
+            axes.annotate(str(row["steps"]), (row["model_calls"], row[measure]), textcoords="offset points",
+                          xytext=(5, -11), fontsize=8)
+        for index, point in enumerate(points):
+            if point.get(measure) is not None:
+                axes.scatter([point["model_calls"]], [point[measure]], s=120, color=colours(index % 10),
+                             marker=MARKERS[(index + 6) % len(MARKERS)], edgecolors="black", zorder=4,
+                             label=point["label"])
+        axes.set(xlabel="model calls per request (mean)", ylabel=label)
+        axes.grid(True, alpha=0.3)
+    figure.legend(*panels[0][0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    figure.suptitle(title)
+    figure.tight_layout(rect=(0, 0.06 + 0.03 * (len(points) // 2), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     plt.close(figure)

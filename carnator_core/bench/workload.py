@@ -770,9 +770,12 @@ def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], d
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     paths[0].write_text(json.dumps({**result, "settings": settings, "per_prompt": details}, indent=1))
     paths[1].write_text(markdown(result, settings))
-    if plot.quality_against_calls(result["configs"], paths[2],
-                                  f"Carnator workload '{result['stream']}': quality vs model calls") is None:
-        print(plot.plot_unavailable("speed-quality scatter"))
+    points = [{**c, "label": c["name"] + ("" if c["equal_quality_speedup"] is None else
+                                          f": {c['equal_quality_speedup']['words']}")}
+              for c in result["configs"] if c["name"] != "plain" and fewer_steps_count(c["name"]) is None]
+    if plot.yardstick_panels(result["plain_steps_curve"], points, paths[2],
+                             f"Carnator workload '{result['stream']}': the yardstick's measures vs model calls") is None:
+        print(plot.plot_unavailable("quality plot"))
         return paths[:2]
     return paths
 

@@ -11,9 +11,10 @@ the resumes as above, each pair's plain-<n> runs as grey crosses, the fewer-step
 as a joined line, and each mode's requests on the weighed pairs as a star: a star above the curve beats lowering the
 steps, one below it does not.
 
-The stream panel (`plot-stream.png`, a stream calibration) shows the yardstick's three measures against model calls,
-one axis each: PSNR to plain, detail kept and adherence (where the demo oracle scores the prompts). The plain-steps
-curve is a joined line, each point named by its step count, and each mode's requests a star named with its verdict.
+The stream panels (`plot-stream.png`, a stream calibration) show the yardstick's three measures against model calls,
+one axis each, as `bench workload`'s plot does: PSNR to plain, detail kept and adherence (where the demo oracle
+scores the prompts); the plain-steps curve joined, each point named by its step count, each mode named with its
+verdict.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from carnator_core.bench.plot import plot_unavailable, pyplot
+from carnator_core.bench.plot import plot_unavailable, pyplot, yardstick_panels
 from carnator_core.bench.yardstick import StreamQuality
 from carnator_core.calibration.fit import held_back
 from carnator_core.calibration.session import Measured, PlainRun
@@ -42,33 +43,13 @@ def calibration_plots(measured: list[Measured], profile: Profile, out: Path,
 
 
 def stream_plots(profile: Profile, curve: list[dict], modes: dict[str, StreamQuality], out: Path) -> Path | None:
-    """The stream panel: `curve` (the plain runs weighed against, `StreamCalibration.curve`) and each mode's
-    quality, by the yardstick's three measures; None without matplotlib (the pair plots' line says so)."""
-    plt = pyplot()
-    if plt is None:
-        return None
-    measures = [("psnr_db", "PSNR to the plain clip (dB)"), ("detail", "detail kept (ratio to the full render)")]
-    if all(row["adherence"] is not None for row in curve):
-        measures.append(("adherence", "adherence (demo oracle)"))
-    figure, panels = plt.subplots(1, len(measures), figsize=(6 * len(measures), 5), dpi=100, squeeze=False)
-    for axes, (measure, label) in zip(panels[0], measures, strict=True):
-        axes.plot([row["model_calls"] for row in curve], [row[measure] for row in curve], color="black", marker="D",
-                  linewidth=1.5, label="plain at the curve's step counts")
-        for row in curve:
-            axes.annotate(str(row["steps"]), (row["model_calls"], row[measure]), textcoords="offset points",
-                          xytext=(5, -11), fontsize=8)
-        for (mode, quality), marker in zip(modes.items(), ("*", "P"), strict=False):
-            weighed = profile.equal_quality.get(mode)
-            value = getattr(quality, measure)
-            if value is None or weighed is None:
-                continue
-            axes.scatter([quality.model_calls], [value], marker=marker, s=180, color="crimson", edgecolors="black",
-                         zorder=5, label=f"{mode}: {weighed.words()}")
-        axes.set(xlabel="model calls per request", ylabel=label)
-        axes.grid(True, alpha=0.3)
-    panels[0][0].legend(loc="upper left", fontsize=8)
-    figure.suptitle(f"reuse vs the plain-steps curve on the stream: profile {profile.name!r}")
-    return _saved(plt, figure, out / "plot-stream.png")
+    """The stream panels (`bench.plot.yardstick_panels`): `curve` (the plain runs weighed against,
+    `StreamCalibration.curve`) and each weighed mode with its verdict; None without matplotlib."""
+    points = [{"label": f"{mode}: {profile.equal_quality[mode].words()}", "model_calls": quality.model_calls,
+               "psnr": quality.psnr_db, "detail": quality.detail, "adherence": quality.adherence}
+              for mode, quality in modes.items() if mode in profile.equal_quality]
+    return yardstick_panels(curve, points, out / "plot-stream.png",
+                            f"reuse vs the plain-steps curve on the stream: profile {profile.name!r}")
 
 
 def _trade_off_plot(plt, measured: list[Measured], profile: Profile, out: Path,

@@ -160,9 +160,13 @@ class StreamCalibration:
     def curve(self) -> list[dict]:
         """Every plain run the stream weighs against, fewest steps first: its calls and the yardstick's measures."""
         counts = {**{n: self._of(f"plain-{n}") for n in self._lowered_counts()}, self.workflow.steps: self._of(PLAIN)}
-        return [{"steps": n, **{name: value if value is None else round(value, 4)
-                                for name, value in asdict(StreamQuality.of(_outcomes(counts[n]))).items()}}
-                for n in sorted(counts)]
+        rows = []
+        for n in sorted(counts):
+            quality = StreamQuality.of(_outcomes(counts[n]))
+            rows.append({"steps": n, "model_calls": round(quality.model_calls, 2), "psnr": round(quality.psnr_db, 2),
+                         "detail": round(quality.detail, 4),
+                         "adherence": None if quality.adherence is None else round(quality.adherence, 3)})
+        return rows
 
     def mode_quality(self, mode: str) -> StreamQuality:
         return StreamQuality.of(_outcomes(self._of(mode)))

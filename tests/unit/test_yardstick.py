@@ -22,8 +22,8 @@ def test_a_plain_run_falls_short_on_adherence_psnr_or_detail_and_the_first_is_na
     assert short_of(_quality(adherence=0.996), goal) is None  # within the tolerance
     assert short_of(_quality(adherence=0.99, psnr=30.0), goal) == "adherence"
     assert short_of(_quality(psnr=39.9), goal) == "PSNR"
-    assert short_of(_quality(detail_kept=0.97), goal) == "detail"
-    assert short_of(_quality(detail_kept=0.985), goal) is None
+    assert short_of(_quality(detail_kept=0.94), goal) == "detail"
+    assert short_of(_quality(detail_kept=0.96), goal) is None
     assert short_of(_quality(adherence=None), _quality(adherence=1.0)) is None  # no oracle: PSNR and detail decide
     # a resume sharper or more adherent than its plain render asks no more than the full render's own
     full = _quality(psnr=100.0, detail_kept=1.0, adherence=0.9)
