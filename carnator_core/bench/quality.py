@@ -26,6 +26,11 @@ def psnr_from_mse(error: float) -> float:
     return PSNR_IDENTICAL if error <= 0.0 else min(PSNR_IDENTICAL, 10 * math.log10(1.0 / error))
 
 
+def mse_from_psnr(psnr_db: float) -> float:
+    """The mean squared error a PSNR stands for (values in [0, 1]); 0 for an identical clip."""
+    return 0.0 if psnr_db >= PSNR_IDENTICAL else 10 ** (-psnr_db / 10)
+
+
 def _window(size: int = 7, sigma: float = 1.5) -> torch.Tensor:
     x = torch.arange(size, dtype=torch.float32) - (size - 1) / 2
     g = torch.exp(-x * x / (2 * sigma * sigma))

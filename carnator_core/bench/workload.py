@@ -20,7 +20,8 @@ those fewer-steps runs and of the plain-steps curve, plain sampled after the str
 each configuration's quality (`bench.plain_steps_curve`, at most three more counts), else full plain. It gives that
 run's mean model calls over the configuration's with a 90 % bootstrap interval over the requests, the words ("saves
 1.61x (...)", "lower the steps instead", "not settled"), the steps plain needs and the measure that decided; and the
-median time ratio where that run is one of the interleaved rows (the curve's runs are not timed against the stream). A hit is a request that skipped steps (resumed, or a stage skipped);
+median time ratio where that run is one of the interleaved rows (the curve's runs are not timed against the stream).
+A hit is a request that skipped steps (resumed, or a stage skipped);
 `masks_only_rate` is the share that borrowed a donor's attention masks and sampled every step.
 
 Method: one prompt at a time, every configuration on it, the order rotated per prompt so that machine drift
@@ -80,7 +81,7 @@ from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
-from carnator_core.bench.yardstick import FULL, RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
+from carnator_core.bench.yardstick import FULL, RequestOutcome, curve_row, equal_quality, falls_short
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
@@ -351,13 +352,8 @@ def curve_table(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]]
     """Every plain run the stream weighs against, fewest steps first: its calls and the yardstick's three measures."""
     runs = {steps: samples["plain"], **{fewer_steps_count(name): runs for name, runs in {**samples, **curve}.items()
                                         if fewer_steps_count(name) is not None}}
-    rows = []
-    for count in sorted(runs):
-        quality = StreamQuality.of([_outcome(s) for s in runs[count]])
-        rows.append({"steps": count, "model_calls": round(quality.model_calls, 2), "psnr": round(quality.psnr_db, 2),
-                     "detail": round(quality.detail, 4), "adherence": _round(quality.adherence, 3),
-                     "bisected": f"plain-{count}" in curve})
-    return rows
+    return [{**curve_row(count, [_outcome(s) for s in runs[count]]), "bisected": f"plain-{count}" in curve}
+            for count in sorted(runs)]
 
 
 def _outcome(sample: Sample) -> RequestOutcome:
@@ -378,9 +374,8 @@ def plain_steps_curve(samples: dict[str, list[Sample]], curve: dict[str, list[Sa
                 if fewer_steps_count(name) is not None}
 
     def judge(runs: list[Sample]) -> Callable[[int], bool]:
-        target = quality_bar(StreamQuality.of([_outcome(s) for s in runs]),
-                        StreamQuality.of([_outcome(s) for s in samples["plain"]]))
-        return lambda n: short_of(StreamQuality.of([_outcome(s) for s in lowered()[n]]), target) is None
+        return lambda n: falls_short([_outcome(s) for s in lowered()[n]], [_outcome(s) for s in runs],
+                                     [_outcome(s) for s in samples["plain"]]) is None
 
     for _ in range(MAX_LOWERED_COUNTS):
         count = next_count(steps, lowered(), [judge(runs) for runs in weighed.values()])

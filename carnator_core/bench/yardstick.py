@@ -61,6 +61,14 @@ class StreamQuality:
                    adherence=_mean(scored) if scored else None)
 
 
+def curve_row(steps: int, outcomes: Sequence[RequestOutcome]) -> dict:
+    """Plain at `steps` steps as the plain-steps curve shows it: its calls and the three measures, rounded."""
+    quality = StreamQuality.of(outcomes)
+    return {"steps": steps, "model_calls": round(quality.model_calls, 2), "psnr": round(quality.psnr_db, 2),
+            "detail": round(quality.detail, 4),
+            "adherence": None if quality.adherence is None else round(quality.adherence, 3)}
+
+
 def quality_bar(mode: StreamQuality, full: StreamQuality) -> StreamQuality:
     """What a plain run must reach to be as good as `mode`: its PSNR, and its adherence and detail up to the full
     render's own (a resume that keeps a donor's right attribute, or renders sharper, asks no plain run to beat the
@@ -82,6 +90,13 @@ def short_of(candidate: StreamQuality, target: StreamQuality) -> str | None:
     if candidate.detail < target.detail - DETAIL_TOLERANCE:
         return "detail"
     return None
+
+
+def falls_short(candidate: Sequence[RequestOutcome], runs: Sequence[RequestOutcome],
+                plain: Sequence[RequestOutcome]) -> str | None:
+    """Where the plain run `candidate` falls short of the configuration's `runs` (`quality_bar`, `plain` the full
+    render's): the measure, or None where it is as good."""
+    return short_of(StreamQuality.of(candidate), quality_bar(StreamQuality.of(runs), StreamQuality.of(plain)))
 
 
 @dataclass(frozen=True)
@@ -129,9 +144,8 @@ def equal_quality(runs: Sequence[RequestOutcome], plain: Sequence[RequestOutcome
     tail = (1.0 - INTERVAL_LEVEL) / 2.0
     interval = ratios[int(tail * RESAMPLES)], ratios[min(RESAMPLES - 1, int((1.0 - tail) * RESAMPLES))]
     mode = StreamQuality.of(runs)
-    target = quality_bar(mode, StreamQuality.of(plain))
     needed = steps if against == FULL else int(against.removeprefix("plain-"))
-    short = [n for n in fewer if n < needed and short_of(StreamQuality.of(fewer[n]), target) is not None]
+    short = [n for n in fewer if n < needed and falls_short(fewer[n], runs, plain) is not None]
     return EqualQuality(against=against, against_calls=calls * mode.model_calls, model_calls=mode.model_calls,
                         calls=calls, interval=interval, requests=count, decided_by=decided_by, steps_needed=needed,
                         steps_short=max(short) if short else None)

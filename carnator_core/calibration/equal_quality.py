@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-from carnator_core.bench.quality import PSNR_IDENTICAL
+from carnator_core.bench.quality import mse_from_psnr
 from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality
 from carnator_core.calibration.fit import accepts, held_back
 from carnator_core.calibration.session import Measured, PlainRun
@@ -42,13 +42,9 @@ def weigh(measured: list[Measured], plain_runs: list[PlainRun], thresholds: Prob
         return {}, {}
     donors = [RequestOutcome(model_calls=by_pair[p, steps].model_calls, mse=0.0, detail=1.0) for p in pairs]
     plain = [*donors, *donors]
-    lowered = {n: [*(_outcome(by_pair[p, n], by_pair[p, n].model_calls) for p in pairs),
-                   *(_outcome(by_pair[p, n], by_pair[p, n].model_calls) for p in pairs)] for n in counts}
-    fewer = {f"plain-{n}": FewerStepsRun(steps=n, psnr_db=round(StreamQuality.of(lowered[n]).psnr_db, 2),
-                                         ssim=round(statistics.median(by_pair[p, n].ssim for p in pairs), 4),
-                                         model_calls=round(StreamQuality.of(lowered[n]).model_calls, 2),
-                                         detail=round(StreamQuality.of(lowered[n]).detail, 4))
-             for n in counts}
+    # at fewer steps the earlier prompt is taken to lose what the new one does: both at the new prompt's run
+    lowered = {n: [_outcome(by_pair[p, n]) for p in pairs] * 2 for n in counts}
+    fewer = {f"plain-{n}": fewer_steps_run(n, lowered[n], [by_pair[p, n].ssim for p in pairs]) for n in counts}
     verdicts = {}
     for mode in WEIGHED_MODES:
         requests = [_request(mode, [m for m in measured if m.resume.pair == pair], by_pair[pair, steps], thresholds)
@@ -75,14 +71,16 @@ def _request(mode: str, resumes: list[Measured], plain: PlainRun,
         calls = plain.model_calls + (MISS_PROBE_CALLS if within else 0)
         return RequestOutcome(model_calls=calls, mse=0.0, detail=1.0), plain.ssim, False
     deepest = max(taken, key=lambda m: m.resume.depth)
-    return (RequestOutcome(model_calls=float(deepest.model_calls), mse=_mse(deepest.resume.psnr_db),
+    return (RequestOutcome(model_calls=float(deepest.model_calls), mse=mse_from_psnr(deepest.resume.psnr_db),
                            detail=deepest.detail), deepest.resume.ssim, True)
 
 
-def _outcome(run: PlainRun, calls: float) -> RequestOutcome:
-    return RequestOutcome(model_calls=calls, mse=_mse(run.psnr_db), detail=run.detail)
+def fewer_steps_run(steps: int, outcomes: list[RequestOutcome], ssims: list[float]) -> FewerStepsRun:
+    """Plain at `steps` steps as a profile keeps it: its requests' outcomes together and their median SSIM."""
+    quality = StreamQuality.of(outcomes)
+    return FewerStepsRun(steps=steps, psnr_db=round(quality.psnr_db, 2), ssim=round(statistics.median(ssims), 4),
+                         model_calls=round(quality.model_calls, 2), detail=round(quality.detail, 4))
 
 
-def _mse(psnr_db: float) -> float:
-    """The mean squared error a PSNR stands for (peak 1); 0 for an identical clip."""
-    return 0.0 if psnr_db >= PSNR_IDENTICAL else 10 ** (-psnr_db / 10)
+def _outcome(run: PlainRun) -> RequestOutcome:
+    return RequestOutcome(model_calls=run.model_calls, mse=mse_from_psnr(run.psnr_db), detail=run.detail)

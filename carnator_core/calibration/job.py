@@ -152,15 +152,16 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
         note = stream_verdict.note or note
     (plan.out / "profile.json").write_text(profile.to_json())
     written, plot_note = calibration_plots(measured, profile, plan.out, plain_runs)
+    curve = None if stream is None else stream.curve()
     if stream is not None:
-        stream_plot = stream_plots(profile, stream.curve(), {mode: stream.mode_quality(mode) for mode in WEIGHED_MODES},
+        stream_plot = stream_plots(profile, curve, {mode: stream.mode_quality(mode) for mode in WEIGHED_MODES},
                                    plan.out)
         written += [stream_plot] if stream_plot else []
     result = None if fitted is None else fitted.result
     summary = {"profile": profile.as_dict(), "resumes": len(measured), "plots": [str(p) for p in written],
                "plain_runs": [asdict(run) for run in plain_runs], "equal_quality_verdict": profile.verdict_lines() or
                [note], **(fitted.summary if fitted else {}),
-               **({"stream": {"prompts": prompts, "curve": stream.curve(),
+               **({"stream": {"prompts": prompts, "curve": curve,
                               "runs": [asdict(row) for row in stream.rows]}} if stream is not None else {})}
     (plan.out / "summary.json").write_text(json.dumps(summary, indent=2))
     location = None

@@ -27,6 +27,7 @@ from carnator_core.calibration.workflow import (
 )
 from carnator_core.client import ComfyClient, ExecutionFailed, PromptRun
 
+STORE_ROOT = "carnator/calibration"  # the calibrations' stores, relative to the server's base directory
 STORE_WAIT_S = 120.0  # how long a recording run's background store write may take
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,22 +27,19 @@ from pathlib import Path
 from carnator_core.bench.quality import PSNR_IDENTICAL
 from carnator_core.calibration.clip import Clip, detail, quality
 from carnator_core.calibration.fit import Resume
+from carnator_core.calibration.saved_state import read_state, write_state
 from carnator_core.calibration.server_runs import (
+    STORE_ROOT,
     CalibrationInterrupted,
     Progress,
     ServerRuns,
     model_calls,
     store_location,
 )
-from carnator_core.calibration.workflow import (
-    CalibrationWorkflow,
-)
+from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
 from carnator_core.prompt_pairs import Pair
-from carnator_core.queue import WorkflowError
 from carnator_core.reuse.decision import ProbeRecord
-
-STORE_ROOT = "carnator/calibration"  # per-pair stores, relative to the server's base directory
 
 
 @dataclass
@@ -123,10 +119,7 @@ class Session:
         plain_rows = self.out / "plain_runs.jsonl"
         if plain_rows.exists():
             self.plain_runs = [PlainRun(**json.loads(line)) for line in plain_rows.read_text().splitlines() if line]
-        state = self._read_json("state.json")
-        if self.measured and state.get("workflow") not in (None, self.workflow.digest()):
-            raise WorkflowError(f"{self.out} holds a calibration of another workflow (another graph, model, setting "
-                                "or seed): choose another output directory, or empty this one")
+        state = read_state(self.out, self.workflow.digest(), bool(self.measured))
         # a pair skipped before is tried again: what failed it (a node error, an interruption) may be gone
         self.fingerprints = state.get("fingerprints", {})
 
@@ -145,17 +138,9 @@ class Session:
         return index < len(self.pairs) and (measured.earlier, measured.new) == (self.pairs[index].earlier,
                                                                                 self.pairs[index].new)
 
-    def _read_json(self, name: str) -> dict:
-        path = self.out / name
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
     def _save_state(self) -> None:
-        state = {"workflow": self.workflow.digest(), "fingerprints": self.fingerprints, "skipped": self.skipped}
-        (self.out / "state.json").write_text(json.dumps(state, indent=2))
+        write_state(self.out, {"workflow": self.workflow.digest(), "fingerprints": self.fingerprints,
+                               "skipped": self.skipped})
         (self.out / "skipped.json").write_text(json.dumps(self.skipped, indent=2))
 
     def _done(self, index: int, depth: float) -> bool:
@@ -304,12 +289,6 @@ class Session:
         """The location of the store the workflow's reuse node reads, opened on the server (so its routes serve it)."""
         return store_location(client.run(workflow.store_graph()).history)
 
-    def install(self, profile_json: dict) -> str:
-        """File the profile in the store the workflow's reuse node reads; returns that store's location."""
-        location = self.store_location(self.client, self.workflow)
-        query = urllib.parse.urlencode({"store": location})
-        self.client.api(f"/carnator/store/profiles?{query}", profile_json)
-        return location
 
 
 def structure_signal(probe: dict) -> float:

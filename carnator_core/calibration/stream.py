@@ -27,16 +27,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
-from carnator_core.bench.quality import PSNR_IDENTICAL
-from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
+from carnator_core.bench.quality import PSNR_IDENTICAL, mse_from_psnr
+from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, curve_row, equal_quality, falls_short
 from carnator_core.calibration.clip import Clip, detail, quality
-from carnator_core.calibration.server_runs import CalibrationInterrupted, Progress, ServerRuns, model_calls
+from carnator_core.calibration.equal_quality import fewer_steps_run
+from carnator_core.calibration.saved_state import read_state, write_state
+from carnator_core.calibration.server_runs import STORE_ROOT, CalibrationInterrupted, Progress, ServerRuns, model_calls
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, RequestRefused
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
-from carnator_core.queue import WorkflowError
 
-STORE_ROOT = "carnator/calibration"  # the modes' stores, relative to the server's base directory
 PLAIN = "plain"
 
 
@@ -60,8 +60,8 @@ class StreamRun:
     skipped_steps: int
 
     def outcome(self) -> RequestOutcome:
-        mse = 0.0 if self.psnr_db >= PSNR_IDENTICAL else 10 ** (-self.psnr_db / 10)
-        return RequestOutcome(model_calls=self.model_calls, mse=mse, detail=self.detail, adherence=self.adherence)
+        return RequestOutcome(model_calls=self.model_calls, mse=mse_from_psnr(self.psnr_db), detail=self.detail,
+                              adherence=self.adherence)
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,7 @@ class StreamCalibration:
         if rows.exists():
             kept = [StreamRun(**json.loads(line)) for line in rows.read_text().splitlines() if line]
             self.rows = [r for r in kept if r.index < len(self.prompts) and self.prompts[r.index] == r.prompt]
-        state = self._state()
-        if self.rows and state.get("workflow") not in (None, self.workflow.digest()):
-            raise WorkflowError(f"{self.out} holds a stream calibration of another workflow (another graph, model, "
-                                "setting or seed): choose another output directory, or empty this one")
+        state = read_state(self.out, self.workflow.digest(), bool(self.rows))
         self.fingerprints = state.get("fingerprints", {})
 
     @property
@@ -154,19 +151,13 @@ class StreamCalibration:
             self.echo(f"plain-steps curve: plain at {count} of {steps} steps on every prompt")
             self._plain_at(count)
         lowered = {n: self._of(f"plain-{n}") for n in self._lowered_counts()}
-        fewer = {f"plain-{n}": _fewer_steps_run(n, rows) for n, rows in lowered.items()}
+        fewer = {f"plain-{n}": fewer_steps_run(n, _outcomes(rows), [r.ssim for r in rows]) for n, rows in lowered.items()}
         return StreamVerdict(fewer, {mode: self._verdict(mode, lowered) for mode in WEIGHED_MODES})
 
     def curve(self) -> list[dict]:
         """Every plain run the stream weighs against, fewest steps first: its calls and the yardstick's measures."""
         counts = {**{n: self._of(f"plain-{n}") for n in self._lowered_counts()}, self.workflow.steps: self._of(PLAIN)}
-        rows = []
-        for n in sorted(counts):
-            quality = StreamQuality.of(_outcomes(counts[n]))
-            rows.append({"steps": n, "model_calls": round(quality.model_calls, 2), "psnr": round(quality.psnr_db, 2),
-                         "detail": round(quality.detail, 4),
-                         "adherence": None if quality.adherence is None else round(quality.adherence, 3)})
-        return rows
+        return [curve_row(n, _outcomes(counts[n])) for n in sorted(counts)]
 
     def mode_quality(self, mode: str) -> StreamQuality:
         return StreamQuality.of(_outcomes(self._of(mode)))
@@ -192,8 +183,8 @@ class StreamCalibration:
                            **common)
 
     def _judge(self, mode: str) -> Callable[[int], bool]:
-        target = quality_bar(self.mode_quality(mode), self.mode_quality(PLAIN))
-        return lambda n: short_of(StreamQuality.of(_outcomes(self._of(f"plain-{n}"))), target) is None
+        return lambda n: falls_short(_outcomes(self._of(f"plain-{n}")), _outcomes(self._of(mode)),
+                                     _outcomes(self._of(PLAIN))) is None
 
     def _rows(self, name: str) -> list[StreamRun]:
         """The rows of run `name`, one per prompt it ran on, in the stream's order."""
@@ -288,24 +279,10 @@ class StreamCalibration:
         with (self.out / "stream_runs.jsonl").open("a") as rows:
             rows.write(json.dumps(asdict(row)) + "\n")
 
-    def _state(self) -> dict:
-        try:
-            data = json.loads((self.out / "stream_state.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
     def _learn_fingerprints(self, location: str) -> None:
         if not self.fingerprints:
             self.fingerprints = self.runs.fingerprints(location)
-            state = {"workflow": self.workflow.digest(), "fingerprints": self.fingerprints}
-            (self.out / "stream_state.json").write_text(json.dumps(state))
-
-
-def _fewer_steps_run(steps: int, rows: list[StreamRun]) -> FewerStepsRun:
-    quality = StreamQuality.of(_outcomes(rows))
-    return FewerStepsRun(steps=steps, psnr_db=round(quality.psnr_db, 2), ssim=round(statistics.median(r.ssim for r in rows), 4),
-                         model_calls=round(quality.model_calls, 2), detail=round(quality.detail, 4))
+            write_state(self.out, {"workflow": self.workflow.digest(), "fingerprints": self.fingerprints})
 
 
 def _outcomes(rows: list[StreamRun]) -> list[RequestOutcome]:
