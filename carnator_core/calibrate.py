@@ -42,12 +42,17 @@ import os
 import sys
 from pathlib import Path
 
-from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
+from carnator_core.bench.results import (
+    CpuUse,
+    RunConditions,
+    add_record_option,
+    command_line,
+    write_result,
+)
 from carnator_core.calibration.job import CalibrationPlan, NoPairs, NothingToCalibrate, calibrate
 from carnator_core.calibration.server_runs import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
-from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
@@ -91,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true",
                         help="put the profile in force even where its held-back pairs do not support it; every report "
                              "it judges then says so")
-    parser.add_argument("--record", metavar="NAME", type=record_name,
-                        help="also store the run's summary, with the conditions it ran under, as docs/results/NAME.json "
-                             "(the calibration's torch threads: this process's OMP_NUM_THREADS, 0 where unset); "
-                             "`python -m carnator_core.bench report` reads it")
+    add_record_option(parser, "the run's summary (its torch threads: this process's OMP_NUM_THREADS, 0 where unset)")
     parser.add_argument("--no-fewer-steps", action="store_true",
                         help="do not sample plain at fewer steps, so no mode is weighed against lowering the steps")
     args = parser.parse_args(argv)
@@ -120,17 +122,18 @@ def main(argv: list[str] | None = None) -> int:
                                    target=QualityTarget(psnr_db=args.psnr, ssim=args.ssim, precision=args.precision),
                                    max_pairs=args.max_pairs, install=not args.no_install, force=args.force,
                                    fewer_steps=not args.no_fewer_steps, prompts=prompts)
-            comfy, before = find_comfyui() if args.record else None, CpuUse.now()
+            before = CpuUse.now()
             calibrated = calibrate(client, plan)
-            if comfy is not None:
+            if args.record:  # a verdict of calls and quality: the server's CPU is another process's, and no time
                 conditions = RunConditions.measured(command_line("carnator_core.calibrate", argv or sys.argv[1:]),
-                                                    comfy, int(os.environ.get("OMP_NUM_THREADS", "0")), before,
-                                                    CpuUse.now())
+                                                    client.comfyui_version(),
+                                                    int(os.environ.get("OMP_NUM_THREADS", "0")), before, CpuUse.now(),
+                                                    timed=False)
                 summary = json.loads((args.out / "summary.json").read_text())
                 print(f"recorded {write_result(args.record, conditions, {'kind': 'calibration', **summary})}")
-        except (WorkflowError, NothingToCalibrate, ComfyNotFound) as error:
+        except (WorkflowError, NothingToCalibrate) as error:
             print(f"error: {error}", file=sys.stderr)
-            return 2 if isinstance(error, (WorkflowError, NoPairs, ComfyNotFound)) else 1
+            return 2 if isinstance(error, (WorkflowError, NoPairs)) else 1
         except CalibrationInterrupted as error:
             print(f"interrupted: {error}\nwhat finished is kept in {args.out}; run the same command to resume",
                   file=sys.stderr)

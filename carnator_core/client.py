@@ -201,6 +201,10 @@ class ComfyClient:
     def object_info(self) -> dict:
         return self._request("/object_info")
 
+    def comfyui_version(self) -> str:
+        """The server's ComfyUI version, as its /system_stats says ("unknown" where an old server does not)."""
+        return str(self._request("/system_stats").get("system", {}).get("comfyui_version", "unknown"))
+
     def queue(self, graph: dict, client_id: str | None = None) -> str:
         """Submit an API-format prompt; its events go to `client_id`'s websocket (default this client's).
 

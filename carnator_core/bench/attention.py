@@ -1,6 +1,7 @@
 """Attention benchmark: dense SDPA vs block-sparse attention at video-DiT shapes, as ratios to 1/density.
 
-`python -m carnator_core.bench attention [--device cpu|cuda] [--json] [--quick] [--backend auto|cpu|flex|triton]`
+`python -m carnator_core.bench attention [--device cpu|cuda] [--json] [--quick] [--backend auto|cpu|flex|triton]
+[--record NAME]`
 
 Masks have the structure video DiTs show (and `carnator_core.attention.masks` estimates): each query block keeps
 its nearest key blocks in the flattened sequence and at the same spatial place in neighbouring frames
@@ -22,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from carnator_core.bench.results import NO_COMFYUI, CpuUse, RunConditions, add_record_option, command_line, write_result
 from carnator_core.kernels import BACKENDS, BlockLayout, block_sparse_attention, reference_attention
 
 HEADS, HEAD_DIM = 12, 128
@@ -129,6 +131,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--block-size", type=int, choices=(64, 128), default=128, help="mask block size in tokens")
     parser.add_argument("--clock", choices=("wall", "process"), default="wall",
                         help="process = this process's CPU time; use with --threads 1 on a shared CPU")
+    add_record_option(parser, "the rows")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but no CUDA device is available")
@@ -145,9 +148,14 @@ def main(argv: list[str]) -> int:
     log("attention benchmark: " + ", ".join(f"{key}={value}" for key, value in config.items()))
     log(f"{'n':>6} {'heads':>5} {'head_dim':>8} {'density':>8} {'dense_s':>9} {'sparse_s':>9} "
         f"{'speedup':>8} {'ideal':>6} {'of_ideal':>9} {'max_abs_err':>11}")
+    before = CpuUse.now()
     rows = [row for n in sizes
             for row in measure(n, args.device, densities, repeats, args.backend, dtype, args.block_size, args.clock, log)]
     config["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    if args.record:
+        conditions = RunConditions.measured(command_line("carnator_core.bench attention", argv), NO_COMFYUI,
+                                            args.threads, before, CpuUse.now())
+        log(f"recorded {write_result(args.record, conditions, {'rows': rows, 'config': config})}")
     if args.json:
         print(json.dumps({"rows": rows, "config": config}))
     else:

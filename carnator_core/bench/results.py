@@ -26,6 +26,7 @@ RESULTS_DIR = REPO_DIR / "docs" / "results"
 # machine: its times then measure the neighbours as much as the code, and are not published.
 OTHERS_CPU_LIMIT = 0.05
 RECORD_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+NO_COMFYUI = "none"  # the ComfyUI version of a benchmark that runs no ComfyUI (attention, store, lookup)
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,14 @@ class RunConditions:
     wall_seconds: float
     others_cpu_cores: float | None  # other processes' CPU seconds over the run's wall seconds; None: unknown
     alone: bool  # whether others stayed under OTHERS_CPU_LIMIT: only then are the run's times published
+    timed: bool = True  # False: the benchmark measures no time (calls and quality only), so sharing moves nothing
 
     @classmethod
-    def measured(cls, command: str, comfy: Path, torch_threads: int, before: CpuUse,
-                 after: CpuUse) -> RunConditions:
-        """The conditions of a run that started at `before` and ended at `after`, its server stopped and reaped
-        (so the server's CPU time counts as this process's own, not as another's)."""
+    def measured(cls, command: str, comfyui: str, torch_threads: int, before: CpuUse, after: CpuUse, *,
+                 timed: bool = True) -> RunConditions:
+        """The conditions of a run on ComfyUI version `comfyui` (NO_COMFYUI where it ran none) that started at
+        `before` and ended at `after`, its server stopped and reaped (so the server's CPU time counts as this
+        process's own, not as another's)."""
         import torch
 
         wall = max(after.wall - before.wall, 1e-9)
@@ -84,13 +87,14 @@ class RunConditions:
                    # the stored results themselves are not the code that produced them
                    uncommitted_changes=bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
                                                  f":(exclude){RESULTS_DIR.relative_to(REPO_DIR).as_posix()}")),
-                   comfyui_version=comfyui_version(comfy), frontend_version=_installed("comfyui-frontend-package"),
+                   comfyui_version=comfyui,
+                   frontend_version=None if comfyui == NO_COMFYUI else _installed("comfyui-frontend-package"),
                    torch_version=torch.__version__, cores=len(os.sched_getaffinity(0)), torch_threads=torch_threads,
                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                    load_before=tuple(round(x, 2) for x in before.load),
                    load_after=tuple(round(x, 2) for x in after.load), wall_seconds=round(wall, 1),
                    others_cpu_cores=None if others is None else round(others, 3),
-                   alone=others is not None and others <= OTHERS_CPU_LIMIT)
+                   alone=others is not None and others <= OTHERS_CPU_LIMIT, timed=timed)
 
     @property
     def beside(self) -> str:
@@ -121,6 +125,13 @@ def record_name(name: str) -> str:
     if not RECORD_NAME.fullmatch(name):
         raise argparse.ArgumentTypeError(f"{name!r}: lowercase letters, digits and dashes")
     return name
+
+
+def add_record_option(parser: argparse.ArgumentParser, stored: str = "the run's JSON") -> None:
+    """`--record NAME`, the one way every benchmark stores what a published table is generated from."""
+    parser.add_argument("--record", metavar="NAME", type=record_name,
+                        help=f"also store {stored}, with the conditions it ran under, as docs/results/NAME.json: the "
+                             "source of the published table NAME (`python -m carnator_core.bench report`)")
 
 
 def write_result(name: str, conditions: RunConditions, payload: dict[str, Any]) -> Path:

@@ -78,7 +78,14 @@ from carnator_core.bench import plot, stages
 from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.bench.quality import PSNR_IDENTICAL, detail_ratio, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.results import CpuUse, RunConditions, command_line, record_name, write_result
+from carnator_core.bench.results import (
+    CpuUse,
+    RunConditions,
+    add_record_option,
+    comfyui_version,
+    command_line,
+    write_result,
+)
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
 from carnator_core.bench.yardstick import FULL, RequestOutcome, curve_row, equal_quality, falls_short
@@ -842,9 +849,7 @@ def main(argv: list[str]) -> int:
                              "them in turn: every mode meets the same donors, recorded by requests in every mode")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
-    parser.add_argument("--record", metavar="NAME", type=record_name,
-                        help="also store the run's JSON, with the conditions it ran under, as docs/results/NAME.json: "
-                             "the source of the published table NAME (`bench report`)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the ComfyUI server is stopped
     say = (lambda message: print(message, file=sys.stderr, flush=True)) if args.json else \
@@ -858,8 +863,8 @@ def main(argv: list[str]) -> int:
         weights = demo_weights(args.weights)
         before = CpuUse.now()
         result, settings, details = _run(args, prompts, weights, say)
-        conditions = RunConditions.measured(command_line("carnator_core.bench workload", argv), find_comfyui(), args.threads, before,
-                                            CpuUse.now())
+        conditions = RunConditions.measured(command_line("carnator_core.bench workload", argv),
+                                            comfyui_version(find_comfyui()), args.threads, before, CpuUse.now())
     except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:
         print(f"carnator workload benchmark: {error}", file=sys.stderr)
         return 1

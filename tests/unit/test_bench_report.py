@@ -122,8 +122,8 @@ def test_a_run_had_the_machine_alone_only_while_other_processes_stayed_near_idle
     before = CpuUse(machine_seconds=100.0, own_seconds=10.0, wall=0.0, load=(0.5, 0.5, 0.5))
     quiet = CpuUse(machine_seconds=161.0, own_seconds=70.0, wall=60.0, load=(1.0, 0.8, 0.6))
     busy = CpuUse(machine_seconds=190.0, own_seconds=70.0, wall=60.0, load=(2.0, 1.2, 0.8))
-    alone = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, before, quiet)
-    shared = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, before, busy)
+    alone = RunConditions.measured("python -m carnator_core.bench workload", "unknown", 1, before, quiet)
+    shared = RunConditions.measured("python -m carnator_core.bench workload", "unknown", 1, before, busy)
     assert (alone.others_cpu_cores, alone.alone, alone.why_no_time) == (0.017, True, None)
     assert (shared.others_cpu_cores, shared.alone) == (0.5, False)
     assert shared.why_no_time == f"not shown: other processes used 0.50 of the {shared.cores} cores during the run"
@@ -134,7 +134,7 @@ def test_a_run_had_the_machine_alone_only_while_other_processes_stayed_near_idle
 
 def test_where_the_system_does_not_say_what_else_ran_no_time_is_shown(tmp_path):
     blind = CpuUse(machine_seconds=None, own_seconds=10.0, wall=0.0, load=(0.5, 0.5, 0.5))
-    conditions = RunConditions.measured("python -m carnator_core.bench workload", tmp_path, 1, blind, blind)
+    conditions = RunConditions.measured("python -m carnator_core.bench workload", "unknown", 1, blind, blind)
     assert (conditions.others_cpu_cores, conditions.alone) == (None, False)
     assert conditions.why_no_time == "not shown: this system does not say what else used the CPU during the run"
 
@@ -181,12 +181,10 @@ def test_a_stored_result_is_not_an_uncommitted_change_to_the_code_that_ran(tmp_p
         subprocess.run([*git, *command], check=True)
     monkeypatch.setattr(results, "REPO_DIR", repo)
     monkeypatch.setattr(results, "RESULTS_DIR", stored.parent)
-    comfy = tmp_path / "comfy"
-    comfy.mkdir()
-    (comfy / "comfyui_version.py").write_text('__version__ = "0.3.64"\n')
 
     def measured() -> RunConditions:
-        return RunConditions.measured("python -m carnator_core.bench workload", comfy, 1, CpuUse.now(), CpuUse.now())
+        return RunConditions.measured("python -m carnator_core.bench workload", "0.3.64", 1, CpuUse.now(),
+                                      CpuUse.now())
 
     stored.write_text('{"rerun": true}\n')
     assert not measured().uncommitted_changes
