@@ -42,13 +42,7 @@ import os
 import sys
 from pathlib import Path
 
-from carnator_core.bench.results import (
-    CpuUse,
-    RunConditions,
-    add_record_option,
-    command_line,
-    write_result,
-)
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.calibration.job import CalibrationPlan, NoPairs, NothingToCalibrate, calibrate
 from carnator_core.calibration.server_runs import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
@@ -122,15 +116,13 @@ def main(argv: list[str] | None = None) -> int:
                                    target=QualityTarget(psnr_db=args.psnr, ssim=args.ssim, precision=args.precision),
                                    max_pairs=args.max_pairs, install=not args.no_install, force=args.force,
                                    fewer_steps=not args.no_fewer_steps, prompts=prompts)
-            before = CpuUse.now()
+            recording = Recording(args.record, "carnator_core.calibrate", argv or sys.argv[1:])
             calibrated = calibrate(client, plan)
             if args.record:  # a verdict of calls and quality: the server's CPU is another process's, and no time
-                conditions = RunConditions.measured(command_line("carnator_core.calibrate", argv or sys.argv[1:]),
-                                                    client.comfyui_version(),
-                                                    int(os.environ.get("OMP_NUM_THREADS", "0")), before, CpuUse.now(),
-                                                    timed=False)
                 summary = json.loads((args.out / "summary.json").read_text())
-                print(f"recorded {write_result(args.record, conditions, {'kind': 'calibration', **summary})}")
+                stored = recording.store({"kind": "calibration", **summary}, comfyui=client.comfyui_version(),
+                                         torch_threads=int(os.environ.get("OMP_NUM_THREADS", "0")), timed=False)
+                print(f"recorded {stored}")
         except (WorkflowError, NothingToCalibrate) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2 if isinstance(error, (WorkflowError, NoPairs)) else 1

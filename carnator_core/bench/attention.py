@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from carnator_core.bench.results import NO_COMFYUI, CpuUse, RunConditions, add_record_option, command_line, write_result
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.kernels import BACKENDS, BlockLayout, block_sparse_attention, reference_attention
 
 HEADS, HEAD_DIM = 12, 128
@@ -148,14 +148,12 @@ def main(argv: list[str]) -> int:
     log("attention benchmark: " + ", ".join(f"{key}={value}" for key, value in config.items()))
     log(f"{'n':>6} {'heads':>5} {'head_dim':>8} {'density':>8} {'dense_s':>9} {'sparse_s':>9} "
         f"{'speedup':>8} {'ideal':>6} {'of_ideal':>9} {'max_abs_err':>11}")
-    before = CpuUse.now()
+    recording = Recording(args.record, "carnator_core.bench attention", argv)
     rows = [row for n in sizes
             for row in measure(n, args.device, densities, repeats, args.backend, dtype, args.block_size, args.clock, log)]
     config["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    if args.record:
-        conditions = RunConditions.measured(command_line("carnator_core.bench attention", argv), NO_COMFYUI,
-                                            args.threads, before, CpuUse.now())
-        log(f"recorded {write_result(args.record, conditions, {'rows': rows, 'config': config})}")
+    if (path := recording.store({"rows": rows, "config": config}, torch_threads=args.threads)) is not None:
+        log(f"recorded {path}")
     if args.json:
         print(json.dumps({"rows": rows, "config": config}))
     else:

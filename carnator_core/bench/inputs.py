@@ -41,6 +41,7 @@ import torch
 
 from carnator_core.bench.probe import FlowSampler, load_model, pairs, sigmas_for, write_results
 from carnator_core.bench.quality import mse, psnr_from_mse, ssim
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.text import token_embeddings
@@ -263,16 +264,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write rows.jsonl and summary.json here")
     parser.add_argument("--json", action="store_true")
+    add_record_option(parser, "the rows and summary")
     args = parser.parse_args(argv)
     if not 0.0 < args.denoise < 1.0 or args.steps < 4 or args.pairs < 1:
         parser.error("needs 0 < --denoise < 1, --steps >= 4 and --pairs >= 1")
     torch.set_num_threads(args.threads)
     depths = tuple(float(d) for d in args.depths.split(","))
+    recording = Recording(args.record, "carnator_core.bench inputs", argv)
     rows = measure(load_model(args.weights), args.pairs, args.steps, args.denoise, depths, args.cfg, args.seed,
                    args.handover)
     summary = summarise(rows)
     if args.out is not None:
         write_results(args.out, rows, summary)
+    recording.store({"summary": summary, "rows": [asdict(row) for row in rows]}, torch_threads=args.threads,
+                    timed=False)
     if args.json:
         print(json.dumps(summary))
         return 0

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.lookup.shortlist import ShortlistIndex
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexEntry, IndexVectors, ReuseStore
@@ -118,8 +119,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--store-entries", type=int, default=10_000)
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--json", action="store_true")
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    recording = Recording(args.record, "carnator_core.bench lookup", argv)
     result = bench_query(args.entries, args.queries, args.top_k) | bench_store_build(args.store_entries)
+    recording.store(result, torch_threads=torch.get_num_threads())
     if args.json:
         print(json.dumps(result))
     else:

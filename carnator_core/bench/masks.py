@@ -32,6 +32,7 @@ import torch
 
 from carnator_core.attention.masks import BlockSparseMask, recall
 from carnator_core.bench.probe import load_model
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.attention_density import block_mass, self_attention_probs
 from carnator_core.demo.sampling import sample
@@ -124,9 +125,12 @@ def main(argv: list[str]) -> int:
                         help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else the shipped file)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    recording = Recording(args.record, "carnator_core.bench masks", argv)
     with torch.no_grad():
         result = measure(load_model(args.weights), args.n, args.steps)
+    recording.store(result, torch_threads=args.threads, timed=False)
     print(json.dumps(result) if args.json else table(result))
     return 0

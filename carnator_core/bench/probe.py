@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench.quality import mse, psnr_from_mse
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.sampling import shifted_sigma
@@ -423,6 +424,7 @@ def main(argv: list[str]) -> int:
                         help="a calibration profile.json: score its rule beside the shipped one (needs --shortcuts)")
     parser.add_argument("--out", type=Path, default=None, help="write rows.jsonl and summary.json here")
     parser.add_argument("--json", action="store_true")
+    add_record_option(parser, "the rows and summary")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     depths = sorted({round(float(d) * args.steps) for d in args.depths.split(",")})
@@ -435,11 +437,15 @@ def main(argv: list[str]) -> int:
             prompt_pairs(args.pairs, np.random.default_rng(args.seed))
     except (OSError, PromptFileError) as error:
         raise SystemExit(f"error: --pairs-file {args.pairs_file}: {error}") from None
+    recording = Recording(args.record, "carnator_core.bench probe", argv)
     rows = calibrate(load_model(args.weights), chosen, args.steps, depths, args.cfg, args.seed, args.shortcuts,
                      same_noise=args.pairs_file is not None)
     summary = summarise(rows, profile)
     if args.out is not None:
         write_results(args.out, rows, summary)
+    recording.store({"summary": summary, "rows": [asdict(row) for row in rows],
+                     "settings": {"steps": args.steps, "cfg": args.cfg, "seed": args.seed}},
+                    torch_threads=args.threads, timed=False)
     if args.json:
         print(json.dumps(summary))
         return 0

@@ -134,6 +134,25 @@ def add_record_option(parser: argparse.ArgumentParser, stored: str = "the run's 
                              "source of the published table NAME (`python -m carnator_core.bench report`)")
 
 
+class Recording:
+    """A run that may be stored (`--record NAME`): its conditions are measured from the moment it is made to the
+    moment it is stored, so make it just before the work and store it just after."""
+
+    def __init__(self, name: str | None, command: str, argv: list[str]) -> None:
+        self.name, self.command, self.argv = name, command, argv
+        self.before = CpuUse.now()
+
+    def store(self, payload: dict[str, Any], *, comfyui: str = NO_COMFYUI, torch_threads: int = 0,
+              timed: bool = True) -> Path | None:
+        """Write docs/results/NAME.json (None where the run was not asked to be recorded). `timed=False` for a
+        benchmark that publishes no time: its conditions then say so rather than whether it ran alone."""
+        if self.name is None:
+            return None
+        conditions = RunConditions.measured(command_line(self.command, self.argv), comfyui, torch_threads,
+                                            self.before, CpuUse.now(), timed=timed)
+        return write_result(self.name, conditions, payload)
+
+
 def write_result(name: str, conditions: RunConditions, payload: dict[str, Any]) -> Path:
     """Store `payload` (a benchmark's JSON) as the source of table `name`: docs/results/NAME.json."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

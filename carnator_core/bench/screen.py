@@ -24,6 +24,7 @@ import torch
 
 from carnator_core.bench.lookup import build_index
 from carnator_core.bench.probe import FlowSampler, load_model, sigmas_for
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.text import token_embeddings
 from carnator_core.lookup.fingerprint import noise_fingerprint
@@ -136,6 +137,19 @@ def bench_screen(entries: int, donor_counts: list[int], repeats: int, weights: s
     return {"entries": entries, "latent_shape": list(SHAPE), "model_call_ms": call_ms, "rows": rows}
 
 
+def markdown(result: dict) -> str:
+    """Per donor count: donors screened, the plan and screen's milliseconds, and per donor its cost and bytes read."""
+    lines = ["| same-noise donors | screened | plan + screen (ms) | per donor (ms) | per donor, share of a model call "
+             "| bytes read per donor |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        if row["donors"] == 0:
+            lines.append(f"| 0 | {row['screened']} | {row['plan_ms']:.1f} | n/a | n/a | n/a |")
+            continue
+        lines.append(f"| {row['donors']} | {row['screened']} | {row['plan_ms']:.1f} | {row['ms_per_donor']:.2f} | "
+                     f"{row['share_of_model_call_per_donor']:.1%} | {row['bytes_per_donor']:,.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench screen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,20 +158,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--weights", help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else shipped)")
     parser.add_argument("--json", action="store_true")
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    recording = Recording(args.record, "carnator_core.bench screen", argv)
     result = bench_screen(args.entries, sorted(set(args.donors)), args.repeats, args.weights)
+    recording.store(result, torch_threads=torch.get_num_threads())
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"step-0 screen on the demo latent {tuple(result['latent_shape'])}, index of {result['entries']} entries; "
           f"one model call {result['model_call_ms']:.1f} ms")
-    print("| same-noise donors | screened | plan + screen (ms) | per donor (ms) | per donor, share of a model call "
-          "| bytes read per donor |")
-    print("|---|---|---|---|---|---|")
-    for row in result["rows"]:
-        if row["donors"] == 0:
-            print(f"| 0 | {row['screened']} | {row['plan_ms']:.1f} | n/a | n/a | n/a |")
-            continue
-        print(f"| {row['donors']} | {row['screened']} | {row['plan_ms']:.1f} | {row['ms_per_donor']:.2f} | "
-              f"{row['share_of_model_call_per_donor']:.1%} | {row['bytes_per_donor']:,.0f} |")
+    print(markdown(result))
     return 0

@@ -3,7 +3,7 @@ generation and refinement, Wan 2.2 14B's two experts, HunyuanVideo 1.5's super-r
 measured per stage.
 
     python -m carnator_core.bench stages --server URL (--graph ltx2-two-stage | hunyuan15-sr | --workflow API.json)
-        [--vary prompt|cfg] [--prompts FILE] [--text-node ID] [--n 4] [--json] [--out DIR]
+        [--vary prompt|cfg] [--prompts FILE] [--text-node ID] [--n 4] [--json] [--out DIR] [--record NAME]
     python -m carnator_core.bench workload --graph ltx2-two-stage|hunyuan15-sr --server URL ...      (the same)
 
 `--graph ltx2-two-stage` is the shipped `workflows/api/carnator_ltx2_t2v.json`; `--graph hunyuan15-sr` is
@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from carnator_core.bench.quality import latent_quality
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.bench.streams import make_stream
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.lookup.prompt_text import is_link
@@ -235,6 +236,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n", type=int, default=4, help="requests in a generated stream")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
+    add_record_option(parser)
     args = parser.parse_args(argv)
     say = (lambda message: print(message, file=sys.stderr, flush=True)) if args.json else print
     path = args.workflow or WORKFLOWS_DIR / STAGED_GRAPHS[args.graph]
@@ -245,13 +247,17 @@ def main(argv: list[str]) -> int:
         prompts = read_prompt_file(args.prompts) if args.prompts else None
         with ComfyClient(args.server) as client:
             tag = f"{path.stem}-{args.vary}-{time.strftime('%Y%m%d-%H%M%S')}"  # stores of this run alone
-            result = benchmark(client, workflow, args.vary, prompts, args.n, tag, say)
+            recording = Recording(args.record, "carnator_core.bench stages", argv)
+            result = {"workflow": path.name, **benchmark(client, workflow, args.vary, prompts, args.n, tag, say)}
+            comfyui = client.comfyui_version()
     except (ComfyError, OSError, ValueError) as error:
         print(f"carnator stages benchmark: {error}", file=sys.stderr)
         return 1
-    result = {"workflow": path.name, **result}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stages.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     (args.out / "stages.md").write_text(markdown(result) + "\n", encoding="utf-8")
+    # calls and quality only: the server's CPU is another process's, and no time is published
+    if (stored := recording.store(result, comfyui=comfyui, timed=False)) is not None:
+        say(f"recorded {stored}")
     print(json.dumps(result) if args.json else markdown(result))
     return 0

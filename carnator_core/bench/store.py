@@ -38,6 +38,7 @@ import torch
 from carnator_core.attention.masks import BlockSparseMask
 from carnator_core.attention.sparse_attention import masks_to_blob
 from carnator_core.bench.lookup import build_index
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.reuse.recording import RunRecorder
@@ -248,11 +249,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lookup-entries", default="100000,1000000", help="index sizes, comma-separated")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--json", action="store_true")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.url and args.backend != "redis":
         parser.error("--url selects a Redis server: use it with --backend redis")
     sizes = [int(size) for size in args.lookup_entries.split(",")]
+    recording = Recording(args.record, "carnator_core.bench store", argv)
     result = run(args.backend, args.url, args.puts, sizes, args.queries)
+    recording.store(result, torch_threads=torch.get_num_threads())
     if args.json:
         print(json.dumps(result))
         return 0

@@ -78,14 +78,7 @@ from carnator_core.bench import plot, stages
 from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.bench.quality import PSNR_IDENTICAL, detail_ratio, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.results import (
-    CpuUse,
-    RunConditions,
-    add_record_option,
-    comfyui_version,
-    command_line,
-    write_result,
-)
+from carnator_core.bench.results import Recording, add_record_option, comfyui_version
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
 from carnator_core.bench.yardstick import FULL, RequestOutcome, curve_row, equal_quality, falls_short
@@ -861,16 +854,16 @@ def main(argv: list[str]) -> int:
             raise DemoSetupError("--threads must be 0 (every core) or more")
         prompts = read_prompt_file(args.prompts) if args.prompts else make_stream(args.stream, args.n)
         weights = demo_weights(args.weights)
-        before = CpuUse.now()
+        recording = Recording(args.record, "carnator_core.bench workload", argv)
         result, settings, details = _run(args, prompts, weights, say)
-        conditions = RunConditions.measured(command_line("carnator_core.bench workload", argv),
-                                            comfyui_version(find_comfyui()), args.threads, before, CpuUse.now())
+        comfyui = comfyui_version(find_comfyui())
     except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:
         print(f"carnator workload benchmark: {error}", file=sys.stderr)
         return 1
     paths = write_outputs(args.out, result, settings, details)
-    if args.record:
-        paths.append(write_result(args.record, conditions, {**result, "settings": settings, "per_prompt": details}))
+    stored = recording.store({**result, "settings": settings, "per_prompt": details}, comfyui=comfyui,
+                             torch_threads=args.threads)
+    paths += [stored] if stored is not None else []
     if args.json:
         print(json.dumps(result))
     else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -613,6 +614,12 @@ def test_workflow_with_a_node_this_version_lacks_gets_comfyuis_validation_error(
     assert server.get("/system_stats").ok
 
 
+def _recorded(name: str) -> list[str]:
+    """`--record NAME` where CARNATOR_RECORD_RESULTS=1: the stages tables of docs/measurements.md come from these runs
+    on the tiny models (`python -m carnator_core.bench report`)."""
+    return ["--record", name] if os.environ.get("CARNATOR_RECORD_RESULTS") == "1" else []
+
+
 def test_stages_benchmark_reports_each_stage_of_hunyuan_video15_super_resolution(server, tiny_models, tmp_path, capsys):
     """`bench stages --graph hunyuan15-sr`'s workflow (the HunyuanVideo 1.5 twin with its super-resolution group
     enabled) on the tiny 720p and SR models, cfg stream: three stages, the 720p sampler and the SR model's two
@@ -623,7 +630,7 @@ def test_stages_benchmark_reports_each_stage_of_hunyuan_video15_super_resolution
     workflow = tmp_path / "hunyuan15_sr.json"
     workflow.write_text(json.dumps(graph), encoding="utf-8")
     argv = ["stages", "--server", server.url, "--workflow", str(workflow), "--text-node", "44", "--vary", "cfg",
-            "--n", "3", "--json", "--out", str(tmp_path / "out")]
+            "--n", "3", "--json", "--out", str(tmp_path / "out"), *_recorded("stages-hunyuan15-sr")]
     assert bench_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     print(json.dumps(result, indent=1))
@@ -683,7 +690,7 @@ def test_stages_benchmark_reports_each_stage_of_the_ltx2_workflow(server, tiny_m
     workflow.write_text(json.dumps(graph), encoding="utf-8")
     (text_node,) = [node_id for node_id, node in graph.items() if "cheerful" in node["inputs"].get("text", "")]
     argv = ["stages", "--server", server.url, "--workflow", str(workflow), "--text-node", text_node, "--vary", "cfg",
-            "--n", "3", "--json", "--out", str(tmp_path / "out")]
+            "--n", "3", "--json", "--out", str(tmp_path / "out"), *_recorded("stages-ltx2")]
     assert bench_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     print(json.dumps(result, indent=1))

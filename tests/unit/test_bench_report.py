@@ -13,6 +13,10 @@ import pytest
 
 from carnator_core.bench import report
 from carnator_core.bench.results import CpuUse, RunConditions
+from carnator_core.bench.tables.agreement import AGREEMENT_CFGS, AGREEMENT_RUNS, AGREEMENT_STREAMS, agreement_table
+from carnator_core.bench.tables.deep_first import DEEP_FIRST_RUNS
+from carnator_core.bench.tables.stored_runs import StoredRuns
+from carnator_core.bench.tables.streams import STREAM_RUNS
 from carnator_core.judging.ratio_interval import median_ratio_interval
 
 SHARED = RunConditions(
@@ -58,10 +62,10 @@ def published(tmp_path, monkeypatch) -> Path:
     holding the generated tables, as `bench report` leaves it; `report.main` reads these."""
     results_dir = tmp_path / "docs" / "results"
     results_dir.mkdir(parents=True)
-    for name in {*report.STREAM_RUNS, *report.DEEP_FIRST_RUNS}:
-        _store(results_dir, name, ALONE if name == "edit-loop" else SHARED)
-    for name in report.AGREEMENT_RUNS:
+    for name in AGREEMENT_RUNS:
         _store_agreement(results_dir, name)
+    for name in {*STREAM_RUNS, *DEEP_FIRST_RUNS}:
+        _store(results_dir, name, ALONE if name == "edit-loop" else SHARED)
     document = tmp_path / "docs" / "measurements.md"
     document.write_text("# Results\n\n<!-- results:streams -->\n<!-- /results:streams -->\n\nText.\n\n"
                         "<!-- results:runs -->\n<!-- /results:runs -->\n")
@@ -157,12 +161,12 @@ def test_the_deep_first_table_counts_each_deep_probe_of_a_screened_donor_once_by
         {"prompt": "a near twin", "configs": {"fast": {"probes": [_probe("scene", 0, 0.990, True),  # by 0.068
                                                                   _probe("scene", 24, 0.98, True)]}}},
     ]
-    _store(report.RESULTS_DIR, "blocks-and-balls", SHARED, per_prompt)
+    _store(report.RESULTS_DIR, "agree-blocks-and-balls-cfg1", SHARED, per_prompt)
     published.write_text(published.read_text() + "\n<!-- results:deep-first -->\n<!-- /results:deep-first -->\n")
     assert report.main([]) == 0
     row = next(line for line in published.read_text().splitlines() if line.startswith("| 1 |"))
     assert row.endswith("| none asked | 0 of 1 passed | 1 of 1 passed | 1 of 1 passed |"), row
-    assert "[blocks-and-balls](results/blocks-and-balls.json)" in row
+    assert "[agree-blocks-and-balls-cfg1](results/agree-blocks-and-balls-cfg1.json)" in row
     assert report.main(["--check"]) == 0
 
 
@@ -222,13 +226,13 @@ def test_the_interval_of_a_ratio_of_medians():
 
 def test_the_agreement_table_says_whether_the_workload_s_ratio_lies_in_the_calibration_s_interval(published):
     results_dir = report.RESULTS_DIR
-    runs = report.load_runs(report.AGREEMENT_RUNS, results_dir)
-    table = report.agreement_table(runs, lambda name: f"results/{name}.json")
+    for name in AGREEMENT_RUNS:  # the fixture's deep-first runs overwrote the workload's agree-* records
+        _store_agreement(results_dir, name)
+    table = agreement_table(StoredRuns(results_dir), lambda name: f"results/{name}.json")
     rows = table.splitlines()[2:]
-    assert len(rows) == 2 * len(report.AGREEMENT_STREAMS) * len(report.AGREEMENT_CFGS)
+    assert len(rows) == 2 * len(AGREEMENT_STREAMS) * len(AGREEMENT_CFGS)
     assert rows[1] == ("| [blocks-and-balls](results/agree-blocks-and-balls-cfg1.json) | 1 | fast | 1.58x (1.28–1.88x), "
                        "plain at 26 steps | [saves 1.60x (1.20–2.00x)](results/calibrate-blocks-and-balls-cfg1.json), "
                        "plain at 26 steps | yes |")
     _store_agreement(results_dir, "agree-blocks-and-balls-cfg1", fast_calls=2.5)
-    runs = report.load_runs(report.AGREEMENT_RUNS, results_dir)
-    assert report.agreement_table(runs, str).splitlines()[3].endswith("| **no** |")
+    assert agreement_table(StoredRuns(results_dir), str).splitlines()[3].endswith("| **no** |")
