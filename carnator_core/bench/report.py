@@ -1,4 +1,4 @@
-"""`python -m carnator_core.bench report [--check]`: the results tables of the README and docs/measurements.md,
+"""`python -m carnator_core.bench report [--check]`: the results tables of the README and the docs,
 generated from the stored runs in docs/results/ (each benchmark's `--record NAME`).
 
 Each table sits between `<!-- results:TABLE -->` and `<!-- /results:TABLE -->`, and all between is rewritten: a figure
@@ -22,7 +22,7 @@ from carnator_core.bench.tables import TABLES
 from carnator_core.bench.tables.cells import threads
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 
-DOCUMENTS = (REPO_DIR / "README.md", REPO_DIR / "docs" / "measurements.md")
+DOCUMENTS = (REPO_DIR / "README.md", *sorted((REPO_DIR / "docs").glob("*.md")))
 MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",
                     re.S)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from carnator_core.bench.results import Recording, add_record_option, comfyui_version
 from carnator_core.client import ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
@@ -100,10 +101,11 @@ def run_demo(prompts: list[str], out: Path, steps: int, weights: Path, port: int
         print(note, flush=True)
     print(f"starting ComfyUI headless on 127.0.0.1:{port} (base directory {base_dir}) ...", flush=True)
     started = time.perf_counter()
-    rows, records = [], []
+    rows, records, ready_s = [], [], None
     try:
         with demo_server(base_dir, weights, port) as (client, unet_name):
-            print(f"ComfyUI ready in {time.perf_counter() - started:.0f} s; model {unet_name}, {steps} steps, "
+            ready_s = round(time.perf_counter() - started, 1)
+            print(f"ComfyUI ready in {ready_s:.0f} s; model {unet_name}, {steps} steps, "
                   f"clip {world.CLIP} latent, CarnatorReuse mode {mode}", flush=True)
             object_info = client.object_info()
             for i, prompt in enumerate(prompts):
@@ -127,7 +129,8 @@ def run_demo(prompts: list[str], out: Path, steps: int, weights: Path, port: int
             shutil.copyfile(base_dir / "comfyui.log", out / "comfyui.log")
         shutil.rmtree(base_dir, ignore_errors=True)
     (out / "report.json").write_text(json.dumps({"steps": steps, "seed": seed, "cfg": cfg, "mode": mode,
-                                                 "weights": str(weights), "runs": records}, indent=1, default=str))
+                                                 "weights": str(weights), "comfyui_ready_s": ready_s,
+                                                 "runs": records}, indent=1, default=str))
     return rows
 
 
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, default=42, help="one seed for every prompt (the prompt-editing loop)")
     run.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance scale (negative prompt: empty)")
     run.add_argument("--mode", choices=("safe", "balanced", "fast"), default="balanced")
+    add_record_option(run, "report.json (the whole command's time: ComfyUI's start to its stop)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the ComfyUI server is stopped
     try:
@@ -152,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         prompts = list(DEFAULT_PROMPTS)
         if args.prompts:
             prompts = read_prompt_file(args.prompts)
-        find_comfyui()
+        comfy = find_comfyui()
         weights = demo_weights(args.weights)
+        recording = Recording(args.record, "carnator_core.demo", list(argv if argv is not None else sys.argv[1:]))
         rows = run_demo(prompts, args.out, args.steps, weights, args.port, args.seed, args.cfg, args.mode)
+        recording.store(json.loads((args.out / "report.json").read_text()), comfyui=comfyui_version(comfy))
     except (DemoSetupError, PromptFileError, ComfyNotFound, ComfyError, OSError) as error:
         print(f"carnator demo: {error}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields, replace
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.sampling import sample, shifted_sigma
 from carnator_core.demo.text import TOKENS, token_embeddings
@@ -411,12 +413,17 @@ def train(out: Path, steps: int, threads: int, cfg: TrainConfig, compile_model: 
 # ---------------------------------------------------------------------------------------------------------------
 # Sampling and evaluation
 
-def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed: int = 1234) -> dict:
-    """Sample canonical (held-in) prompts from the latest EMA weights and score them with the oracle."""
+def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed: int = 1234,
+             weights: Path | None = None) -> dict:
+    """Sample canonical (held-in) prompts from the latest EMA weights of `out` (or the exported `weights`, whose
+    score is then not logged in `out`) and score them with the oracle."""
     from carnator_core.demo.oracle import score
 
     torch.set_num_threads(threads)
-    model, step = load_ema(out)
+    if weights is None:
+        model, step = load_ema(out)
+    else:
+        model, step = model_from_state_dict(load_file(str(weights))), None
     rng = np.random.default_rng(seed)
     prompts = [world.canonical_prompt(a) for a in world.pick_attribute_sets(rng, n)]
     context = token_embeddings(prompts)
@@ -436,8 +443,9 @@ def evaluate(out: Path, n: int, steps: int, cfg_scale: float, threads: int, seed
                 mistakes[f"{a}: {result.expected[a]} -> {result.observed[a]}"] += 1
     report = {"step": step, "n": n, "steps": steps, "cfg": cfg_scale, "adherence": float(np.mean(adherence)),
               **{f"acc_{a}": round(v, 3) for a, v in per_attr.items()}, "mistakes": dict(mistakes.most_common())}
-    with (out / "eval.jsonl").open("a") as f:
-        f.write(json.dumps(report) + "\n")
+    if weights is None:
+        with (out / "eval.jsonl").open("a") as f:
+            f.write(json.dumps(report) + "\n")
     return report
 
 
@@ -543,7 +551,7 @@ def learning_curve(out: Path, every: int = 500) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint/log directory (outside the repo)")
     parser.add_argument("--steps", type=int, default=1_000_000, help="stop after this many steps in total")
@@ -554,6 +562,9 @@ def main() -> None:
     parser.add_argument("--eval-n", type=int, default=40)
     parser.add_argument("--eval-steps", type=int, default=30)
     parser.add_argument("--cfg", type=float, default=1.0, help="CFG scale for --eval")
+    parser.add_argument("--weights", type=Path, default=None,
+                        help="--eval these exported weights (e.g. the shipped file) instead of --out's latest checkpoint")
+    add_record_option(parser, "the --eval report")
     parser.add_argument("--compile", action="store_true", help="torch.compile the training step (see train())")
     parser.add_argument("--density", action="store_true", help="attention density at 90%% mass, per layer")
     parser.add_argument("--sensitivity", action="store_true",
@@ -564,9 +575,12 @@ def main() -> None:
     for f in fields(TrainConfig):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default) if f.type != "bool" else int,
                             default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.eval:
-        print(json.dumps(evaluate(args.out, args.eval_n, args.eval_steps, args.cfg, args.threads)))
+        recording = Recording(args.record, "carnator_core.demo.train", argv if argv is not None else sys.argv[1:])
+        report = evaluate(args.out, args.eval_n, args.eval_steps, args.cfg, args.threads, weights=args.weights)
+        recording.store(report, torch_threads=args.threads, timed=False)
+        print(json.dumps(report))
         return
     if args.density:
         print(json.dumps(density(args.out, 8, args.threads)))

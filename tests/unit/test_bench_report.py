@@ -236,3 +236,74 @@ def test_the_agreement_table_says_whether_the_workload_s_ratio_lies_in_the_calib
                        "plain at 26 steps | yes |")
     _store_agreement(results_dir, "agree-blocks-and-balls-cfg1", fast_calls=2.5)
     assert agreement_table(StoredRuns(results_dir), str).splitlines()[3].endswith("| **no** |")
+
+
+def _attention_rows(fp32_speedup: float) -> list[dict]:
+    return [{"n": 8192, "heads": 12, "head_dim": 128, "density": density, "dense_s": 3.0,
+             "sparse_s": round(3.0 / speedup, 4), "speedup": speedup, "ideal": round(1 / density, 2),
+             "max_abs_err": 5e-7}
+            for density, speedup in ((0.125, fp32_speedup), (0.25, 3.0), (0.5, 1.5))]
+
+
+def _store_attention(results_dir: Path, name: str, conditions: RunConditions, speedup: float) -> None:
+    config = {"device": "cpu", "backend": "auto", "dtype": "float32", "threads": 1, "repeats": 3, "block_size": 128,
+              "clock": "process"}
+    payload = {"run": asdict(replace(conditions, comfyui_version="none")), "rows": _attention_rows(speedup),
+               "config": config}
+    (results_dir / f"{name}.json").write_text(json.dumps(payload))
+
+
+def test_the_attention_targets_read_the_stored_rows_and_show_no_time_from_a_shared_run(published):
+    """A speedup target holds where its least covered figure does, an error target where its largest does; a miss
+    reads **no**; a shared run's time targets say why they are empty while its error targets still count."""
+    from carnator_core.bench.tables.attention import attention_table, attention_targets_table
+
+    results_dir = report.RESULTS_DIR
+    _store_attention(results_dir, "attention-fp32", ALONE, 5.9)
+    _store_attention(results_dir, "attention-bf16", ALONE, 4.0)
+    rows = attention_targets_table(StoredRuns(results_dir), str).splitlines()[2:]
+    assert rows[0].endswith("| at least 6x | 5.90 | **no** |"), rows[0]
+    assert rows[1].endswith("| at least 0.6 | 0.74 (least) | yes |"), rows[1]
+    assert rows[3].endswith("| at most 1e-5 | 5.00e-07 | yes |"), rows[3]
+    _store_attention(results_dir, "attention-fp32", SHARED, 7.0)
+    rows = attention_targets_table(StoredRuns(results_dir), str).splitlines()[2:]
+    assert rows[0].endswith("| — (not measured alone) | — |") and rows[3].endswith("| yes |"), rows
+    table = attention_table("attention-fp32", StoredRuns(results_dir), str)
+    assert "| 8192 | 0.1250 | — | — | — | — | 5.00e-07 |" in table and "not shown: other processes used" in table
+
+
+def test_a_miss_costs_table_counts_the_requests_that_sampled_every_step(published):
+    """What a miss costs: per mode the requests that skipped no step, their calls beyond plain's and, from a run alone,
+    the time on those requests only."""
+    from carnator_core.bench.tables.streams import MISS_RUN, misses_table
+
+    per_prompt = []
+    for i in range(6):
+        hit = i == 5  # one resumed request: not a miss, left out of every cell
+        configs = {"plain": {"time_s": 2.0, "model_calls": 30, "skipped_steps": 0}}
+        for mode in ("text-only", "safe", "balanced", "fast"):
+            configs[mode] = {"time_s": 1.0 if hit else 2.0, "model_calls": 16 if hit else 30 + (mode == "fast" and i < 2),
+                             "skipped_steps": 15 if hit else 0}
+        per_prompt.append({"prompt": f"p{i}", "configs": configs})
+    _store(report.RESULTS_DIR, MISS_RUN, ALONE, per_prompt)
+    rows = {line.split(" | ")[0][2:]: line for line in
+            misses_table(StoredRuns(report.RESULTS_DIR), str).splitlines() if line.startswith("| ")}
+    assert rows["fast"] == "| fast | 5 of 6 | 1.000x (1.000–1.000x) | 30.40 | +1 | 0 |", rows["fast"]
+    assert rows["safe"] == "| safe | 5 of 6 | 1.000x (1.000–1.000x) | 30.00 | +0 | 0 |", rows["safe"]
+
+
+def test_a_recording_stores_only_when_asked_and_says_whether_its_run_is_timed(tmp_path, monkeypatch):
+    from carnator_core.bench import results
+
+    stored = tmp_path / "docs" / "results"
+    monkeypatch.setattr(results, "REPO_DIR", tmp_path)
+    monkeypatch.setattr(results, "RESULTS_DIR", stored)
+    assert results.Recording(None, "carnator_core.bench masks", []).store({"rows": []}) is None
+    assert not stored.exists()
+    path = results.Recording("masks", "carnator_core.bench masks", ["--n", "8"]).store({"rows": []}, timed=False)
+    conditions, payload = results.read_result("masks", stored)
+    assert path == stored / "masks.json" and payload == {"rows": []}
+    assert conditions.command == "python -m carnator_core.bench masks --n 8"
+    assert (conditions.comfyui_version, conditions.frontend_version, conditions.timed) == ("none", None, False)
+    runs = report.runs_list(StoredRuns(stored), str)
+    assert "no ComfyUI" in runs and runs.rstrip().endswith("calls and quality only, no times.")

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from carnator_core.bench.tables import (
     agreement,
     attention,
+    calibration,
     deep_first,
+    demo,
     inputs,
     probe_calibration,
     stages,
@@ -18,4 +20,5 @@ from carnator_core.bench.tables import (
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 
 TABLES: dict[str, Callable[[StoredRuns, Link], str]] = {
-    **streams.TABLES, **deep_first.TABLES, **probe_calibration.TABLES, **inputs.TABLES, **store.TABLES, **agreement.TABLES, **attention.TABLES, **stages.TABLES}
+    **streams.TABLES, **agreement.TABLES, **deep_first.TABLES, **attention.TABLES, **probe_calibration.TABLES,
+    **calibration.TABLES, **inputs.TABLES, **stages.TABLES, **store.TABLES, **demo.TABLES}

@@ -27,7 +27,8 @@ STREAM_RUNS = {
 }
 # The stored runs of every configuration side by side (`bench workload --stream S --record configs-S`): each its own
 # table; the unrelated one is also what a miss costs.
-CONFIG_RUNS = ("configs-near-dup", "configs-unrelated", "configs-mixed", "configs-adversarial", "configs-adversarial-cfg4")
+CONFIG_RUNS = ("configs-near-dup", "configs-unrelated", "configs-mixed", "configs-adversarial", "configs-adversarial-cfg4",
+               "edit-loop-new-seed")
 MISS_RUN = "configs-unrelated"
 # The two docs/streams beside reword-and-edit, at cfg 1 and 4, balanced and fast (the agreement table's workload runs).
 EDIT_STREAM_RUNS = tuple(agreement_run("agree", stream, cfg) for cfg in AGREEMENT_CFGS
@@ -66,6 +67,21 @@ def streams_table(runs: StoredRuns, link: Link) -> str:
             lines.append(f"| [{label}]({link(name)}) | {c['name']} | {run.time(c)} | {c['model_calls']:.1f} | "
                          f"{c['psnr']:.1f} | {c['ssim']:.3f} | {adherence(c)} | {_equal_cell(run, c)} |")
     return "\n".join(lines) + "\n"
+
+
+def verdicts_table(runs: StoredRuns, link: Link) -> str:
+    """Each mode's equal-quality verdict on each stored stream run, in words, against which plain run, and the measure
+    on which the next cheaper plain run fell short."""
+    rows = []
+    for name, label in STREAM_RUNS.items():
+        run = runs[name]
+        for mode in MODES:
+            equal = run.config(mode)["equal_quality_speedup"]
+            short = equal.get("steps_short")
+            decided = equal.get("decided_by") or "—"
+            rows.append([f"[{label}]({link(name)})", mode, equal["words"], against(equal["against"]),
+                         decided if short is None else f"{decided} (plain at {short} steps falls short)"])
+    return table(["stream", "mode", "verdict by calls", "weighed against", "decided by"], rows)
 
 
 def configs_table(name: str, runs: StoredRuns, link: Link) -> str:
@@ -200,6 +216,6 @@ def _measured(target: dict[str, Any]) -> str:
     return f"{value:.2f}x" if target["measure"] in ("calls_speedup", "time_speedup") else f"{value:g}"
 
 
-TABLES = {"readme": readme_table, "streams": streams_table, "misses": misses_table, "hits": hits_table,
+TABLES = {"readme": readme_table, "streams": streams_table, "verdicts": verdicts_table, "misses": misses_table, "hits": hits_table,
           "targets": targets_table, "nesting": nesting_table,
           **{name: partial(configs_table, name) for name in CONFIG_RUNS}}
