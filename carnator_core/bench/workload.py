@@ -14,7 +14,8 @@ sampler and scheduler), named by their step count (plain-15, plain-10, plain-7 a
 count is 0 or one a larger fraction already runs has no configuration (a progress line says so): `--steps 2` runs
 plain-1 alone, `--steps 4` plain-2 and plain-1.
 
-Every other configuration's `equal_quality_speedup` weighs it by the one yardstick the calibration also uses
+Every other configuration's `equal_quality_speedup`, but for the step caches (EasyCache), whose leftover noise the
+detail measure would count as detail, weighs it by the one yardstick the calibration also uses
 (`bench.yardstick`: as adherent, as close to plain by PSNR, as detailed) against the cheapest plain run as good: of
 those fewer-steps runs and of the plain-steps curve, plain sampled after the stream at the step counts that bracket
 each configuration's quality (`bench.plain_steps_curve`, at most three more counts), else full plain. It gives that
@@ -119,6 +120,9 @@ STREAM_TARGETS: dict[str, dict[str, dict[str, float]]] = {
     "unrelated": {mode: {"extra_calls": 1.0, "time_speedup": 0.97} for mode in ("safe", "balanced", "fast")},
 }
 AT_LEAST = frozenset({"calls_speedup", "time_speedup"})  # the measures a target bounds from below, the others above
+# Configurations that skip steps by extrapolating the model's output within a request: what they leave of the noise
+# reads as high-frequency detail, so the yardstick's detail measure would credit it, and they are not weighed.
+STEP_CACHES = frozenset({"easycache", "balanced+easycache"})
 RECORDING = frozenset({"text-only", "safe", "balanced", "fast", "balanced+easycache"})  # their runs add entries
 # `--shared-store`: these modes look up in one store, and each prompt is recorded there by one of them in turn, so
 # that every mode meets the same donors, recorded by requests in every mode.
@@ -367,7 +371,8 @@ def plain_steps_curve(samples: dict[str, list[Sample]], curve: dict[str, list[Sa
     """Plain at the step counts that bracket each weighed configuration's quality (`bench.plain_steps_curve`),
     sampled on every prompt (`sample_at(prompt index, steps)`) and scored into `curve` by name, beside the fixed
     fewer-steps runs already in `samples`."""
-    weighed = {name: runs for name, runs in samples.items() if name != "plain" and fewer_steps_count(name) is None}
+    weighed = {name: runs for name, runs in samples.items()
+               if name != "plain" and name not in STEP_CACHES and fewer_steps_count(name) is None}
 
     def lowered() -> dict[int, list[Sample]]:
         return {fewer_steps_count(name): runs for name, runs in {**samples, **curve}.items()
@@ -419,7 +424,7 @@ def summarise(samples: dict[str, list[Sample]], store_bytes: dict[str, float], s
             "hit_speedup": round(plain_time / _median_seconds(hits), 3) if hits else None,
             "stage_model_calls": [round(calls, 2)] if first_expert is None else
                                  [round(first_expert, 2), round(calls - first_expert, 2)],
-            "equal_quality_speedup": None if name == "plain" or name in fewer else
+            "equal_quality_speedup": None if name == "plain" or name in fewer or name in STEP_CACHES else
                                      equal_quality_speedup(runs, samples["plain"], {**fewer, **curve}, steps,
                                                            frozenset(fewer)),
         })

@@ -10,6 +10,7 @@ from typing import Any
 from carnator_core.bench.tables.agreement import AGREEMENT_CFGS, agreement_run
 from carnator_core.bench.tables.cells import MODES, adherence, against, table, with_interval
 from carnator_core.bench.tables.stored_runs import Link, StoredRun, StoredRuns
+from carnator_core.bench.workload import STEP_CACHES
 from carnator_core.judging.fewer_steps import fewer_steps_count
 from carnator_core.judging.ratio_interval import median_ratio_interval
 
@@ -170,7 +171,7 @@ def nesting_table(runs: StoredRuns, link: Link) -> str:
 def _equal_cell(run: StoredRun, config: dict[str, Any]) -> str:
     equal = config.get("equal_quality_speedup")
     if equal is None:
-        return ""
+        return "not weighed: a step cache" if config["name"] in STEP_CACHES else ""
     time = f", {equal['time']:.2f}x" if run.conditions.alone and equal.get("time") is not None else ""
     return with_interval(equal) + time + f"; {equal['against']}"
 
