@@ -42,7 +42,6 @@ import os
 import sys
 from pathlib import Path
 
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.calibration.job import CalibrationPlan, NoPairs, NothingToCalibrate, calibrate
 from carnator_core.calibration.server_runs import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
@@ -52,6 +51,7 @@ from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.prompt_pairs import read_pairs
 from carnator_core.queue import Workflow, WorkflowError
+from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.reuse.settings import FORCED_DEPTHS
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.kernels import BACKENDS, BlockLayout, block_sparse_attention, reference_attention
+from carnator_core.recorded_runs import Recording, add_record_option
 
 HEADS, HEAD_DIM = 12, 128
 DENSITIES = (0.1, 0.125, 0.25, 0.5)

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.lookup.shortlist import ShortlistIndex
+from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexEntry, IndexVectors, ReuseStore
 

@@ -32,12 +32,12 @@ import torch
 
 from carnator_core.attention.masks import BlockSparseMask, recall
 from carnator_core.bench.probe import load_model
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.attention_density import block_mass, self_attention_probs
 from carnator_core.demo.sampling import sample
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V
+from carnator_core.recorded_runs import Recording, add_record_option
 
 BLOCK = 16
 SIGMAS = (0.8, 0.4)

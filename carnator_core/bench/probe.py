@@ -43,7 +43,6 @@ import torch
 from safetensors.torch import load_file
 
 from carnator_core.bench.quality import mse, psnr_from_mse
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.sampling import shifted_sigma
@@ -56,6 +55,7 @@ from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.prompt_file import PromptFileError
 from carnator_core.prompt_pairs import PAIR_RULE, read_pairs
+from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.reuse.probe import conditional_agreement, probe_signals
 from carnator_core.reuse.start_difference import StartDifference
 

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from carnator_core.bench.results import NO_COMFYUI, REPO_DIR, RESULTS_DIR
 from carnator_core.bench.tables import TABLES
 from carnator_core.bench.tables.cells import threads
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
+from carnator_core.recorded_runs import NO_COMFYUI, REPO_DIR, RESULTS_DIR
 
 DOCUMENTS = (REPO_DIR / "README.md", *sorted((REPO_DIR / "docs").glob("*.md")))
 MARKED = re.compile(r"(?P<open><!-- results:(?P<table>[a-z0-9-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results:(?P=table) -->)",

@@ -24,11 +24,11 @@ import torch
 
 from carnator_core.bench.lookup import build_index
 from carnator_core.bench.probe import FlowSampler, load_model, sigmas_for
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.text import token_embeddings
 from carnator_core.lookup.fingerprint import noise_fingerprint
 from carnator_core.lookup.shortlist import ShortlistIndex
+from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.reuse.plan import RequestFacts, plan_probes
 from carnator_core.reuse.probe import probe_signals
 from carnator_core.reuse.recording import RunRecorder

@@ -43,13 +43,13 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from carnator_core.bench.quality import latent_quality
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.bench.streams import make_stream
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import read_prompt_file
 from carnator_core.queue import Workflow, WorkflowError
+from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.workflow_graph import AV_SEPARATOR, REUSE_NODES, SAMPLERS, feeds, links_to, stage_chain
 
 WORKFLOWS_DIR = Path(__file__).resolve().parents[2] / "workflows" / "api"

@@ -38,9 +38,9 @@ import torch
 from carnator_core.attention.masks import BlockSparseMask
 from carnator_core.attention.sparse_attention import masks_to_blob
 from carnator_core.bench.lookup import build_index
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo.wan_model import WanConfig, WanT2V
 from carnator_core.lookup.fingerprint import noise_fingerprint
+from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.reuse.recording import RunRecorder
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.store.entry import EntryMeta, HardKey

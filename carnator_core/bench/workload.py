@@ -79,7 +79,6 @@ from carnator_core.bench import plot, stages
 from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.bench.quality import PSNR_IDENTICAL, detail_ratio, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
-from carnator_core.bench.results import Recording, add_record_option, comfyui_version
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
 from carnator_core.bench.yardstick import FULL, RequestOutcome, curve_row, equal_quality, falls_short
@@ -92,6 +91,7 @@ from carnator_core.demo.wan_model import WanConfig
 from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count, step_count
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import read_prompt_file
+from carnator_core.recorded_runs import Recording, add_record_option, comfyui_version
 from carnator_core.reuse.report import RunReport, Verdict
 from carnator_core.store.reuse_store import ReuseStore
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from carnator_core.bench.results import Recording, add_record_option, comfyui_version
 from carnator_core.client import ComfyError, PromptRun
 from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
@@ -35,6 +34,7 @@ from carnator_core.demo.oracle import score
 from carnator_core.demo.server import DemoSetupError, demo_server, demo_weights, pick_port
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
+from carnator_core.recorded_runs import Recording, add_record_option, comfyui_version
 from carnator_core.reuse.report import RunReport, Verdict
 
 DEFAULT_PROMPTS = (

@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from carnator_core.bench.results import Recording, add_record_option
 from carnator_core.demo import world
 from carnator_core.demo.sampling import sample, shifted_sigma
 from carnator_core.demo.text import TOKENS, token_embeddings
 from carnator_core.demo.wan_model import WEIGHTS_PATH, WanConfig, WanT2V, model_from_state_dict
+from carnator_core.recorded_runs import Recording, add_record_option
 
 DEFAULT_OUT = Path.home() / ".cache" / "carnator-demo-train"
 

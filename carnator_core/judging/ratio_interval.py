@@ -38,13 +38,15 @@ def settled(interval: tuple[float, float]) -> bool:
 
 def ratio_words(ratio: float, interval: tuple[float, float], requests: int) -> str:
     """A speedup over lowering the steps in words: "saves 1.30x (1.10–1.50x)", "lower the steps instead (0.60x,
-    0.50–0.70x)", or "not settled (0.80–1.20x)" with about how many more prompts would settle it, exactly when the
-    interval holds 1."""
+    0.50–0.70x)", or "not settled (0.80–1.20x)" with about how many more prompts would settle it (or a tie, where the
+    interval is the point 1), exactly when the interval holds 1."""
     low, high = interval
     if low > 1.0:
         return f"saves {ratio:.2f}x ({low:.2f}–{high:.2f}x)"
     if high < 1.0:
         return f"lower the steps instead ({ratio:.2f}x, {low:.2f}–{high:.2f}x)"
+    if high - low < 0.005:  # every resample the same: the configuration ran the plain run's calls on every request
+        return f"not settled: a tie ({ratio:.2f}x), the calls of the plain run as good on every request"
     return f"not settled ({low:.2f}–{high:.2f}x): {_more_to_settle(ratio, interval, requests)}"
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from carnator_core.bench import report
-from carnator_core.bench.results import CpuUse, RunConditions
 from carnator_core.bench.tables.agreement import AGREEMENT_CFGS, AGREEMENT_RUNS, AGREEMENT_STREAMS, agreement_table
 from carnator_core.bench.tables.deep_first import DEEP_FIRST_RUNS
 from carnator_core.bench.tables.stored_runs import StoredRuns
 from carnator_core.bench.tables.streams import STREAM_RUNS
 from carnator_core.judging.ratio_interval import median_ratio_interval
+from carnator_core.recorded_runs import CpuUse, RunConditions
 
 SHARED = RunConditions(
     command="python -m carnator_core.bench workload --stream edit-loop --n 8", commit="0" * 40,
@@ -173,7 +173,7 @@ def test_the_deep_first_table_counts_each_deep_probe_of_a_screened_donor_once_by
 def test_a_stored_result_is_not_an_uncommitted_change_to_the_code_that_ran(tmp_path, monkeypatch):
     """A run that records writes into docs/results/, so the next run of the same commit must not count that file as
     a change to the code it ran; a change anywhere else counts."""
-    from carnator_core.bench import results
+    from carnator_core import recorded_runs as results
 
     repo = tmp_path / "repo"
     stored = repo / "docs" / "results" / "edit-loop.json"
@@ -293,7 +293,7 @@ def test_a_miss_costs_table_counts_the_requests_that_sampled_every_step(publishe
 
 
 def test_a_recording_stores_only_when_asked_and_says_whether_its_run_is_timed(tmp_path, monkeypatch):
-    from carnator_core.bench import results
+    from carnator_core import recorded_runs as results
 
     stored = tmp_path / "docs" / "results"
     monkeypatch.setattr(results, "REPO_DIR", tmp_path)

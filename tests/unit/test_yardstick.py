@@ -66,6 +66,7 @@ def test_the_words_say_not_settled_exactly_when_the_interval_holds_one():
     assert ratio_words(0.6, (0.5, 0.7), 16) == "lower the steps instead (0.60x, 0.50–0.70x)"
     assert ratio_words(1.1, (0.8, 1.4), 16) == "not settled (0.80–1.40x): about 128 more prompts would settle it"
     assert ratio_words(1.0, (0.9, 1.1), 16).endswith("no number of prompts can be told to settle it")
+    assert ratio_words(1.0, (1.0, 1.0), 8) == "not settled: a tie (1.00x), the calls of the plain run as good on every request"
     for interval in ((1.1, 1.5), (0.5, 0.7), (0.8, 1.4), (1.0, 1.2)):
         assert settled(interval) == ("not settled" not in ratio_words(1.05, interval, 8))
 

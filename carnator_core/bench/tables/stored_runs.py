@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carnator_core.bench.results import RunConditions, read_result
 from carnator_core.judging.fewer_steps import fewer_steps_count
 from carnator_core.judging.ratio_interval import median_ratio_interval
+from carnator_core.recorded_runs import RunConditions, read_result
 
 Link = Callable[[str], str]  # a stored run's name -> its JSON's path as the document links it
 

@@ -12,7 +12,7 @@ from carnator_core.bench.tables.cells import MODES, adherence, against, table, w
 from carnator_core.bench.tables.stored_runs import Link, StoredRun, StoredRuns
 from carnator_core.bench.workload import STEP_CACHES
 from carnator_core.judging.fewer_steps import fewer_steps_count
-from carnator_core.judging.ratio_interval import median_ratio_interval
+from carnator_core.judging.ratio_interval import median_ratio_interval, ratio_words
 
 # The stored runs behind the stream tables, in table order: result name -> the stream as a row names it
 # (`bench workload --configs balanced,fast,plain-15,plain-10,plain-7 --record NAME`).
@@ -80,7 +80,8 @@ def verdicts_table(runs: StoredRuns, link: Link) -> str:
             equal = run.config(mode)["equal_quality_speedup"]
             short = equal.get("steps_short")
             decided = equal.get("decided_by") or "—"
-            rows.append([f"[{label}]({link(name)})", mode, equal["words"], against(equal["against"]),
+            words = ratio_words(equal["calls"], tuple(equal["interval"]), equal["requests"])
+            rows.append([f"[{label}]({link(name)})", mode, words, against(equal["against"]),
                          decided if short is None else f"{decided} (plain at {short} steps falls short)"])
     return table(["stream", "mode", "verdict by calls", "weighed against", "decided by"], rows)
 

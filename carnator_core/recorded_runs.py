@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_DIR = Path(__file__).resolve().parents[2]
+REPO_DIR = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_DIR / "docs" / "results"
 # Other processes' CPU time over the run's wall time (cores they kept busy on average) above which the run shared the
 # machine: its times then measure the neighbours as much as the code, and are not published.
