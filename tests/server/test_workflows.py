@@ -52,8 +52,12 @@ from support.tiny_workflows import (
     twin_families,
 )
 
+from carnator_core import recorded_runs
 from carnator_core.bench.__main__ import main as bench_main
 from carnator_core.bench.quality import latent_quality
+from carnator_core.bench.stages import markdown as stages_markdown
+from carnator_core.bench.tables import stages as stages_tables
+from carnator_core.bench.tables.stored_runs import StoredRuns
 from carnator_core.client import RequestRefused
 from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
@@ -614,13 +618,27 @@ def test_workflow_with_a_node_this_version_lacks_gets_comfyuis_validation_error(
     assert server.get("/system_stats").ok
 
 
-def _recorded(name: str) -> list[str]:
-    """`--record NAME` where CARNATOR_RECORD_RESULTS=1: the stages tables of docs/measurements.md come from these runs
-    on the tiny models (`python -m carnator_core.bench report`)."""
-    return ["--record", name] if os.environ.get("CARNATOR_RECORD_RESULTS") == "1" else []
+def _recorded(name: str, tmp_path: Path, monkeypatch) -> list[str]:
+    """`--record NAME`: the stages tables of docs/measurements.md come from these runs on the tiny models (`python -m
+    carnator_core.bench report`). Stored into docs/results/ where CARNATOR_RECORD_RESULTS=1, else into a folder of the
+    test's own, so that every run checks what it would store."""
+    if os.environ.get("CARNATOR_RECORD_RESULTS") != "1":
+        monkeypatch.setattr(recorded_runs, "REPO_DIR", tmp_path)
+        monkeypatch.setattr(recorded_runs, "RESULTS_DIR", tmp_path / "results")
+    return ["--record", name]
 
 
-def test_stages_benchmark_reports_each_stage_of_hunyuan_video15_super_resolution(server, tiny_models, tmp_path, capsys):
+def _check_recorded(name: str, result: dict) -> None:
+    """The stored run is the benchmark's result with the conditions it ran under, and its published table is the
+    benchmark's own markdown under a line naming the run."""
+    conditions, stored = recorded_runs.read_result(name, recorded_runs.RESULTS_DIR)
+    assert stored == result and not conditions.timed and conditions.comfyui_version != recorded_runs.NO_COMFYUI
+    table = stages_tables.stages_table(name, StoredRuns(recorded_runs.RESULTS_DIR), str)
+    assert table.endswith(stages_markdown(result) + "\n") and table.startswith(f"[`{name}`]({name})")
+
+
+def test_stages_benchmark_reports_each_stage_of_hunyuan_video15_super_resolution(server, tiny_models, tmp_path, capsys,
+                                                                                 monkeypatch):
     """`bench stages --graph hunyuan15-sr`'s workflow (the HunyuanVideo 1.5 twin with its super-resolution group
     enabled) on the tiny 720p and SR models, cfg stream: three stages, the 720p sampler and the SR model's two
     samplers (8 steps split at 4). The later requests resume the 720p stage; the SR stage, guided by an image close
@@ -630,10 +648,12 @@ def test_stages_benchmark_reports_each_stage_of_hunyuan_video15_super_resolution
     workflow = tmp_path / "hunyuan15_sr.json"
     workflow.write_text(json.dumps(graph), encoding="utf-8")
     argv = ["stages", "--server", server.url, "--workflow", str(workflow), "--text-node", "44", "--vary", "cfg",
-            "--n", "3", "--json", "--out", str(tmp_path / "out"), *_recorded("stages-hunyuan15-sr")]
+            "--n", "3", "--json", "--out", str(tmp_path / "out"),
+            *_recorded("stages-hunyuan15-sr", tmp_path, monkeypatch)]
     assert bench_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     print(json.dumps(result, indent=1))
+    _check_recorded("stages-hunyuan15-sr", result)
     assert result["requests"] == ["cfg 6", "cfg 6.25", "cfg 5.75"]
     assert [stage.split()[0] for stage in result["stages"]] == ["127", "140", "141"]
     split, sr_steps = graph["137"]["inputs"]["step"], graph["136"]["inputs"]["steps"]
@@ -681,7 +701,7 @@ def test_super_resolution_after_another_upsampler_file_samples_plain(server, tin
     assert screened["model_calls"] == screened["total_steps"]
 
 
-def test_stages_benchmark_reports_each_stage_of_the_ltx2_workflow(server, tiny_models, tmp_path, capsys):
+def test_stages_benchmark_reports_each_stage_of_the_ltx2_workflow(server, tiny_models, tmp_path, capsys, monkeypatch):
     """`python -m carnator_core.bench stages` on the LTX-2 twin (tiny model) with the cfg stream: per configuration
     the model calls of each stage in stage order, and per stage the video's and the audio's PSNR and SSIM against
     the same request's plain run (figures printed)."""
@@ -690,11 +710,12 @@ def test_stages_benchmark_reports_each_stage_of_the_ltx2_workflow(server, tiny_m
     workflow.write_text(json.dumps(graph), encoding="utf-8")
     (text_node,) = [node_id for node_id, node in graph.items() if "cheerful" in node["inputs"].get("text", "")]
     argv = ["stages", "--server", server.url, "--workflow", str(workflow), "--text-node", text_node, "--vary", "cfg",
-            "--n", "3", "--json", "--out", str(tmp_path / "out"), *_recorded("stages-ltx2")]
+            "--n", "3", "--json", "--out", str(tmp_path / "out"), *_recorded("stages-ltx2", tmp_path, monkeypatch)]
     assert bench_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     print(json.dumps(result, indent=1))
     assert result == json.loads((tmp_path / "out" / "stages.json").read_text(encoding="utf-8"))
+    _check_recorded("stages-ltx2", result)
     assert result["requests"] == ["cfg 4", "cfg 4.25", "cfg 3.75"] and len(result["stages"]) == 2
     configs = {row["name"]: row for row in result["configs"]}
     first_steps = next(node for node in graph.values() if node["class_type"] == "LTXVScheduler")["inputs"]["steps"]

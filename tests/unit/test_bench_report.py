@@ -307,3 +307,24 @@ def test_a_recording_stores_only_when_asked_and_says_whether_its_run_is_timed(tm
     assert (conditions.comfyui_version, conditions.frontend_version, conditions.timed) == ("none", None, False)
     runs = report.runs_list(StoredRuns(stored), str)
     assert "no ComfyUI" in runs and runs.rstrip().endswith("calls and quality only, no times.")
+
+
+def test_a_benchmark_run_with_record_is_stored_and_its_table_generated_from_it(tmp_path, monkeypatch, capsys):
+    """`bench attention --record NAME` end to end (the smallest size): the stored rows are the ones it printed, with
+    conditions that say no ComfyUI ran, and the attention table is written from them."""
+    from carnator_core import recorded_runs
+    from carnator_core.bench import attention
+    from carnator_core.bench.tables.attention import attention_table
+
+    stored = tmp_path / "docs" / "results"
+    monkeypatch.setattr(recorded_runs, "REPO_DIR", tmp_path)
+    monkeypatch.setattr(recorded_runs, "RESULTS_DIR", stored)
+    argv = ["--quick", "--sizes", "512", "--threads", "1", "--json", "--record", "attention-fp32"]
+    assert attention.main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    conditions, result = recorded_runs.read_result("attention-fp32", stored)
+    assert result["rows"] == printed["rows"] and len(result["rows"]) == 4
+    assert conditions.command == "python -m carnator_core.bench attention " + " ".join(argv)
+    assert conditions.comfyui_version == recorded_runs.NO_COMFYUI and conditions.torch_threads == 1
+    table = attention_table("attention-fp32", StoredRuns(stored), str)
+    assert table.count("\n| 512 | ") == 4

@@ -18,10 +18,12 @@ def demo_table(runs: StoredRuns, link: Link) -> str:
     time = (f"{conditions.wall_seconds:.0f} s from the command's start to its end, ComfyUI ready after "
             f"{result['comfyui_ready_s']:.0f} s") if conditions.alone else f"time {conditions.why_no_time}"
     rows = [[str(i), r["prompt"], r["verdict"], f"{r['skipped_steps']}/{r['total_steps']}",
-             str(r["model_calls"]), f"{r['adherence']:.2f}"] for i, r in enumerate(result["runs"], 1)]
+             str(r["carnator_report"].get("model_calls", "—")),
+             f"{r['time_s']:.1f}" if conditions.alone else "—", str(r["adherence"])]
+            for i, r in enumerate(result["runs"], 1)]
     return (f"[`{DEMO_RUN}`]({link(DEMO_RUN)}): {result['steps']} steps, seed {result['seed']}, cfg {result['cfg']:g}, "
             f"mode {result['mode']}; {time}.\n\n"
-            + table(["#", "prompt", "verdict", "skipped steps", "model calls", "oracle adherence"], rows))
+            + table(["#", "prompt", "verdict", "skipped steps", "model calls", "time (s)", "oracle adherence"], rows))
 
 
 def demo_model_table(runs: StoredRuns, link: Link) -> str:
