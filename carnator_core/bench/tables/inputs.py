@@ -19,8 +19,8 @@ def inputs_table(name: str, runs: StoredRuns, link: Link) -> str:
             for distance, cell in summary["bins"].items()]
     bound = summary["safe_bound"]
     largest = summary["largest_good_accepted"]
-    return (f"[`{name}`]({link(name)}): {summary['rows']} resumes; every accepted resume was good below input distance "
-            + ("— (all were)" if bound is None else f"{bound:.3f}")
+    return (f"[`{name}`]({link(name)}): {summary['rows']} resumes; every accepted resume was good"
+            + ("" if bound is None else f" below input distance {bound:.3f}")
             + ("" if largest is None else f"; the largest good accepted lay at {largest:.3f}")
             + f"; the shipped bound is {summary['shipped_bound']}.\n\n"
             + table(["input distance", "pairs", "resumes", "accepted", "accepted and good", "of those borrowed",
