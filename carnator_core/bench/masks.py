@@ -32,6 +32,7 @@ import torch
 
 from carnator_core.attention.masks import BlockSparseMask, recall
 from carnator_core.bench.probe import load_model
+from carnator_core.bench.tables.attention import masks_markdown
 from carnator_core.demo import world
 from carnator_core.demo.attention_density import block_mass, self_attention_probs
 from carnator_core.demo.sampling import sample
@@ -109,14 +110,6 @@ def measure(model: WanT2V, n: int, steps: int, seed: int = 0) -> dict:
     return {"requests": n, "steps": steps, "block_tokens": BLOCK, "rows": rows}
 
 
-def table(result: dict) -> str:
-    header = "| sigma | density | " + " | ".join(SOURCES) + " |"
-    lines = [header, "|" + "---|" * (len(SOURCES) + 2)]
-    for row in result["rows"]:
-        lines.append(f"| {row['sigma']} | {row['density']} | " + " | ".join(f"{row[s]:.3f}" for s in SOURCES) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench masks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=8, help="requests (canonical prompts)")
@@ -132,5 +125,5 @@ def main(argv: list[str]) -> int:
     with torch.no_grad():
         result = measure(load_model(args.weights), args.n, args.steps)
     recording.store(result, torch_threads=args.threads, timed=False)
-    print(json.dumps(result) if args.json else table(result))
+    print(json.dumps(result) if args.json else masks_markdown(result))
     return 0

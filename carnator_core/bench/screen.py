@@ -24,6 +24,7 @@ import torch
 
 from carnator_core.bench.lookup import build_index
 from carnator_core.bench.probe import FlowSampler, load_model, sigmas_for
+from carnator_core.bench.tables.store import screen_markdown
 from carnator_core.demo import world
 from carnator_core.demo.text import token_embeddings
 from carnator_core.lookup.fingerprint import noise_fingerprint
@@ -137,19 +138,6 @@ def bench_screen(entries: int, donor_counts: list[int], repeats: int, weights: s
     return {"entries": entries, "latent_shape": list(SHAPE), "model_call_ms": call_ms, "rows": rows}
 
 
-def markdown(result: dict) -> str:
-    """Per donor count: donors screened, the plan and screen's milliseconds, and per donor its cost and bytes read."""
-    lines = ["| same-noise donors | screened | plan + screen (ms) | per donor (ms) | per donor, share of a model call "
-             "| bytes read per donor |", "|---|---|---|---|---|---|"]
-    for row in result["rows"]:
-        if row["donors"] == 0:
-            lines.append(f"| 0 | {row['screened']} | {row['plan_ms']:.1f} | n/a | n/a | n/a |")
-            continue
-        lines.append(f"| {row['donors']} | {row['screened']} | {row['plan_ms']:.1f} | {row['ms_per_donor']:.2f} | "
-                     f"{row['share_of_model_call_per_donor']:.1%} | {row['bytes_per_donor']:,.0f} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench screen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,5 +156,5 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"step-0 screen on the demo latent {tuple(result['latent_shape'])}, index of {result['entries']} entries; "
           f"one model call {result['model_call_ms']:.1f} ms")
-    print(markdown(result))
+    print(screen_markdown(result))
     return 0

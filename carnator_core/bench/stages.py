@@ -44,6 +44,7 @@ from safetensors.torch import load as load_safetensors
 
 from carnator_core.bench.quality import latent_quality
 from carnator_core.bench.streams import make_stream
+from carnator_core.bench.tables.stages import stages_markdown
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
@@ -190,20 +191,6 @@ def summarise(staged: StagedWorkflow, runs: dict[str, list[StageRun]]) -> list[d
     return rows
 
 
-def markdown(result: dict[str, Any]) -> str:
-    stages = len(result["stages"])
-    parts = [(q["stage"], q["part"]) for q in result["configs"][0]["quality"]]
-    lines = ["| config | model calls | " + " | ".join(f"stage {i + 1} calls" for i in range(stages))
-             + " | hit rate | " + " | ".join(f"stage {s} {p} PSNR / SSIM" for s, p in parts) + " |",
-             "|" + "---|" * (3 + stages + len(parts))]
-    for row in result["configs"]:
-        quality = {(q["stage"], q["part"]): q for q in row["quality"]}
-        lines.append(f"| {row['name']} | {row['model_calls']:.2f} | "
-                     + " | ".join(f"{c:.2f}" for c in row["stage_model_calls"]) + f" | {row['hit_rate']:.2f} | "
-                     + " | ".join(f"{quality[k]['psnr']:.1f} dB / {quality[k]['ssim']:.3f}" for k in parts) + " |")
-    return "\n".join(lines)
-
-
 def benchmark(client: ComfyClient, workflow: Workflow, vary: str, prompts: list[str] | None, n: int, tag: str,
               say: Callable[[str], None]) -> dict[str, Any]:
     """Run the stream through every configuration, the order rotated per request; the result object."""
@@ -255,9 +242,9 @@ def main(argv: list[str]) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stages.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (args.out / "stages.md").write_text(markdown(result) + "\n", encoding="utf-8")
+    (args.out / "stages.md").write_text(stages_markdown(result) + "\n", encoding="utf-8")
     # calls and quality only: the server's CPU is another process's, and no time is published
     if (stored := recording.store(result, comfyui=comfyui, timed=False)) is not None:
         say(f"recorded {stored}")
-    print(json.dumps(result) if args.json else markdown(result))
+    print(json.dumps(result) if args.json else stages_markdown(result))
     return 0

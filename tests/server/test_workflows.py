@@ -55,8 +55,8 @@ from support.tiny_workflows import (
 from carnator_core import recorded_runs
 from carnator_core.bench.__main__ import main as bench_main
 from carnator_core.bench.quality import latent_quality
-from carnator_core.bench.stages import markdown as stages_markdown
 from carnator_core.bench.tables import stages as stages_tables
+from carnator_core.bench.tables.stages import stages_markdown
 from carnator_core.bench.tables.stored_runs import StoredRuns
 from carnator_core.client import RequestRefused
 from carnator_core.demo import world

@@ -328,3 +328,12 @@ def test_a_benchmark_run_with_record_is_stored_and_its_table_generated_from_it(t
     assert conditions.comfyui_version == recorded_runs.NO_COMFYUI and conditions.torch_threads == 1
     table = attention_table("attention-fp32", StoredRuns(stored), str)
     assert table.count("\n| 512 | ") == 4
+
+
+def test_the_report_imports_no_torch():
+    """CI checks the tables with the system Python, before any venv with torch exists: the report and every table
+    module read JSON and format it, nothing more."""
+    import sys
+
+    code = "import sys, carnator_core.bench.report; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(report.__file__).parents[2]).returncode == 0

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from carnator_core.bench import masks
 from carnator_core.bench.tables.cells import table, threads
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 
@@ -84,7 +83,16 @@ def masks_table(runs: StoredRuns, link: Link) -> str:
     """Do borrowed masks carry over: the share of a request's attention mass a mask from each source keeps."""
     result = runs[MASKS_RUN].result
     return (f"From [`{MASKS_RUN}`]({link(MASKS_RUN)}): {result['requests']} requests, {result['steps']} steps, "
-            f"{result['block_tokens']}-token key blocks.\n\n" + masks.table(result) + "\n")
+            f"{result['block_tokens']}-token key blocks.\n\n" + masks_markdown(result) + "\n")
+
+
+def masks_markdown(result: dict) -> str:
+    """Per noise level and density, the recall of a mask from each source (`bench masks`), in the run's order."""
+    sources = [key for key in result["rows"][0] if key not in ("sigma", "density")]
+    lines = ["| sigma | density | " + " | ".join(sources) + " |", "|" + "---|" * (len(sources) + 2)]
+    for row in result["rows"]:
+        lines.append(f"| {row['sigma']} | {row['density']} | " + " | ".join(f"{row[s]:.3f}" for s in sources) + " |")
+    return "\n".join(lines)
 
 
 def _times(row: dict[str, Any], timed: bool) -> list[str]:

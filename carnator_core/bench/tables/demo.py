@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from carnator_core.bench.tables.cells import table
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
-from carnator_core.demo import world
 
 DEMO_RUN = "demo-run"
 MODEL_RUNS = ("demo-model-cfg4", "demo-model-cfg1")
@@ -29,12 +28,13 @@ def demo_table(runs: StoredRuns, link: Link) -> str:
 def demo_model_table(runs: StoredRuns, link: Link) -> str:
     """The shipped weights on canonical prompts with fixed noise, scored by the oracle: overall and per attribute."""
     rows = []
+    attributes = [key.removeprefix("acc_") for key in runs[MODEL_RUNS[0]].result if key.startswith("acc_")]
     for name in MODEL_RUNS:
         r = runs[name].result
         rows.append([f"[`{name}`]({link(name)})", str(r["n"]), str(r["steps"]), f"{r['cfg']:g}",
-                     f"{r['adherence']:.3f}", *(f"{r[f'acc_{a}']:.3f}" for a in world.ATTRIBUTES),
+                     f"{r['adherence']:.3f}", *(f"{r[f'acc_{a}']:.3f}" for a in attributes),
                      ", ".join(f"{m} ({count})" for m, count in r["mistakes"].items()) or "none"])
-    return table(["run", "prompts", "steps", "cfg", "adherence", *world.ATTRIBUTES, "mistakes (attribute: asked -> read)"],
+    return table(["run", "prompts", "steps", "cfg", "adherence", *attributes, "mistakes (attribute: asked -> read)"],
                  rows)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from carnator_core.bench.probe import RELATIONS, RESUMES, SIGNALS
 from carnator_core.bench.tables.cells import table
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 from carnator_core.judging.probe_thresholds import ProbeThresholds
@@ -18,6 +17,7 @@ PROBE_RUNS = ("probe-cfg1", "probe-cfg5", "probe-cfg6")
 # docs/streams/reword-and-edit-pairs.txt --shortcuts --seed 42 --cfg C --record probe-reword-and-edit-cfgC`)
 DEPTH_RUN = "probe-reword-and-edit-cfg1"
 GUIDED_DEPTH_RUN = "probe-reword-and-edit-cfg4"
+# Where a `--shortcuts` row resumed from (`bench probe`'s RESUMES), in words.
 RESUME_WORDS = {"donor": "donor state", "corrected": "corrected donor state", "own_shortcut": "own shortcut (no donor)"}
 
 
@@ -27,12 +27,14 @@ def probe_tables(name: str, runs: StoredRuns, link: Link) -> str:
     run = runs[name]
     summary, rows = run.result["summary"], run.result["rows"]
     settings = run.result["settings"]
+    signals = list(summary["auc"])
+    relations = list(summary["start_screen_by_relation"])  # in the benchmark's order of relations
     parts = [f"[`{name}`]({link(name)}): {summary['rows']} probes ({len(_pairs(rows))} pairs × "
              f"{len(summary['auc_by_depth'])} depths), {settings['steps']} steps, cfg {settings['cfg']:g}; resumed as "
              f"adherent as plain in {summary['outcome_rate']:.0%}.\n"]
-    auc = [["all", *(_number(summary["auc"][s]) for s in SIGNALS)]]
-    auc += [[depth, *(_number(values[s]) for s in SIGNALS)] for depth, values in summary["auc_by_depth"].items()]
-    parts.append("**AUC for predicting \"resuming keeps adherence\"**\n\n" + table(["depth", *SIGNALS], auc))
+    auc = [["all", *(_number(summary["auc"][s]) for s in signals)]]
+    auc += [[depth, *(_number(values[s]) for s in signals)] for depth, values in summary["auc_by_depth"].items()]
+    parts.append("**AUC for predicting \"resuming keeps adherence\"**\n\n" + table(["depth", *signals], auc))
     rule = [["all", *_rule_cells(summary["default_rule"]), "—"]]
     rule += [[depth, *_rule_cells(cell), "{threshold:.3f} ({recall})".format(
         threshold=summary["safe_structure_threshold_by_depth"][depth]["threshold"],
@@ -49,16 +51,16 @@ def probe_tables(name: str, runs: StoredRuns, link: Link) -> str:
     parts.append("**The step-0 screen per relation**\n\n" + table(
         ["relation", "pairs passed", "output's structure agreement", "conditional branches' agreement"], screen))
     depths = sorted({row["depth"] for row in rows})
-    kept = [[relation, *(_kept(rows, relation, depth) for depth in depths)] for relation in RELATIONS
-            if any(row["relation"] == relation for row in rows)]
+    kept = [[relation, *(_kept(rows, relation, depth) for depth in depths)] for relation in relations]
     parts.append("**Resumes from the donor state that kept plain's adherence**\n\n" + table(
         ["relation", *(f"depth {depth:.2f}" for depth in depths)], kept))
     if summary["shortcuts_by_relation"]:
+        starts = list(RESUME_WORDS)
         shortcuts = [[relation, *(f"{cell[start]['kept']}/{cell[start]['rows']}, {cell[start]['psnr_median']:.1f} dB"
-                                  for start in RESUMES)]
+                                  for start in starts)]
                      for relation, cell in summary["shortcuts_by_relation"].items()]
         parts.append("**Where a resume starts: kept plain's adherence / resumes, median PSNR against plain**\n\n"
-                     + table(["relation", *(RESUME_WORDS[start] for start in RESUMES)], shortcuts))
+                     + table(["relation", *RESUME_WORDS.values()], shortcuts))
     corrected = summary.get("corrected_rule")
     if corrected:
         raw = corrected["donor_state"]

@@ -3,7 +3,6 @@ a put, a hit's fetch and a lookup cost on each backend, and what the step-0 scre
 
 from __future__ import annotations
 
-from carnator_core.bench import screen
 from carnator_core.bench.tables.cells import table
 from carnator_core.bench.tables.stored_runs import Link, StoredRun, StoredRuns
 
@@ -62,6 +61,19 @@ def lookup_table(runs: StoredRuns, link: Link) -> str:
         ["entries", "query, median", "near-duplicate ranked first", "index build"], rows)
 
 
+def screen_markdown(result: dict) -> str:
+    """Per donor count: donors screened, the plan and screen's milliseconds, and per donor its cost and bytes read."""
+    lines = ["| same-noise donors | screened | plan + screen (ms) | per donor (ms) | per donor, share of a model call "
+             "| bytes read per donor |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        if row["donors"] == 0:
+            lines.append(f"| 0 | {row['screened']} | {row['plan_ms']:.1f} | n/a | n/a | n/a |")
+            continue
+        lines.append(f"| {row['donors']} | {row['screened']} | {row['plan_ms']:.1f} | {row['ms_per_donor']:.2f} | "
+                     f"{row['share_of_model_call_per_donor']:.1%} | {row['bytes_per_donor']:,.0f} |")
+    return "\n".join(lines)
+
+
 def screen_table(runs: StoredRuns, link: Link) -> str:
     run: StoredRun = runs[SCREEN_RUN]
     if not run.conditions.alone:
@@ -69,7 +81,7 @@ def screen_table(runs: StoredRuns, link: Link) -> str:
     result = run.result
     return (f"From [`{SCREEN_RUN}`]({link(SCREEN_RUN)}): the demo latent {tuple(result['latent_shape'])}, an index of "
             f"{result['entries']:,} entries; one model call {result['model_call_ms']:.1f} ms.\n\n"
-            + screen.markdown(result) + "\n")
+            + screen_markdown(result) + "\n")
 
 
 TABLES = {"entry-size": entry_size_table, "store": store_table, "lookup": lookup_table, "screen": screen_table}
