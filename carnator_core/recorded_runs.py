@@ -157,7 +157,9 @@ def write_result(name: str, conditions: RunConditions, payload: dict[str, Any]) 
     """Store `payload` (a benchmark's JSON) as the source of table `name`: docs/results/NAME.json."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
-    path.write_text(json.dumps({"run": asdict(conditions), **payload}, indent=1) + "\n")
+    partial = path.with_suffix(".json.partial")  # replaced whole: an interrupted run never leaves half a result
+    partial.write_text(json.dumps({"run": asdict(conditions), **payload}, indent=1) + "\n")
+    partial.replace(path)
     return path
 
 

@@ -3,7 +3,7 @@ streams, guidance scales and modes, both weighed by the one yardstick."""
 
 from __future__ import annotations
 
-from carnator_core.bench.tables.cells import MODES, against, with_interval
+from carnator_core.bench.tables.cells import MODES, against, table, with_interval
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 from carnator_core.judging.ratio_interval import ratio_words
 
@@ -25,8 +25,7 @@ AGREEMENT_RUNS = tuple(agreement_run(tool, stream, cfg) for stream in AGREEMENT_
 
 def agreement_table(runs: StoredRuns, link: Link) -> str:
     """Whether the workload's ratio lies in the calibration's 90 % interval, per stream, scale and mode."""
-    lines = ["| stream | cfg | mode | workload: calls ratio (90 % interval), against | calibration: verdict, against | "
-             "workload inside the calibration's interval |", "|---|---|---|---|---|---|"]
+    rows = []
     for stream in AGREEMENT_STREAMS:
         for cfg in AGREEMENT_CFGS:
             workload = runs[agreement_run("agree", stream, cfg)]
@@ -36,11 +35,12 @@ def agreement_table(runs: StoredRuns, link: Link) -> str:
                 verdict = calibration.result["profile"]["equal_quality"][mode]
                 low, high = verdict["interval"]
                 inside = "yes" if low - 5e-4 <= bench["calls"] <= high + 5e-4 else "**no**"
-                lines.append(
-                    f"| [{stream}]({link(workload.name)}) | {cfg} | {mode} | {with_interval(bench)}, "
-                    f"{against(bench['against'])} | [{ratio_words(verdict['calls'], (low, high), verdict['pairs'])}]"
-                    f"({link(calibration.name)}), {against(verdict['against'])} | {inside} |")
-    return "\n".join(lines) + "\n"
+                words = ratio_words(verdict["calls"], (low, high), verdict["pairs"])
+                rows.append([f"[{stream}]({link(workload.name)})", str(cfg), mode,
+                             f"{with_interval(bench)}, {against(bench['against'])}",
+                             f"[{words}]({link(calibration.name)}), {against(verdict['against'])}", inside])
+    return table(["stream", "cfg", "mode", "workload: calls ratio (90 % interval), against",
+                  "calibration: verdict, against", "workload inside the calibration's interval"], rows)
 
 
 TABLES = {"agreement": agreement_table}

@@ -89,10 +89,8 @@ def masks_table(runs: StoredRuns, link: Link) -> str:
 def masks_markdown(result: dict) -> str:
     """Per noise level and density, the recall of a mask from each source (`bench masks`), in the run's order."""
     sources = [key for key in result["rows"][0] if key not in ("sigma", "density")]
-    lines = ["| sigma | density | " + " | ".join(sources) + " |", "|" + "---|" * (len(sources) + 2)]
-    for row in result["rows"]:
-        lines.append(f"| {row['sigma']} | {row['density']} | " + " | ".join(f"{row[s]:.3f}" for s in sources) + " |")
-    return "\n".join(lines)
+    rows = [[str(row["sigma"]), str(row["density"]), *(f"{row[s]:.3f}" for s in sources)] for row in result["rows"]]
+    return table(["sigma", "density", *sources], rows).rstrip("\n")
 
 
 def _times(row: dict[str, Any], timed: bool) -> list[str]:

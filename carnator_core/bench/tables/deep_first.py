@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from carnator_core.bench.tables.cells import table
 from carnator_core.bench.tables.stored_runs import Link, StoredRun, StoredRuns
 from carnator_core.bench.tables.streams import EDIT_STREAM_RUNS
 from carnator_core.judging.probe_thresholds import ProbeThresholds
@@ -30,12 +31,10 @@ def deep_first_table(runs: StoredRuns, link: Link) -> str:
             cell = cells[sum(clearance >= edge for edge in edges)]
             cell[0] += passed
             cell[1] += 1
-    lines = ["| guidance scale | runs | " + " | ".join(f"screen cleared the bar by {label}" for label in labels) + " |",
-             "|---|---|" + "---|" * len(labels)]
-    for cfg, cells in sorted(counts.items()):
-        lines.append(f"| {cfg:g} | {', '.join(names[cfg])} | " + " | ".join(
-            f"{passed} of {asked} passed" if asked else "none asked" for passed, asked in cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[f"{cfg:g}", ", ".join(names[cfg]),
+             *(f"{passed} of {asked} passed" if asked else "none asked" for passed, asked in cells)]
+            for cfg, cells in sorted(counts.items())]
+    return table(["guidance scale", "runs", *(f"screen cleared the bar by {label}" for label in labels)], rows)
 
 
 def _deep_probes(run: StoredRun, thresholds: ProbeThresholds) -> Iterable[tuple[float, bool]]:

@@ -63,15 +63,13 @@ def lookup_table(runs: StoredRuns, link: Link) -> str:
 
 def screen_markdown(result: dict) -> str:
     """Per donor count: donors screened, the plan and screen's milliseconds, and per donor its cost and bytes read."""
-    lines = ["| same-noise donors | screened | plan + screen (ms) | per donor (ms) | per donor, share of a model call "
-             "| bytes read per donor |", "|---|---|---|---|---|---|"]
-    for row in result["rows"]:
-        if row["donors"] == 0:
-            lines.append(f"| 0 | {row['screened']} | {row['plan_ms']:.1f} | n/a | n/a | n/a |")
-            continue
-        lines.append(f"| {row['donors']} | {row['screened']} | {row['plan_ms']:.1f} | {row['ms_per_donor']:.2f} | "
-                     f"{row['share_of_model_call_per_donor']:.1%} | {row['bytes_per_donor']:,.0f} |")
-    return "\n".join(lines)
+    rows = [[str(row["donors"]), str(row["screened"]), f"{row['plan_ms']:.1f}", "n/a", "n/a", "n/a"]
+            if row["donors"] == 0 else
+            [str(row["donors"]), str(row["screened"]), f"{row['plan_ms']:.1f}", f"{row['ms_per_donor']:.2f}",
+             f"{row['share_of_model_call_per_donor']:.1%}", f"{row['bytes_per_donor']:,.0f}"]
+            for row in result["rows"]]
+    return table(["same-noise donors", "screened", "plan + screen (ms)", "per donor (ms)",
+                  "per donor, share of a model call", "bytes read per donor"], rows).rstrip("\n")
 
 
 def screen_table(runs: StoredRuns, link: Link) -> str:

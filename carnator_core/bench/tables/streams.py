@@ -44,29 +44,26 @@ TARGET_WORDS = {
 
 def readme_table(runs: StoredRuns, link: Link) -> str:
     """The README's short table: per stream the modes' calls and quality, and plain at fewer steps beside them."""
-    lines = ["| stream | time against plain (balanced / fast) | balanced: calls, PSNR, adherence | "
-             "fast: calls, PSNR, adherence | equal quality, by calls (balanced / fast) | "
-             "plain at fewer steps: PSNR, adherence |", "|---|---|---|---|---|---|"]
+    rows = []
     for name, label in STREAM_RUNS.items():
         run = runs[name]
         modes = [run.config(mode) for mode in MODES]
         time = run.conditions.why_no_time or " / ".join(run.time(c) for c in modes)
         quality = [f"{c['model_calls']:.1f}, {c['psnr']:.1f} dB, {adherence(c)}" for c in modes]
-        lines.append(f"| [{label}]({link(name)}) | {time} | {quality[0]} | {quality[1]} | {_equal_quality(modes)} | "
-                     f"{_fewer_steps(run)} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"[{label}]({link(name)})", time, *quality, _equal_quality(modes), _fewer_steps(run)])
+    return table(["stream", "time against plain (balanced / fast)", "balanced: calls, PSNR, adherence",
+                  "fast: calls, PSNR, adherence", "equal quality, by calls (balanced / fast)",
+                  "plain at fewer steps: PSNR, adherence"], rows)
 
 
 def streams_table(runs: StoredRuns, link: Link) -> str:
     """Every stored stream run, each configuration it ran on a row of its own."""
-    lines = ["| stream | config | time | model calls | PSNR (dB) | SSIM | adherence | "
-             "equal-quality speedup (calls[, time]; against) |", "|---|---|---|---|---|---|---|---|"]
-    for name, label in STREAM_RUNS.items():
-        run = runs[name]
-        for c in [run.config("plain"), *run.fewer_steps, *(run.config(mode) for mode in MODES)]:
-            lines.append(f"| [{label}]({link(name)}) | {c['name']} | {run.time(c)} | {c['model_calls']:.1f} | "
-                         f"{c['psnr']:.1f} | {c['ssim']:.3f} | {adherence(c)} | {_equal_cell(run, c)} |")
-    return "\n".join(lines) + "\n"
+    rows = [[f"[{label}]({link(name)})", c["name"], run.time(c), f"{c['model_calls']:.1f}", f"{c['psnr']:.1f}",
+             f"{c['ssim']:.3f}", adherence(c), _equal_cell(run, c)]
+            for name, label in STREAM_RUNS.items() for run in [runs[name]]
+            for c in [run.config("plain"), *run.fewer_steps, *(run.config(mode) for mode in MODES)]]
+    return table(["stream", "config", "time", "model calls", "PSNR (dB)", "SSIM", "adherence",
+                  "equal-quality speedup (calls[, time]; against)"], rows)
 
 
 def verdicts_table(runs: StoredRuns, link: Link) -> str:
