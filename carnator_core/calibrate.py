@@ -46,6 +46,7 @@ from carnator_core.calibration.job import CalibrationPlan, NoPairs, NothingToCal
 from carnator_core.calibration.server_runs import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
+from carnator_core.demo.clip_oracle import register_demo_oracle
 from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fewer-steps", action="store_true",
                         help="do not sample plain at fewer steps, so no mode is weighed against lowering the steps")
     args = parser.parse_args(argv)
+    register_demo_oracle()  # the demo model's clips are judged by its world's oracle
     if not (args.pairs or args.from_store or args.prompts):
         parser.error("give --prompts FILE (a stream), --pairs FILE, or --from-store")
     if args.prompts and args.from_store:

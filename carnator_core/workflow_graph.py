@@ -8,6 +8,8 @@ each finds a graph's nodes and stages the same way and calibration and the bench
 
 from __future__ import annotations
 
+import copy
+
 from carnator_core.lookup.prompt_text import is_link
 
 SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "CarnatorKSampler")
@@ -40,3 +42,25 @@ def stage_chain(graph: dict, samplers: list[str]) -> list[str] | None:
     if all(feeds(graph, later, earlier) for earlier, later in zip(ordered, ordered[1:], strict=False)):
         return ordered
     return None
+
+
+def complete(graph: dict, object_info: dict) -> dict:
+    """`graph` with every required widget input it leaves out set to the node's default (from /object_info).
+
+    Graph builders (the demo's, the benchmarks', calibration's) set only what they mean to set; /prompt rejects missing required inputs, and taking the
+    defaults from the server keeps the graphs right when a node gains an input.
+    """
+    graph = copy.deepcopy(graph)
+    for node in graph.values():
+        info = object_info.get(node["class_type"], {}).get("input", {}).get("required", {})
+        for name, spec in info.items():
+            if name in node["inputs"] or not isinstance(spec, (list, tuple)) or not spec:
+                continue
+            options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            if "default" in options:
+                node["inputs"][name] = options["default"]
+            elif isinstance(spec[0], list) and spec[0]:
+                node["inputs"][name] = spec[0][0]
+            elif options.get("options"):
+                node["inputs"][name] = options["options"][0]
+    return graph

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from carnator_core.demo.clip_oracle import register_demo_oracle
+
 from .attention_node import CarnatorSparseAttention
 from .calibrate_node import CarnatorCalibrate
 from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_weights_folder
@@ -30,6 +32,7 @@ NODE_LIST: list[type[io.ComfyNode]] = [
 ]
 
 register_weights_folder()
+register_demo_oracle()  # the calibration judges the demo model's clips by its world's oracle
 missing_hooks()  # says once, at start-up, if this host lacks a hook Carnator needs
 
 

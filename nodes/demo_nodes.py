@@ -9,6 +9,7 @@ from comfy_api.latest import io
 
 from carnator_core.demo import text as demo_text
 from carnator_core.demo import world
+from carnator_core.demo.clip_oracle import DEMO_DECODER
 
 WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "carnator_core", "demo",
                            "weights")
@@ -43,7 +44,7 @@ class CarnatorDemoDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
-            node_id="CarnatorDemoDecode",
+            node_id=DEMO_DECODER,
             display_name="Carnator Demo Decode",
             category="Carnator/demo",
             description="Frames of a demo-model latent through the demo world's fixed latent-to-RGB map (no VAE).",

@@ -15,7 +15,7 @@ from carnator_core.reuse.settings import ReuseSettings
 
 class ReuseHolder:
     """The host side of one sampling run's reuse (as EasyCache keeps its holder), opened for the run
-    (`nodes.reuse_hooks.open_run`) and dropped when it ends: the engine's `ReuseRun` (or why the run samples plain),
+    (`nodes.reuse_lifecycle.open_run`) and dropped when it ends: the engine's `ReuseRun` (or why the run samples plain),
     what the outcome installed, the tensors the sampler is handed on its device, and the host's counters. The wrappers
     read it; the engine's fields are the engine's."""
 

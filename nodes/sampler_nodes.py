@@ -11,15 +11,8 @@ from comfy_api.latest import io
 
 from .host import missing_hooks, per_run_options
 from .keys import REUSE_SETTINGS_KEY, REUSE_WRAPPER_KEY
-from .reuse_hooks import (
-    calc_cond_batch_wrapper,
-    failure_to_sample_again,
-    open_run,
-    predict_noise_wrapper,
-    reuse_lifecycle,
-    sample_plain_again,
-    sample_with_run,
-)
+from .model_call_wrappers import calc_cond_batch_wrapper, predict_noise_wrapper
+from .reuse_lifecycle import failure_to_sample_again, open_run, reuse_lifecycle, sample_plain_again
 from .reuse_nodes import (
     GRAPH_HIDDEN,
     graph_prompt_fingerprint,
@@ -30,6 +23,7 @@ from .reuse_nodes import (
     settings_from_inputs,
     with_graph_prompt,
 )
+from .sampler_preparation import sample_with_run
 from .types import MatchType
 
 log = logging.getLogger("carnator")

@@ -40,13 +40,13 @@ import numpy as np
 import torch
 
 from carnator_core.bench.probe import FlowSampler, load_model, pairs, sigmas_for, write_results
-from carnator_core.bench.quality import mse, psnr_from_mse, ssim
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.text import token_embeddings
 from carnator_core.demo.wan_model import WanT2V
 from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality import mse, psnr_from_mse, ssim
 from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.recorded_runs import Recording, add_record_option
 from carnator_core.reuse.input_start import MAX_INPUT_DISTANCE, input_distance

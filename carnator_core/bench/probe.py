@@ -42,7 +42,6 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from carnator_core.bench.quality import mse, psnr_from_mse
 from carnator_core.demo import world
 from carnator_core.demo.oracle import score
 from carnator_core.demo.sampling import shifted_sigma
@@ -52,6 +51,7 @@ from carnator_core.demo.wan_model import WanT2V, model_from_state_dict
 from carnator_core.judging.calibration_profile import Profile, ProfileError
 from carnator_core.judging.probe_signals import ProbeSignals
 from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality import mse, psnr_from_mse
 from carnator_core.lookup.embeddings import text_embedder
 from carnator_core.prompt_file import PromptFileError
 from carnator_core.prompt_pairs import PAIR_RULE, read_pairs

@@ -42,10 +42,10 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_safetensors
 
-from carnator_core.bench.quality import latent_quality
 from carnator_core.bench.streams import make_stream
 from carnator_core.bench.tables.stages import stages_markdown
 from carnator_core.client import ComfyClient, ComfyError, PromptRun
+from carnator_core.judging.quality import latent_quality
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import read_prompt_file

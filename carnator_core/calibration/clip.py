@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from carnator_core.bench.quality import detail_ratio, latent_quality, mse, psnr_from_mse, ssim
+from carnator_core.judging.quality import detail_ratio, latent_quality, mse, psnr_from_mse, ssim
 
 
 @dataclass
@@ -49,7 +49,7 @@ def quality(clip: Clip, plain: Clip) -> tuple[float, float]:
 
 
 def detail(clip: Clip, plain: Clip) -> float:
-    """The detail a clip keeps against the plain clip (`bench.quality.detail_ratio`): on decoded frames where there
+    """The detail a clip keeps against the plain clip (`judging.quality.detail_ratio`): on decoded frames where there
     are any, else on the latents; with audio, the video's."""
     if clip.frames is not None and plain.frames is not None and clip.frames.shape == plain.frames.shape:
         return detail_ratio(clip.frames, plain.frames)

@@ -1,5 +1,5 @@
 """Is reuse worth it on this model, told from the pairs alone: each resuming mode weighed against plain sampling at
-fewer steps by the one yardstick (`bench.yardstick`), each pair weighed as a two-prompt stream.
+fewer steps by the one yardstick (`judging.yardstick`), each pair weighed as a two-prompt stream.
 
 Per pair weighed (the held-back ones, which the fit never saw; every pair where none is held back) the stream is the
 earlier prompt, sampled plain (nothing is stored before it: every configuration costs it its plain calls; at fewer
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import statistics
 
-from carnator_core.bench.quality import mse_from_psnr
-from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality
 from carnator_core.calibration.fit import accepts, held_back
 from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.quality import mse_from_psnr
+from carnator_core.judging.yardstick import RequestOutcome, StreamQuality, equal_quality
 from carnator_core.reuse.settings import RESUME_LIMITS
 
 MISS_PROBE_CALLS = 1  # what a request that resumes nowhere spends beyond the plain run: one probe call

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS
 from carnator_core.calibration.equal_quality import weigh
 from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit, accepts, fit
 from carnator_core.calibration.plot import calibration_plots, stream_plots
@@ -25,6 +24,7 @@ from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
 from carnator_core.judging.calibration_profile import THRESHOLD_RANGES, WEIGHED_MODES, Profile
 from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count
+from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.prompt_pairs import Pair, pairs_from_history, stream_from_history
@@ -219,7 +219,7 @@ def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo:
                       should_stop=should_stop, fewer=counts)
     echo(f"calibrating on {len(pairs)} pairs x {len(plan.depths)} depths "
          f"({'decoded frames' if plan.workflow.decoder else 'latents'}"
-         f"{', demo oracle' if plan.workflow.runs_demo else ''}); results in {plan.out}")
+         f"{f', {plan.workflow.oracle.name} oracle' if plan.workflow.oracle else ''}); results in {plan.out}")
     measured = session.run()
     if not measured or not session.fingerprints:
         raise NothingToCalibrate("no resume could be measured (each run's line says why)")

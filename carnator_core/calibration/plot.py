@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from carnator_core.bench.plot import plot_unavailable, pyplot, yardstick_panels
-from carnator_core.bench.yardstick import StreamQuality
 from carnator_core.calibration.fit import held_back
 from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.judging.calibration_profile import Profile
+from carnator_core.judging.plot import plot_unavailable, pyplot, yardstick_panels
 from carnator_core.judging.probe_thresholds import ProbeThresholds
+from carnator_core.judging.yardstick import StreamQuality
 
 
 def calibration_plots(measured: list[Measured], profile: Profile, out: Path,
@@ -43,7 +43,7 @@ def calibration_plots(measured: list[Measured], profile: Profile, out: Path,
 
 
 def stream_plots(profile: Profile, curve: list[dict], modes: dict[str, StreamQuality], out: Path) -> Path | None:
-    """The stream panels (`bench.plot.yardstick_panels`): `curve` (the plain runs weighed against,
+    """The stream panels (`judging.plot.yardstick_panels`): `curve` (the plain runs weighed against,
     `StreamCalibration.curve`) and each weighed mode with its verdict; None without matplotlib."""
     points = [{"label": f"{mode}: {profile.equal_quality[mode].words()}", "model_calls": quality.model_calls,
                "psnr": quality.psnr_db, "detail": quality.detail, "adherence": quality.adherence}

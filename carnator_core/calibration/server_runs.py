@@ -114,26 +114,21 @@ class ServerRuns:
                 "cfg": float(entries[0].get("cfg") or 1.0)}
 
     def oracle(self, prompt: str, clip: Clip):
-        """The demo world's verdict on a clip of the demo model, None for any other model."""
-        if not self.workflow.runs_demo:
-            return None
-        from carnator_core.demo import world
-        from carnator_core.demo.oracle import score
-
-        return score(prompt, world.decode(world.from_raw(clip.latent[0])))
+        """The registered oracle's verdict on the clip (the demo model's), None where the graph has none."""
+        oracle = self.workflow.oracle
+        return oracle.score(prompt, oracle.frames(clip.latent[0])) if oracle is not None else None
 
     def _clip(self, history: dict) -> Clip:
-        """The run's clip. The demo model's frames are those the demo world decodes (what its oracle scores and
-        `bench workload` measures), not the 8-bit previews, so that both tools measure one picture."""
+        """The run's clip. Where the graph has an oracle (the demo model's), its frames are those the oracle decodes
+        (what it scores and `bench workload` measures), not the 8-bit previews, so that both tools measure one
+        picture."""
         outputs = history.get("outputs") or {}
         latent = self._saved_latent(outputs[LATENT_NODE])
         audio = self._saved_latent(outputs[AUDIO_NODE]) if AUDIO_NODE in outputs else None
         frames = None
         images = (outputs.get(FRAMES_NODE) or {}).get("images") or []
-        if self.workflow.runs_demo:
-            from carnator_core.demo import world
-
-            frames = world.decode(world.from_raw(latent[0]))
+        if self.workflow.oracle is not None:
+            frames = self.workflow.oracle.frames(latent[0])
         elif images:
             frames = torch.stack([_png(self.client.view(image["filename"], image.get("subfolder", ""),
                                                         image.get("type", "temp"))) for image in images])

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from carnator_core.bench.quality import PSNR_IDENTICAL
 from carnator_core.calibration.clip import Clip, detail, quality
 from carnator_core.calibration.fit import Resume
 from carnator_core.calibration.saved_state import read_state, write_state
@@ -38,6 +37,7 @@ from carnator_core.calibration.server_runs import (
 )
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, PromptRun, RequestRefused
+from carnator_core.judging.quality import PSNR_IDENTICAL
 from carnator_core.prompt_pairs import Pair
 from carnator_core.reuse.decision import ProbeRecord
 

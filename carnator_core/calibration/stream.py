@@ -8,8 +8,8 @@ For each prompt in order, with the workflow's seed:
    and the rule that judges it. What it costs is the model calls its report counts.
 
 Then plain at fewer steps on every prompt, at the step counts the plain-steps curve bisects to
-(`bench.plain_steps_curve`: at most `MAX_LOWERED_COUNTS`, so a stream calibration costs at most four plain runs per
-prompt, and two mode runs). Each mode is weighed by the one yardstick (`bench.yardstick`): the cheapest plain run as
+(`judging.plain_steps_curve`: at most `MAX_LOWERED_COUNTS`, so a stream calibration costs at most four plain runs per
+prompt, and two mode runs). Each mode is weighed by the one yardstick (`judging.yardstick`): the cheapest plain run as
 adherent, as close and as detailed, its calls over the mode's, with a 90 % interval over the prompts.
 
 Every finished run is appended to `DIR/stream_runs.jsonl` and every plain clip kept under `DIR/clips/`, so a stream
@@ -26,9 +26,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from carnator_core.bench.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
-from carnator_core.bench.quality import PSNR_IDENTICAL, mse_from_psnr
-from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, curve_row, equal_quality, falls_short
 from carnator_core.calibration.clip import Clip, detail, quality
 from carnator_core.calibration.equal_quality import fewer_steps_run
 from carnator_core.calibration.saved_state import read_state, write_state
@@ -36,6 +33,9 @@ from carnator_core.calibration.server_runs import STORE_ROOT, CalibrationInterru
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, RequestRefused
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
+from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
+from carnator_core.judging.quality import PSNR_IDENTICAL, mse_from_psnr
+from carnator_core.judging.yardstick import RequestOutcome, StreamQuality, curve_row, equal_quality, falls_short
 
 PLAIN = "plain"
 

@@ -30,14 +30,13 @@ import random
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from carnator_core.demo.graphs import complete
+from carnator_core.judging.clip_oracles import ClipOracle, oracle_for
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import Workflow, WorkflowError
-from carnator_core.workflow_graph import AV_SEPARATOR, REUSE_NODES, SAMPLERS, feeds, links_to, stage_chain
+from carnator_core.workflow_graph import AV_SEPARATOR, REUSE_NODES, SAMPLERS, complete, feeds, links_to, stage_chain
 
 STORE_READERS = (*REUSE_NODES, "CarnatorCompatibilityLookup")  # every node that reads donors from a store
 SPARSE_ATTENTION_NODE = "CarnatorSparseAttention"  # bypassed: calibration compares against plain attention
-DEMO_DECODER = "CarnatorDemoDecode"  # decodes the demo model's latents: the demo world's oracle can score them
 KEPT_OUTPUTS = ("CarnatorReport",)
 STORE_NODE = "carnator_calibration_store"
 STORE_INFO_NODE = "carnator_calibration_store_info"
@@ -52,14 +51,15 @@ STAGE_BOUNDARIES = ("start_at_step", "end_at_step")  # KSamplerAdvanced's: steps
 
 @dataclass
 class CalibrationWorkflow:
-    """Where calibration changes the user's graph; `runs_demo` when the demo world's oracle can judge its clips."""
+    """Where calibration changes the user's graph; `oracle` where one is registered for its decoder (the demo
+    model's: `carnator_core.judging.clip_oracles`)."""
 
     workflow: Workflow
     object_info: dict
     sampler: str  # the sampler calibrated: the first of the graph's samplers
     reuse_node: str
     decoder: str | None
-    runs_demo: bool
+    oracle: ClipOracle | None
     user_store: str | None  # the node id of the CarnatorStore the reuse node reads (None: the default store)
     output: str = ""  # the sampler whose latent is the request's: the last one (the calibrated one when alone)
     later_reuse_nodes: tuple[str, ...] = ()  # the reuse nodes of the later stages: plain in every run
@@ -116,11 +116,11 @@ class CalibrationWorkflow:
                         and node["class_type"] not in KEPT_OUTPUTS]:
             del graph[node_id]
         decoder = decoders[0] if decoders else None
-        runs_demo = decoder is not None and graph[decoder]["class_type"] == DEMO_DECODER
+        oracle = oracle_for(graph[decoder]["class_type"]) if decoder is not None else None
         steps, step_nodes, steps_note = step_inputs(graph, chain)
         return cls(workflow=Workflow(graph, workflow.text_target[0] if workflow.text_target else None),
                    object_info=object_info, sampler=sampler, reuse_node=reuse_node, decoder=decoder,
-                   runs_demo=runs_demo, user_store=user_store, output=output,
+                   oracle=oracle, user_store=user_store, output=output,
                    later_reuse_nodes=tuple(n for n in reuse_nodes if n not in own), unpacked=unpacked, steps=steps,
                    step_nodes=step_nodes, steps_note=steps_note)
 

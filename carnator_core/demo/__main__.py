@@ -36,6 +36,7 @@ from carnator_core.prompt_file import RULE as PROMPT_FILE_RULE
 from carnator_core.prompt_file import PromptFileError, read_prompt_file
 from carnator_core.recorded_runs import Recording, add_record_option, comfyui_version
 from carnator_core.reuse.report import RunReport, Verdict
+from carnator_core.workflow_graph import complete
 
 DEFAULT_PROMPTS = (
     "a red circle moving left on a black background",
@@ -109,7 +110,7 @@ def run_demo(prompts: list[str], out: Path, steps: int, weights: Path, port: int
                   f"clip {world.CLIP} latent, CarnatorReuse mode {mode}", flush=True)
             object_info = client.object_info()
             for i, prompt in enumerate(prompts):
-                graph = graphs.complete(demo_graph(unet_name, prompt, i, steps, seed, cfg, mode), object_info)
+                graph = complete(demo_graph(unet_name, prompt, i, steps, seed, cfg, mode), object_info)
                 run = client.run(graph, on_progress=_progress(i, len(prompts), prompt))
                 report = (run.reports or [{}])[0]
                 latent = load_file(str(_saved(run, graphs.SAVE_LATENT, "latents", base_dir)))["latent_tensor"]

@@ -154,28 +154,6 @@ def with_save_latent(graph: dict, prefix: str) -> dict:
     return graph
 
 
-def complete(graph: dict, object_info: dict) -> dict:
-    """`graph` with every required widget input it leaves out set to the node's default (from /object_info).
-
-    The builders above set only what they mean to set; /prompt rejects missing required inputs, and taking the
-    defaults from the server keeps the graphs right when a node gains an input.
-    """
-    graph = copy.deepcopy(graph)
-    for node in graph.values():
-        info = object_info.get(node["class_type"], {}).get("input", {}).get("required", {})
-        for name, spec in info.items():
-            if name in node["inputs"] or not isinstance(spec, (list, tuple)) or not spec:
-                continue
-            options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-            if "default" in options:
-                node["inputs"][name] = options["default"]
-            elif isinstance(spec[0], list) and spec[0]:
-                node["inputs"][name] = spec[0][0]
-            elif options.get("options"):
-                node["inputs"][name] = options["options"][0]
-    return graph
-
-
 def with_webp(graph: dict, prefix: str, scale: int = 8, fps: float = 8.0) -> dict:
     """Decode with CarnatorDemoDecode and save an animated WEBP with the stock SaveAnimatedWEBP node."""
     graph = copy.deepcopy(graph)

@@ -80,7 +80,7 @@ class FewerStepsRun:
 
 @dataclass(frozen=True)
 class ModeVerdict:
-    """A reuse mode weighed against lowering the steps by the one yardstick (`bench.yardstick`): the model calls a
+    """A reuse mode weighed against lowering the steps by the one yardstick (`judging.yardstick`): the model calls a
     request takes in the mode, how close its clips stay to plain, the cheapest plain run as good (`against`: a
     `plain-<n>`, or `plain` where none with fewer steps is) and `calls`, that run's calls over the mode's, with its
     90 % `interval` over the requests: below 1, lowering the steps is cheaper at the same quality.

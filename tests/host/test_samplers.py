@@ -17,10 +17,10 @@ import json
 import pytest
 import torch
 
-from carnator_core.bench.quality import mse, psnr_from_mse, ssim
 from carnator_core.demo import world
 from carnator_core.demo.graphs import MODEL_CHAIN, REPORT, SAMPLER, base_graph, with_report, with_reuse
 from carnator_core.demo.oracle import score
+from carnator_core.judging.quality import mse, psnr_from_mse, ssim
 from carnator_core.reuse.history_replay import REPLAY_NOTE
 from carnator_core.reuse.recording import entry_writer
 

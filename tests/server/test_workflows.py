@@ -54,7 +54,6 @@ from support.tiny_workflows import (
 
 from carnator_core import recorded_runs
 from carnator_core.bench.__main__ import main as bench_main
-from carnator_core.bench.quality import latent_quality
 from carnator_core.bench.tables import stages as stages_tables
 from carnator_core.bench.tables.stages import stages_markdown
 from carnator_core.bench.tables.stored_runs import StoredRuns
@@ -62,6 +61,7 @@ from carnator_core.client import RequestRefused
 from carnator_core.demo import world
 from carnator_core.demo.graphs import latent_size
 from carnator_core.demo.oracle import score
+from carnator_core.judging.quality import latent_quality
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import SEED_INPUTS
 from carnator_core.reuse.input_start import INPUT_NOTE, MAX_INPUT_DISTANCE

@@ -21,25 +21,21 @@ import pytest
 import torch
 from PIL import Image
 
-from carnator_core.bench.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.streams import EDIT_LOOP, STREAMS, edit_kinds, make_stream
-from carnator_core.bench.workload import (
+from carnator_core.bench.workload_configurations import (
     CONFIGS,
-    EXTRA_FIELDS,
-    FIELDS,
     RECORDING,
     STEP_CACHES,
-    STREAM_TARGETS,
     TWO_EXPERT_CONFIGS,
-    Sample,
     donor_prompt_for,
-    equal_quality_speedup,
-    targets,
 )
+from carnator_core.bench.workload_stream import Sample
+from carnator_core.bench.workload_weighing import EXTRA_FIELDS, FIELDS, STREAM_TARGETS, equal_quality_speedup, targets
 from carnator_core.demo import world
 from carnator_core.demo.wan_model import WanConfig
 from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count
+from carnator_core.judging.quality import PSNR_IDENTICAL, mse, psnr_from_mse, ssim
 from carnator_core.prompt_file import read_prompt_file
 from carnator_core.reuse.report import Verdict
 

@@ -31,7 +31,7 @@ from aiohttp.test_utils import make_mocked_request
 from carnator_core.client import HeadlessServer, PromptRun, find_failure, free_port, prepare_base_dir, refusal
 from carnator_core.comfyui_location import ComfyNotFound as ComfyNotFound  # the tests name them from here
 from carnator_core.comfyui_location import find_comfyui as find_comfyui
-from carnator_core.demo.graphs import complete
+from carnator_core.workflow_graph import complete
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_PACK = REPO_ROOT / "tests" / "support" / "harness_pack"
@@ -251,7 +251,7 @@ class InProcessComfy:
 
     def complete(self, graph: dict) -> dict:
         """`graph` with every required input it leaves out set to the node's default from /object_info, as the
-        demo and the benchmarks queue theirs (`carnator_core.demo.graphs.complete`)."""
+        demo and the benchmarks queue theirs (`carnator_core.workflow_graph.complete`)."""
         return complete(graph, self.object_info(*{node["class_type"] for node in graph.values()}))
 
     def call_node(self, class_type: str, **inputs: Any) -> NodeResult:
@@ -312,7 +312,7 @@ class ComfyServer(HeadlessServer):
 
     def complete(self, graph: dict) -> dict:
         """`graph` with every required input it leaves out set to the node's default from the server's /object_info,
-        as the demo and the benchmarks queue theirs (`carnator_core.demo.graphs.complete`)."""
+        as the demo and the benchmarks queue theirs (`carnator_core.workflow_graph.complete`)."""
         return complete(graph, self.object_info())
 
 

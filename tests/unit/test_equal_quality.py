@@ -65,7 +65,7 @@ def test_the_steps_are_lowered_where_the_graph_sets_them_and_stage_boundaries_sc
     steps, nodes, _ = step_inputs(graph, ["8", "9"])
     assert (steps, nodes) == (8, ("8", "9"))
     workflow = CalibrationWorkflow(workflow=Workflow(graph), object_info={}, sampler="8", reuse_node="8",
-                                   decoder=None, runs_demo=False, user_store=None, steps=steps, step_nodes=nodes)
+                                   decoder=None, oracle=None, user_store=None, steps=steps, step_nodes=nodes)
     workflow.lower_steps(graph, 2)
     assert [(graph[n]["inputs"]["steps"], graph[n]["inputs"]["start_at_step"], graph[n]["inputs"]["end_at_step"])
             for n in ("8", "9")] == [(2, 0, 1), (2, 1, 10000)]
@@ -81,7 +81,7 @@ def test_a_graph_whose_steps_cannot_be_lowered_says_why_in_one_line(graph, why):
     steps, nodes, note = step_inputs(graph, ["9"])
     assert steps is None and nodes == () and why in note
     workflow = CalibrationWorkflow(workflow=Workflow(graph), object_info={}, sampler="9", reuse_node="9",
-                                   decoder=None, runs_demo=False, user_store=None, steps_note=note)
+                                   decoder=None, oracle=None, user_store=None, steps_note=note)
     plan = CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x")
     counts, line = fewer_step_counts(plan)
     assert counts == () and line.startswith("plain at fewer steps: not run, since the steps cannot be lowered")
@@ -90,7 +90,7 @@ def test_a_graph_whose_steps_cannot_be_lowered_says_why_in_one_line(graph, why):
 
 def test_the_fewer_steps_runs_can_be_turned_off_and_say_so():
     workflow = CalibrationWorkflow(workflow=Workflow(_ksampler_graph()), object_info={}, sampler="9",
-                                   reuse_node="9", decoder=None, runs_demo=False, user_store=None, steps=STEPS,
+                                   reuse_node="9", decoder=None, oracle=None, user_store=None, steps=STEPS,
                                    step_nodes=("9",))
     assert fewer_step_counts(CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x")) == (
         (6, 4, 3), "plain also at 6, 4, 3 of 12 steps")

@@ -10,6 +10,10 @@
   `carnator_core`: the store, reuse, the benchmarks and calibration all read it.
 - Nothing but calibration itself and its command (`carnator_core.calibrate`) imports `carnator_core.calibration`: it
   sits on top of what it calibrates.
+- The product imports no tool: nothing reachable by import from `nodes/` (but the demo nodes and the package's
+  registration, `nodes/__init__.py`) reaches `carnator_core.bench` or `carnator_core.demo`. What the calibration weighs
+  with (the yardstick, the quality measures, the plain-steps curve, the plot) lives in `carnator_core.judging`, and
+  the demo's oracle reaches it through `judging.clip_oracles`, where the demo registers it.
 - No import cycle, between modules or between folders (each top-level module counts as a folder of its own).
 - Nothing under `carnator_core` imports ComfyUI: `nodes/` is the only place that does.
 - What the pack imports at run time is what the README's install (`requirements.txt`) installs, and pyproject's
@@ -33,6 +37,7 @@ import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "carnator_core"
+NODES = REPO / "nodes"
 ENGINE = ("judging", "store", "lookup", "reuse", "attention", "kernels")
 TOOLS = ("carnator_core.client", "carnator_core.queue", "carnator_core.prompt_file", "carnator_core.prompt_pairs",
          "carnator_core.workflow_graph", "carnator_core.demo", "carnator_core.bench")
@@ -183,6 +188,75 @@ def test_no_folder_imports_itself_through_others() -> None:
             folders.setdefault(_folder(module), set()).update(
                 _folder(other) for other in imported if _folder(other) != _folder(module))
     assert _cycles(folders) == []
+
+
+PRODUCT_EXEMPT = ("nodes", "nodes.demo_nodes")  # the package's registration and the demo's own nodes
+PRODUCT_FORBIDDEN = ("carnator_core.bench", "carnator_core.demo")
+
+
+def _reached_from(starts: list[Path], exempt: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every pack module (`carnator_core.*`, `nodes.*`) that importing `starts` loads, each with the module that first
+    imports it, so an offence names its way in; a package's `__init__` counts as loaded with any module under it. The
+    `exempt` modules are reached, but what they import is not followed."""
+    paths = {_module_name(path): path for path in _sources() + sorted(NODES.glob("*.py"))}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    reached: dict[str, str] = {}
+    frontier = [(_module_name(path), "") for path in starts]
+    while frontier:
+        module, by = frontier.pop()
+        if module in reached:
+            continue
+        reached[module] = by
+        if module in exempt:
+            continue
+        parts = module.split(".")
+        frontier += [(".".join(parts[:end]), module) for end in range(1, len(parts)) if ".".join(parts[:end]) in paths]
+        for _, name in _imported(paths[module]):
+            target = module_of(name) if _within(name, ("carnator_core", "nodes")) else None
+            if target is not None and target != module:
+                frontier.append((target, module))
+    return reached
+
+
+def _way_in(reached: dict[str, str], module: str) -> str:
+    chain = [module]
+    while reached.get(chain[-1]):
+        chain.append(reached[chain[-1]])
+    return " <- ".join(chain)
+
+
+def test_the_reach_finder_follows_nodes_relative_and_function_level_imports() -> None:
+    reached = _reached_from([NODES / "calibrate_node.py"])
+    assert {"carnator_core.calibration.job", "carnator_core.calibration.server_runs"} <= reached.keys()
+    assert "carnator_core.demo.clip_oracle" in _reached_from([NODES / "__init__.py"])
+
+
+def test_the_product_imports_no_tool() -> None:
+    starts = [path for path in sorted(NODES.glob("*.py")) if _module_name(path) not in PRODUCT_EXEMPT]
+    reached = _reached_from(starts, PRODUCT_EXEMPT)
+    assert sorted(_way_in(reached, module) for module in reached if _within(module, PRODUCT_FORBIDDEN)) == []
+
+
+# Modules a reader can hold: the longest a module of these folders may be, in lines.
+LONGEST = {"carnator_core/bench": 500, "nodes": 420}
+
+
+@pytest.mark.parametrize("folder", sorted(LONGEST))
+def test_modules_are_short_enough_to_hold(folder: str) -> None:
+    lengths = {path.relative_to(REPO): len(path.read_text(encoding="utf-8").splitlines())
+               for path in sorted((REPO / folder).rglob("*.py"))}
+    assert {str(path): length for path, length in lengths.items() if length > LONGEST[folder]} == {}
+
+
+def test_every_module_opens_with_a_line_that_says_what_it_holds() -> None:
+    silent = [str(path.relative_to(REPO)) for path in _sources() + sorted(NODES.glob("*.py"))
+              if path.stat().st_size and not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))]
+    assert silent == []
 
 
 def test_process_state_imports_nothing_of_carnator_core() -> None:

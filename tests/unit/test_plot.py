@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from carnator_core.bench import plot
+from carnator_core.judging import plot
 
 
 def test_the_yardstick_panels_are_a_png_with_matplotlib_and_nothing_without(tmp_path, monkeypatch):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from carnator_core.bench.plain_steps_curve import bracket, next_count
-from carnator_core.bench.quality import detail, detail_ratio
-from carnator_core.bench.yardstick import RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
+from carnator_core.judging.plain_steps_curve import bracket, next_count
+from carnator_core.judging.quality import detail, detail_ratio
 from carnator_core.judging.ratio_interval import ratio_words, settled
+from carnator_core.judging.yardstick import RequestOutcome, StreamQuality, equal_quality, quality_bar, short_of
 
 
 def _quality(psnr: float = 40.0, detail_kept: float = 1.0, adherence: float | None = 1.0) -> StreamQuality:

@@ -1,5 +1,5 @@
 """The plain-steps curve a configuration really crosses: plain sampled at step counts chosen by bisection, so that
-for each configuration weighed the steps plain needs to be as good (`bench.yardstick`) are bracketed between a count
+for each configuration weighed the steps plain needs to be as good (`judging.yardstick`) are bracketed between a count
 that falls short and one that is as good, up to the full steps.
 
 Each new count refines the widest bracket of any configuration (the first measured is half the steps), and costs one

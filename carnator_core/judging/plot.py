@@ -30,7 +30,7 @@ def plot_unavailable(what: str) -> str:
 
 
 MARKERS = "osD^vP*X<>hp8d"
-# The yardstick's measures (`bench.yardstick`), as a point or a curve row names them, and their axes.
+# The yardstick's measures (`judging.yardstick`), as a point or a curve row names them, and their axes.
 MEASURES = (("psnr", "PSNR to the plain clip (dB)"), ("detail", "detail kept (ratio to the full render)"),
             ("adherence", "adherence (demo oracle)"))
 

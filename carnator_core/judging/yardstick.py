@@ -4,7 +4,7 @@ as `bench workload` and the calibration both weigh them.
 Equal quality means all three, each against the request's own full-step plain render:
 - as adherent (the demo world's oracle, where it scores the prompts; within `ADHERENCE_TOLERANCE`);
 - as close by PSNR (the requests' clips together: the PSNR of their mean squared error);
-- as detailed (the mean detail ratio, `bench.quality.detail_ratio`, within `DETAIL_TOLERANCE`): fewer steps lose fine
+- as detailed (the mean detail ratio, `judging.quality.detail_ratio`, within `DETAIL_TOLERANCE`): fewer steps lose fine
   detail, a resume keeps the full-step detail of its own schedule, and PSNR to plain alone cannot tell a blur from a
   different valid render.
 A configuration's adherence and detail count up to the full render's own (`quality_bar`): no plain run is asked to beat
@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from carnator_core.bench.quality import psnr_from_mse
+from carnator_core.judging.quality import psnr_from_mse
 from carnator_core.judging.ratio_interval import ratio_words
 
 ADHERENCE_TOLERANCE = 0.005  # how much less adherence still counts as the same
