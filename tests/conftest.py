@@ -7,10 +7,12 @@
                           written on first use; skips the test where the host lacks the model's config class
 - `new_base_dir`          factory: a fresh ComfyUI base directory with pack + tiny models linked in
 - `comfy_server`          one headless server per test module (the product's HeadlessServer; drive it through
-                          its `client`, the product's ComfyClient)
+                          its `client`, the product's ComfyClient); a module marked `shared_server` gets the
+                          worker's `shared_server` instead, its default store emptied after the module
 - `comfy_server_factory`  start servers per test (e.g. two one after another on one base dir)
 - `redis_server`          one loopback redis-server for the session; `redis_url` empties it for each test
 - `redis_factory`         start more redis-servers (password, persistence, maxmemory) for one test
+- `torch_threads_kept`    (every test) torch's thread count as the test found it
 - `fresh_process_state`   Carnator's process-wide objects (`carnator_core.process_state`) dropped before and after the
                           test; call it to drop them mid-test too
 
@@ -42,6 +44,7 @@ from support.tiny_models import CURRENT_SPECS, SPECS, TinyModelSpec, host_lacks,
 
 from carnator_core import process_state
 from carnator_core.client import ExecutionFailed
+from carnator_core.store.reuse_store import ReuseStore
 
 _INPROCESS_BASE = pytest.StashKey[Path]()
 
@@ -60,6 +63,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     base = config.stash.get(_INPROCESS_BASE, None)
     if base is not None:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules holding a test marked `slow` run first, each module's tests still together and in order: CI's workers
+    take a file at a time, so the longest files start early and the workers finish together."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -129,8 +139,31 @@ def new_base_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str
     return lambda: make_base_dir(tmp_path_factory.mktemp(f"comfy_base{next(counter)}"), model_files)
 
 
+@pytest.fixture(scope="session")
+def shared_server(comfyui_path: Path, new_base_dir: Callable[[], Path]) -> Iterator[ComfyServer]:
+    """One headless server for the worker's modules marked `shared_server` (see `comfy_server`)."""
+    factory = ServerFactory(comfyui_path, new_base_dir)
+    try:
+        yield factory()
+    finally:
+        factory.stop_all()
+
+
 @pytest.fixture(scope="module")
-def comfy_server(comfyui_path: Path, new_base_dir: Callable[[], Path]) -> Iterator[ComfyServer]:
+def comfy_server(request: pytest.FixtureRequest, comfyui_path: Path,
+                 new_base_dir: Callable[[], Path]) -> Iterator[ComfyServer]:
+    """The module's headless server: one of its own, or, in a module marked `shared_server` (one that only reads from
+    the server, or writes only stores of its own names and cleans up after itself), the worker's shared server, whose
+    default store is emptied when the module is done."""
+    if request.node.get_closest_marker("shared_server") is not None:
+        server = request.getfixturevalue("shared_server")
+        try:
+            yield server
+        finally:
+            default_store = ReuseStore(str(server.base_dir / "user" / "carnator" / "store"))
+            default_store.clear()
+            default_store.close()
+        return
     factory = ServerFactory(comfyui_path, new_base_dir)
     try:
         yield factory()
@@ -184,6 +217,20 @@ def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept() -> Iterator[None]:
+    """Every test leaves torch's thread count as it found it: a benchmark's `main` sets it for its process, and what
+    runs after it in the same worker (FlexAttention's compilation among them) must not depend on the order."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 @pytest.fixture

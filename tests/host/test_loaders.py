@@ -140,6 +140,7 @@ def test_quantization_metadata_checkpoint_resumes_and_unrelated_prompt_is_plain(
     _check_loader(comfy, _unet(_fp8_file(comfy, "carnator_demo_fp8_mixed.safetensors", write_quantization_metadata)))
 
 
+@pytest.mark.slow
 def test_torch_compile_before_the_reuse_node(comfy):
     _check_loader(comfy, lambda graph: _after_loader(graph, "compile", "TorchCompileModel", backend="inductor"))
 

@@ -126,6 +126,7 @@ def _ksampler_graph(sampler_name: str = "euler", scheduler: str = "simple", patc
     return graph_for
 
 
+@pytest.mark.slow
 def test_every_sampler(comfy):
     from comfy.samplers import KSampler
 
@@ -228,6 +229,7 @@ def _cfg_patch_nodes(comfy) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_every_cfg_patch(comfy):
     patches = _cfg_patch_nodes(comfy)
     assert {"RescaleCFG", "CFGZeroStar"} <= set(patches), patches

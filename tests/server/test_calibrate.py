@@ -364,6 +364,7 @@ def _calibrate_stream(url: str, workflow: Path, prompts: Path, out: Path, *extra
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_a_stream_calibration_runs_each_mode_as_the_engine_does_and_the_workload_lies_in_its_interval(server,
                                                                                                      tmp_path):
     workflow, prompts = _stream_files(tmp_path, STREAM)

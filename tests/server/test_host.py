@@ -11,6 +11,8 @@ import torch
 from support.comfy_host import PACK_NAME, ComfyNotFound, captured_logs, find_comfyui
 from support.t2v_graphs import GRAPHS, SAMPLER, STATS
 
+pytestmark = pytest.mark.shared_server  # see tests/conftest.py: comfy_server
+
 # Nodes looked up by name; whatever else the extension returns is checked generically (prefix, tooltips).
 EXPECTED_NODE_IDS = {"CarnatorStore", "CarnatorCompatibilityLookup", "CarnatorStoreInfo"}
 # Latent each template graph samples at its default test size (64x64; 5 frames, LTX 9 frames).

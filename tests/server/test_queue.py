@@ -21,7 +21,7 @@ from support.tiny_workflows import FAMILY, api_workflow, on_tiny_models
 from carnator_core.lookup.prompt_text import is_link
 from carnator_core.queue import Workflow, WorkflowError, main
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.shared_server]  # see tests/conftest.py: comfy_server
 
 NEAR_DUPLICATES = ["a red circle moving left on a black background",
                    "a red ball moving left on a black background",

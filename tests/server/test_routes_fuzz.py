@@ -21,7 +21,7 @@ from support.route_helpers import add_entry, json_answer, state
 
 from carnator_core.judging.calibration_profile import Profile
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.shared_server]  # see tests/conftest.py: comfy_server
 
 TEXTS = ["", "\x00", "a\x00b", "../../etc/passwd", "..\\..\\boot.ini", "/etc", "%2e%2e%2f", "x" * 5000, "é" * 40,
          "\u202e" + "0" * 31, "😀" * 8, "٠" * 32, "null", "[]", "{}", "-1", "NaN", "redis://127.0.0.1:1/0?timeout_ms=600000",

@@ -29,6 +29,7 @@ from carnator_core.reuse.recording import PendingEntry, entry_writer
 from carnator_core.store.backend import StoreError
 from carnator_core.store.reuse_store import ReuseStore
 
+pytestmark = pytest.mark.shared_server  # see tests/conftest.py: comfy_server
 ROOT = Path(__file__).resolve().parents[2]
 
 # Puts an entry whose second blob is larger than the file size limit: the commit dies (SIGXFSZ) or fails (EFBIG)

@@ -143,6 +143,17 @@ def test_flex_declines_non_finite_inputs() -> None:
     assert flex_block_sparse_attention(q, k, v, BlockLayout.full(n, block_size)) is None
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_flex_matches_the_reference_whatever_thread_count_an_earlier_test_left(threads: int) -> None:
+    """A benchmark's `main` sets torch's thread count for its process; FlexAttention, compiled before or after, still
+    matches the reference (and `torch_threads_kept` gives the next test the count this one found)."""
+    torch.set_num_threads(threads)
+    batch, heads, n, dim, block_size = SHAPES[0]
+    q, k, v = inputs(batch, heads, n, dim, seed=6)
+    layout = random_layout(batch, heads, n, block_size, seed=6)
+    assert_close(_flex(q, k, v, layout), reference_attention(q, k, v, layout), torch.float32)
+
+
 def test_batch_groups_give_cond_and_uncond_their_own_masks() -> None:
     batch, heads, n, dim, block_size = SHAPES[0]
     q, k, v = inputs(batch, heads, n, dim)
