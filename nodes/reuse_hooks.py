@@ -5,17 +5,17 @@ Modelled on ComfyUI's built-in EasyCache: supported `add_wrapper_with_key` hooks
 decides (`ReuseRun.decide` returns one `Outcome`); the wrappers convert between ComfyUI objects and the engine's, install
 what the outcome says, and report.
 
-- OUTER_SAMPLE    (`reuse_lifecycle`) opens the run (fingerprints) and samples it under `reuse_lifecycle`, which records and
-                  reports it afterwards (the reuse sampler runs its SAMPLER under the same lifecycle)
-- SAMPLER_SAMPLE  (`sampler_preparation`) asks the engine with the loaded model as its evaluation, and installs the outcome: the donor stage's
-                  output, a resume (with or without a replayed history), or a fresh start
-- PREDICT_NOISE   (`model_call_wrappers`) answers a multistep sampler's calls before the resume step with the donor's predictions
-                  (`carnator_core.reuse.history_replay`), counts model calls, applies the optional guidance boost,
-                  and hands the run each prediction it records
-- CALC_COND_BATCH (`model_call_wrappers`) serves the accepted probe's predictions per condition as the first evaluation after the resume (or,
-                  without one, the probing's step-0 evaluation as step 0), so the host's whole CFG path runs on
-                  them as on the model's own; keeps a probe's predictions, and cond - uncond where a probe or a
-                  checkpoint needs it
+- OUTER_SAMPLE    (`reuse_lifecycle`) opens the run (fingerprints) and samples it under `reuse_lifecycle`, which
+                  records and reports it afterwards (the reuse sampler runs its SAMPLER under the same lifecycle)
+- SAMPLER_SAMPLE  (`sampler_preparation`) asks the engine with the loaded model as its evaluation, and installs the
+                  outcome: the donor stage's output, a resume (with or without a replayed history), or a fresh start
+- PREDICT_NOISE   (`model_call_wrappers`) answers a multistep sampler's calls before the resume step with the donor's
+                  predictions (`carnator_core.reuse.history_replay`), counts model calls, applies the optional
+                  guidance boost, and hands the run each prediction it records
+- CALC_COND_BATCH (`model_call_wrappers`) serves the accepted probe's predictions per condition as the first
+                  evaluation after the resume (or, without one, the probing's step-0 evaluation as step 0), so the
+                  host's whole CFG path runs on them as on the model's own; keeps a probe's predictions, and cond -
+                  uncond where a probe or a checkpoint needs it
 
 Every one of them keeps Carnator's own code inside `nodes.fault_boundary` and the host's calls outside it: an error of
 Carnator's before sampling starts leaves the run plain, one in the recording stops the recording, and one after the
