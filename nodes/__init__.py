@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
-from carnator_core.demo.clip_oracle import register_demo_oracle
-
 from .attention_node import CarnatorSparseAttention
 from .calibrate_node import CarnatorCalibrate
-from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_weights_folder
+from .demo_nodes import CarnatorDemoDecode, CarnatorDemoTextEncode, register_demo
 from .host import missing_hooks
 from .lookup_node import CarnatorCompatibilityLookup
 from .prompt_prefetch import register_prefetch
@@ -31,8 +29,7 @@ NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorDemoDecode,
 ]
 
-register_weights_folder()
-register_demo_oracle()  # the calibration judges the demo model's clips by its world's oracle
+register_demo()  # the demo weights for UNETLoader, the demo world's oracle for the calibration
 missing_hooks()  # says once, at start-up, if this host lacks a hook Carnator needs
 
 

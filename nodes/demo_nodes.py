@@ -9,16 +9,18 @@ from comfy_api.latest import io
 
 from carnator_core.demo import text as demo_text
 from carnator_core.demo import world
-from carnator_core.demo.clip_oracle import DEMO_DECODER
+from carnator_core.demo.clip_oracle import DEMO_DECODER, register_demo_oracle
 
 WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "carnator_core", "demo",
                            "weights")
 
 
-def register_weights_folder() -> None:
-    """Let the stock UNETLoader list the shipped demo weights (carnator_demo_*.safetensors)."""
+def register_demo() -> None:
+    """The demo's parts beyond its nodes: the stock UNETLoader lists the shipped demo weights
+    (carnator_demo_*.safetensors), and the calibration judges the demo model's clips by its world's oracle."""
     if WEIGHTS_DIR not in folder_paths.get_folder_paths("diffusion_models"):
         folder_paths.add_model_folder_path("diffusion_models", WEIGHTS_DIR)
+    register_demo_oracle()
 
 
 class CarnatorDemoTextEncode(io.ComfyNode):

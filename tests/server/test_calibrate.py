@@ -510,6 +510,8 @@ def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queu
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert sorted((row["pair"], row["requested_depth"]) for row in rows) == sorted(
         (pair, depth) for pair in (0, 1) for depth in (0.2, 0.35, 0.5, 0.65, 0.8))
+    # the demo world's oracle, which the pack registers at load, judged every resume in the server's own process
+    assert all(row["oracle_kept"] is not None for row in rows)
     # only what was left ran again: resumes, the donor and plain runs, and plain at 5, 3 and 2 steps per pair
     assert finished["runs_total"] == 10 - done + 2 * plains_left + 6 - fewer_done
     filed = [p for p in server.get("/carnator/store/profiles").json()["profiles"] if p["name"] == "graph editor"]
