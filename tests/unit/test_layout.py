@@ -29,7 +29,7 @@ import ast
 import importlib.metadata
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,16 +125,19 @@ def test_only_calibration_and_its_command_import_calibration() -> None:
     assert _offences(below, lambda name: _within(name, ("carnator_core.calibration",))) == []
 
 
+def _module_of(name: str, modules: Collection[str]) -> str | None:
+    """The module an imported name lives in: the name itself, or the nearest enclosing module (`a.b.f` -> `a.b`)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the carnator_core modules it imports (a name that is no module counts as the module holding it)."""
     modules = {_module_name(path) for path in _sources()}
 
-    def module_of(name: str) -> str:
-        while name not in modules:
-            name = name.rpartition(".")[0]
-        return name
-
-    return {_module_name(path): {module_of(name) for _, name in _imported(path) if _within(name, ("carnator_core",))}
+    return {_module_name(path): {_module_of(name, modules) for _, name in _imported(path)
+                                 if _within(name, ("carnator_core",))}
             - {_module_name(path), "carnator_core"} for path in _sources()}
 
 
@@ -200,11 +203,6 @@ def _reached_from(starts: list[Path], exempt: tuple[str, ...] = ()) -> dict[str,
     `exempt` modules are reached, but what they import is not followed."""
     paths = {_module_name(path): path for path in _sources() + sorted(NODES.glob("*.py"))}
 
-    def module_of(name: str) -> str | None:
-        while name and name not in paths:
-            name = name.rpartition(".")[0]
-        return name or None
-
     reached: dict[str, str] = {}
     frontier = [(_module_name(path), "") for path in starts]
     while frontier:
@@ -217,7 +215,7 @@ def _reached_from(starts: list[Path], exempt: tuple[str, ...] = ()) -> dict[str,
         parts = module.split(".")
         frontier += [(".".join(parts[:end]), module) for end in range(1, len(parts)) if ".".join(parts[:end]) in paths]
         for _, name in _imported(paths[module]):
-            target = module_of(name) if _within(name, ("carnator_core", "nodes")) else None
+            target = _module_of(name, paths) if _within(name, ("carnator_core", "nodes")) else None
             if target is not None and target != module:
                 frontier.append((target, module))
     return reached
