@@ -12,6 +12,7 @@ from carnator_core.store.backend import StoreError
 
 from .fault_boundary import CarnatorFault, carnator_code
 from .host import conditioning_frame_rate, conditioning_tensor, hard_key, store_at
+from .noise_process import noise_process
 from .types import MatchType, StoreType
 
 
@@ -68,7 +69,8 @@ def _lookup(store, model, samples, positive, sigmas, prompt: str, top_k: int, mi
     key = hard_key(model, samples, sigmas, frame_rate=conditioning_frame_rate(positive))
     cond = condition_vector(conditioning_tensor(positive))
     text_vector, note = embed_prompt(prompt)
-    request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt, text_vector=text_vector)
+    request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt, text_vector=text_vector,
+                            noise_process=noise_process(model))
     match = find_compatible(store, request, top_k=top_k, min_similarity=min_similarity)
     match.notes.extend([note] if note else [])
     return match

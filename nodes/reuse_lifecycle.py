@@ -36,6 +36,7 @@ from .host import (
     unsupported_latent,
 )
 from .keys import REUSE_SETTINGS_KEY
+from .noise_process import noise_process
 from .reports import publish
 from .reuse_holder import ReuseHolder
 from .run_state import CarnatorRun, carnator_run, run_state
@@ -96,7 +97,7 @@ def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, deno
                     sigmas=sigma_list, cfg=float(getattr(guider, "cfg", 1.0)), seed=seed,
                     guidance_form=guidance_form(guider),
                     latent_reuse_refusal=refusal, continues=continues, packed=packed, input_latent=input_latent,
-                    input_note=input_note, guide_image=guide)
+                    input_note=input_note, guide_image=guide, noise_process=noise_process(guider.model_patcher))
 
 
 def open_run(guider, settings: ReuseSettings, call: dict) -> ReuseHolder:

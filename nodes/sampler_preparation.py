@@ -149,6 +149,9 @@ def _prepare_sampling(sample, sampler, carnator: CarnatorRun, guider, sigmas, ex
             if noise_sampler is not None:
                 sample = with_plain_noise(sample, sampler, noise_sampler)
             sigmas = sigmas[start:]
+            if float(sigmas[0]) != run.sigmas[start]:  # a donor state of another schedule: resumed at its sigma
+                sigmas = torch.cat([sigmas.new_tensor([run.sigmas[start]]), sigmas[1:]])
+        sigma_values = run.sigmas  # the schedule the run samples, the resume's sigma in its step's place
     state.probe_branches = []  # what the sampler is handed is in `cached_eval`: the probes' predictions are dropped
     run.lend_masks(carnator.attention)
     return sample, sigmas, noise, latent_image, _recording_callback(state, extra_args, callback, start, resumed,

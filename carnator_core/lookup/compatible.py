@@ -13,6 +13,7 @@ import torch
 
 from carnator_core import process_state
 from carnator_core.lookup.embeddings import EmbeddingError
+from carnator_core.lookup.noise_process import NOISE_PROCESS, NoiseProcess
 from carnator_core.lookup.prompt_vectors import prompt_vectors
 from carnator_core.lookup.shortlist import Candidate, ShortlistIndex, ShortlistResult
 from carnator_core.store.entry import HardKey
@@ -39,6 +40,7 @@ class LookupRequest:
     prompt: str = ""
     text_vector: torch.Tensor | None = None
     noise: str = ""  # fingerprint of the initial noise, where the sampler has drawn it
+    noise_process: NoiseProcess | None = None  # the model's: a donor of another process is filtered out
 
 
 @dataclass
@@ -92,7 +94,7 @@ def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_s
     result: ShortlistResult = index.query(request.hard_key, request.cond_vector, request.text_vector,
                                           top_k=max(1, top_k) * 2, min_similarity=min_similarity,
                                           noise=request.noise, same_noise_limit=same_noise_limit * 2)
-    live = []
+    live, filtered = [], dict(result.filtered)
     metas = store.get_metas([candidate.entry_id for candidate in result.candidates])
     if store.unavailable:  # nothing can be reused now; keep the index as it is for when the store is back
         return Match(store_location=store.location, request=request, candidates=[], searched=result.searched,
@@ -101,9 +103,14 @@ def find_compatible(store: ReuseStore, request: LookupRequest, top_k: int, min_s
         if meta is None:
             index.remove(candidate.entry_id)
             continue
+        recorded = meta.extra.get(NOISE_PROCESS)
+        reason = request.noise_process.mismatch(recorded) if request.noise_process and recorded is not None else None
+        if reason is not None:
+            filtered[reason] = filtered.get(reason, 0) + 1
+            continue
         live.append(candidate)
     kept = [c for c in live if c.same_noise][:same_noise_limit]
     kept += [c for c in live if not c.same_noise][:top_k]
     kept.sort(key=lambda c: c.score, reverse=True)
     return Match(store_location=store.location, request=request, candidates=kept,
-                 filtered=result.filtered, searched=result.searched)
+                 filtered=filtered, searched=result.searched)

@@ -6,7 +6,9 @@ steps far from where the donor's history would have taken them at few steps and 
 such a sampler samples from its own first state instead, the donor's (the same noise), and its model calls before the
 resume step are answered with the predictions the donor recorded there (`RunRecorder.history`), moved by the start
 difference where the resume state is corrected (`StartDifference.prediction`): the sampler retraces the donor's
-trajectory without a model call and reaches the resume step with the history the donor had.
+trajectory without a model call and reaches the resume step with the history the donor had. Only where the two
+schedules coincide up to the resume: a donor of another schedule took other steps there, and the run starts at the
+resume state without history.
 """
 
 from __future__ import annotations
@@ -46,14 +48,24 @@ def replay_for(store: ReuseStore, target: ProbeTarget, start_fingerprint: str | 
     lies in a later stage, or the donor kept no complete history up to it: the run then starts at the resume state,
     without history."""
     same_start = target.start is not None and start_fingerprint is not None and target.start.state == start_fingerprint
-    if stage_index(target.meta) != 0 or not (same_start or (target.corrected and difference is not None)):
+    if stage_index(target.meta) != 0 or not (same_start or (target.corrected and difference is not None)) \
+            or not _same_schedule_until(target, sigmas):
         return None
     tensors = store.get_tensors(target.meta.entry_id, HISTORY_BLOB)
     if tensors is None:
         return None
-    predictions = [tensors.get(history_tensor(step)) for step in range(target.step)]
+    predictions = [tensors.get(history_tensor(step)) for step in range(target.recorded_step)]
     if any(p is None or p.shape != target.x0.shape or not torch.isfinite(p).all() for p in predictions):
         return None
     if target.corrected and difference is not None:
         predictions = [difference.prediction(p) for p in predictions]
     return HistoryReplay(sigmas[:target.step], predictions)
+
+
+def _same_schedule_until(target: ProbeTarget, sigmas: list[float]) -> bool:
+    """Whether the donor's schedule (the sigmas its entry lists) is the request's up to the target's step."""
+    donor = target.meta.extra.get("sigmas")
+    step = target.step
+    return target.recorded_step == step and isinstance(donor, list) and len(donor) > step < len(sigmas) and all(
+        isinstance(d, (int, float)) and same_sigma(float(d), s) for d, s in zip(donor[:step + 1], sigmas[:step + 1],
+                                                                               strict=True))

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
 
+from carnator_core.lookup.noise_process import NoiseProcess, schedule_mismatch
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.input_start import GUIDE_IMAGE, INPUT_START, input_mismatch
 from carnator_core.reuse.packed_latent import PackedShapes
+from carnator_core.reuse.resume_point import resume_point
 from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 from carnator_core.reuse.trajectory import stage_end_of
 from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
@@ -54,10 +56,18 @@ class RequestFacts:
     input_latent: torch.Tensor | None = None
     # the image the conditioning carries (`concat_latent_image`); None for a run guided by text alone
     guide_image: torch.Tensor | None = None
+    sigmas: tuple[float, ...] = ()  # the run's schedule: where each donor state enters it (`resume_point`)
+    noise_process: NoiseProcess | None = None  # the model's; None: donors of the identical schedule only
 
     @property
     def from_input(self) -> bool:
         return self.input_latent is not None
+
+    @property
+    def crossing_process(self) -> NoiseProcess | None:
+        """The process a donor of another schedule must share: a first stage from pure noise only (a run from an
+        input, or a later stage, continues what started at its own first sigma, so only its schedule fits)."""
+        return self.noise_process if self.stage == 0 and not self.from_input and self.sigmas else None
 
     def max_step(self, fraction: float) -> int:
         """The deepest step of this run a resume limited to `fraction` of the (trajectory's) schedule may start at."""
@@ -65,13 +75,15 @@ class RequestFacts:
 
 
 class Offer(NamedTuple):
-    """One donor checkpoint a resume could start from, as the plan orders them (deepest, then best-ranked first)."""
+    """One donor checkpoint a resume could start from, as the plan orders them (deepest, then best-ranked first):
+    `step` is where it enters the request's schedule, `donor_step` where the donor recorded it."""
 
     step: int
     rank: int  # the donor's place in the lookup's ranking
     sigma: float
     candidate: Candidate
     meta: EntryMeta
+    donor_step: int
 
 
 MAX_LINEAGE = 4  # donors of donors searched for a shallow checkpoint to confirm a deep probe (ProbeTarget.anchor)
@@ -145,13 +157,13 @@ class ScreenOnly:
     meta: EntryMeta
     start: StartPrediction
     # its deepest checkpoint within the (contained) mode's depth, where it would be probed, then any deeper ones the
-    # mode may go on to: (step, sigma) each
-    steps: list[tuple[int, float]]
+    # mode may go on to
+    steps: list[Offer]
     _reads: _Reads = field(repr=False)
 
     def load(self) -> list[ProbeTarget]:
         """The donor's states to probe and resume from (each with its anchor); none that is unusable."""
-        loaded = (_load_target(self._reads, step, sigma, self.candidate, self.meta) for step, sigma in self.steps)
+        loaded = (_load_target(self._reads, offer) for offer in self.steps)
         return sorted((target for target in loaded if target is not None), key=lambda target: -target.step)
 
 
@@ -170,22 +182,22 @@ def _screen_only(reads: _Reads, offers: list[Offer], targets: list[ProbeTarget],
         if start is None:
             reads.skip("no step-0 record to screen", meta)
             continue
-        steps = [(deepest.step, deepest.sigma)] + [(offer.step, offer.sigma) for offer in offers if deeper(offer)
-                                                   and offer.meta.entry_id == meta.entry_id
-                                                   and offer.step != deepest.step]
+        steps = [deepest] + [offer for offer in offers if deeper(offer) and offer.meta.entry_id == meta.entry_id
+                             and offer.step != deepest.step]
         extra.append(ScreenOnly(candidate=deepest.candidate, meta=meta, start=start, steps=steps, _reads=reads))
     return extra
 
 
 def lacking_states(planned: list[ProbeTarget | ScreenOnly], recorded_steps: Callable[[int], list[int]],
-                   max_step: int) -> list[str]:
-    """A note per planned donor that lacks states a run of its schedule records within the depth the plan may resume
-    at (`recorded_steps(total_steps)`, the steps a full run records; a donor that itself resumed holds none before
-    its resume step): such a donor is probed only at the states it holds, and the report says which it lacked."""
+                   max_step: int, total_steps: int) -> list[str]:
+    """A note per planned donor of the request's step count that lacks states a run of its schedule records within
+    the depth the plan may resume at (`recorded_steps(total_steps)`, the steps a full run records; a donor that itself
+    resumed holds none before its resume step): such a donor is probed only at the states it holds, and the report
+    says which it lacked."""
     notes, seen = [], set()
     for target in planned:
         meta = target.meta
-        if meta.entry_id in seen:
+        if meta.entry_id in seen or meta.total_steps != total_steps:
             continue
         seen.add(meta.entry_id)
         held = {c.step for c in meta.checkpoints}
@@ -219,11 +231,11 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
                 reason = input_mismatch(reads.facts.guide_image, start.guide if start is not None else None,
                                         "conditioning image")
         if reason is None:
-            checkpoints, reason = _resumable_checkpoints(meta, max_step)
+            entering, reason = _resumable_checkpoints(meta, reads.facts, max_step)
         if reason is not None:
             reads.skip(reason, meta)
             continue
-        offers += [Offer(c.step, rank, c.sigma, candidate, meta) for c in checkpoints]
+        offers += [Offer(step, rank, sigma, candidate, meta, c.step) for c, step, sigma in entering]
     offers.sort(key=lambda offer: (-offer.step, offer.rank))
     return offers
 
@@ -231,11 +243,10 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
 def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool) -> str | None:
     """Why no state of this donor can continue the live request (another model where the stage names one, sigma
     schedule, latent shape or, when only the same noise counts, initial noise), or None when its states can."""
-    reason = HardKey(model=facts.model, grid=(), schedule=facts.schedule).mismatch(meta.hard_key)
+    reason = HardKey(model=facts.model, grid=(), schedule="").mismatch(meta.hard_key) or schedule_mismatch(
+        meta, facts.schedule, facts.total_steps, facts.crossing_process)
     if reason is not None:
         return reason
-    if meta.total_steps != facts.total_steps:
-        return "other sigma schedule"
     if tuple(meta.latent_shape) != tuple(facts.latent_shape):
         return "other latent shape (batch or size)"
     if same_noise_only and meta.noise_fingerprint != facts.noise_fingerprint:
@@ -247,11 +258,22 @@ def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool
     return None
 
 
-def _resumable_checkpoints(meta: EntryMeta, max_step: int) -> tuple[list[CheckpointRecord], str | None]:
-    """The donor's checkpoints a resume may start from: past step 0, within the mode's depth and evaluated by the
-    model (not a step cache's extrapolation); with the reason when there is none."""
-    within = [c for c in meta.checkpoints if 0 < c.step <= max_step]
-    evaluated = [c for c in within if c.evaluated]
+def _resumable_checkpoints(meta: EntryMeta, facts: RequestFacts,
+                           max_step: int) -> tuple[list[tuple[CheckpointRecord, int, float]], str | None]:
+    """The donor's checkpoints a resume may start from, each with the request step it enters at and the sigma it
+    resumes at: past the donor's step 0, where the request's schedule reaches it (`resume_point`; the donor's own
+    step where the schedules are one), within the mode's depth of the request's schedule and evaluated by the model
+    (not a step cache's extrapolation); with the reason when there is none."""
+    recorded = [c for c in meta.checkpoints if c.step > 0]
+    if facts.crossing_process is None or not facts.sigmas:
+        entering = [(c, c.step, c.sigma) for c in recorded]
+    else:
+        points = ((c, resume_point(facts.sigmas, c.sigma)) for c in recorded)
+        entering = [(c, point.step, point.sigma) for c, point in points if point is not None]
+        if recorded and not entering:
+            return [], "the schedule does not reach the donor's states"
+    within = [(c, step, sigma) for c, step, sigma in entering if 0 < step <= max_step]
+    evaluated = [item for item in within if item[0].evaluated]
     if evaluated:
         return evaluated, None
     if not within:
@@ -272,8 +294,8 @@ def _collect(reads: _Reads, pool: Iterator[Offer], limit: int) -> list[ProbeTarg
     collected: list[ProbeTarget] = []
     if limit <= 0:
         return collected
-    for step, _, sigma, candidate, meta in pool:
-        target = _load_target(reads, step, sigma, candidate, meta)
+    for offer in pool:
+        target = _load_target(reads, offer)
         if target is not None:
             collected.append(target)
         if len(collected) >= limit:
@@ -281,18 +303,19 @@ def _collect(reads: _Reads, pool: Iterator[Offer], limit: int) -> list[ProbeTarg
     return collected
 
 
-def _load_target(reads: _Reads, step: int, sigma: float, candidate: Candidate,
-                 meta: EntryMeta) -> ProbeTarget | None:
+def _load_target(reads: _Reads, offer: Offer) -> ProbeTarget | None:
     """The probe target of one offer, with its start prediction and its anchor; None (a skip) when its
     checkpoint blob or the tensors at that step are unusable."""
+    meta, candidate = offer.meta, offer.candidate
     tensors = _checkpoints_of(reads, meta)
     if tensors is None:
         return None
-    target = _checkpoint_target(tensors, step, sigma, candidate, meta, reads.facts.latent_shape)
+    target = _checkpoint_target(tensors, offer.donor_step, offer.sigma, candidate, meta, reads.facts.latent_shape)
     if target is None:
         reads.skip("checkpoint missing, of another shape, or NaN", meta)
         return None
-    target.anchor = _anchor_for(reads, meta, step, candidate)
+    target = replace(target, step=offer.step)
+    target.anchor = _anchor_for(reads, meta, offer.donor_step, candidate)
     target.start = _start_for(reads, meta)
     target.end = stage_end_of(meta, tensors, reads.facts.latent_shape)
     return target
@@ -330,7 +353,8 @@ def _checkpoint_target(tensors: dict[str, torch.Tensor], step: int, sigma: float
         return None
     if guidance is not None and not _usable(guidance, None):
         guidance = None
-    return ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0, guidance=guidance)
+    return ProbeTarget(candidate=candidate, meta=meta, step=step, sigma=sigma, x=x, x0=x0, guidance=guidance,
+                       donor_step=step)
 
 
 def _lineage(store: ReuseStore, meta: EntryMeta, step: int) -> Iterator[tuple[EntryMeta, int]]:

@@ -77,6 +77,8 @@ class RunReport:
     guidance_cosine: float | None = None
     other_parts_agreement: tuple[float, ...] = ()  # a packed latent's other parts (LTX-2's audio), as the probe's
     skipped_steps: int = 0
+    # a resume's sigma and where the donor recorded that state ({"sigma", "donor_step", "donor_steps"}); empty else
+    resumed_at: dict[str, Any] = field(default_factory=dict)
     attention: dict[str, Any] = field(default_factory=dict)  # the sparse-attention summary; empty without one
     model_calls: int = 0
     time_saved_s: float = 0.0
@@ -153,8 +155,17 @@ class RunReport:
         checks += [f"packed part {index} {value:.3f}" for index, value in enumerate(self.other_parts_agreement, 2)]
         what = (f"stage skipped ({self.skipped_steps}/{self.total_steps} steps), output taken from {donor}"
                 if verdict is Verdict.STAGE_SKIPPED
-                else f"resumed at step {self.skipped_steps}/{self.total_steps} from {donor}")
+                else f"resumed at step {self.skipped_steps}/{self.total_steps} from {donor}{self._donor_schedule()}")
         return f"HIT: {what} ({', '.join(checks) or 'unverified'}), ~{self.time_saved_s:.1f} s saved"
+
+    def _donor_schedule(self) -> str:
+        """How a donor of another schedule lent its state ("" for one of the request's own schedule)."""
+        where = self.resumed_at
+        steps, step, sigma = where.get("donor_steps"), where.get("donor_step"), where.get("sigma")
+        if steps is None or step is None or sigma is None or (steps == self.total_steps
+                                                               and step == self.skipped_steps):
+            return ""
+        return f" at σ {float(sigma):.3f}, its step {int(step)} of {int(steps)}"
 
     def text(self) -> str:
         """One readable paragraph: the verdict, the run's cost, the prompt matched and notes, its attention and any
@@ -190,6 +201,7 @@ class RunReport:
             **({"other_parts_agreement": list(self.other_parts_agreement)} if self.other_parts_agreement else {}),
             "skipped_steps": self.skipped_steps,
             "total_steps": self.total_steps,
+            "resumed_at": self.resumed_at,
             "attention_density": self.attention.get("density"),
             "attention": self.attention,
             "heads_reuse": self.attention.get("heads_reuse", 0),

@@ -28,6 +28,7 @@ from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.fingerprint import content_fingerprint, noise_fingerprint
+from carnator_core.lookup.noise_process import NOISE_PROCESS, NoiseProcess
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
@@ -39,6 +40,7 @@ from carnator_core.reuse.plan import RequestFacts, ScreenOnly, boundary_predicti
 from carnator_core.reuse.probe import GUIDANCE_FORM
 from carnator_core.reuse.recording import PendingEntry, RunRecorder, entry_writer
 from carnator_core.reuse.report import RunReport
+from carnator_core.reuse.resume_point import ResumePoint, resumed_schedule
 from carnator_core.reuse.settings import ReuseSettings
 from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 from carnator_core.reuse.trajectory import Handover, append_stage, handover_registry
@@ -79,6 +81,8 @@ class ReuseRun:
     input_note: str = ""  # why a run from an input whose input is a stage output does not continue that stage
     # the image its conditioning carries (`concat_latent_image`), None for a run guided by text alone
     guide_image: torch.Tensor | None = None
+    # the model's noise process: donors of another schedule of it are candidates (None: the identical schedule only)
+    noise_process: NoiseProcess | None = None
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
     skipped: dict[str, int] = field(default_factory=dict)
@@ -144,7 +148,8 @@ class ReuseRun:
                             model=self.hard_key.model if handover is not None else "",
                             first_step=handover.next_step if handover is not None else 0,
                             trajectory_steps=trajectory_steps(donor) if donor is not None else None,
-                            packed=self.packed, input_latent=self.input_latent, guide_image=self.guide_image)
+                            packed=self.packed, input_latent=self.input_latent, guide_image=self.guide_image,
+                            sigmas=tuple(self.sigmas), noise_process=self.noise_process)
 
     @property
     def decider(self) -> Decider:
@@ -185,7 +190,7 @@ class ReuseRun:
             self.text_vector, note = embed_prompt(self.settings.prompt)
             request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector,
                                     prompt=self.settings.prompt, text_vector=self.text_vector,
-                                    noise=self.noise_fingerprint)
+                                    noise=self.noise_fingerprint, noise_process=self.noise_process)
             self.match = find_compatible(self.store, request, self.settings.top_k, self.settings.min_similarity,
                                          same_noise_limit=self.settings.screen_limit)
             if note:
@@ -198,7 +203,8 @@ class ReuseRun:
                                             same_noise_only=self.settings.seed_policy == "same-noise",
                                             max_probes=self.settings.max_probes * max(1, batch_limit),
                                             contained_fraction=self.settings.contained_resume_fraction)
-        self.plan_notes = lacking_states(targets, self.settings.checkpoint_steps, self.facts.max_step(self.resume_limit))
+        self.plan_notes = lacking_states(targets, self.settings.checkpoint_steps, self.facts.max_step(self.resume_limit),
+                                         self.total_steps)
         return targets
 
     def _judge_by_profile(self) -> None:
@@ -269,6 +275,8 @@ class ReuseRun:
             return SkipStage(output=decision.end.latent, sigma=decision.end.sigma, decision=decision,
                              reason=Reason(decision.branch))
         target = decision.target
+        if not same_sigma(self.sigmas[target.step], target.sigma):  # a donor of another schedule: its sigma there
+            self.sigmas = resumed_schedule(self.sigmas, ResumePoint(target.step, target.sigma, exact=False))
         replay = self._history_replay() if keeps_history else None
         served = None
         if decision.x0 is not None:
@@ -375,9 +383,8 @@ class ReuseRun:
         elapsed = time.perf_counter() - self.started_at
         self.store_problem = self.store_problem or self.store.unavailable
         if self.decision is not None:
-            saved_steps = self.decision.step
             donor = self.decision.target.meta
-            self.store.record_hit(donor.entry_id, saved_steps * donor.sample_seconds / max(1, donor.total_steps))
+            self.store.record_hit(donor.entry_id, self.skipped_steps * donor.sample_seconds / max(1, self.total_steps))
         recorded = self.settings.record and self.recorder is not None
         self._hand_on(self._entry(elapsed, attention, thumbnail) if recorded else None)
         return self.report(elapsed)
@@ -393,11 +400,12 @@ class ReuseRun:
                 blobs["masks"] = encode_tensors(mask_tensors)
         lineage = {}
         if self.decision is not None:
-            lineage = {"donor_id": self.decision.target.meta.entry_id, "depth": self.decision.step}
-        skipped_steps = self.decision.step if self.decision is not None else 0
+            lineage = {"donor_id": self.decision.target.meta.entry_id, "depth": self.skipped_steps}
         # work of a full run, so that saved-work estimates stay honest for entries that themselves reused
-        full_seconds = elapsed * self.total_steps / max(1, self.total_steps - skipped_steps)
+        full_seconds = elapsed * self.total_steps / max(1, self.total_steps - self.skipped_steps)
         extra: dict[str, Any] = {"sigmas": [round(s, 6) for s in self.sigmas]}
+        if self.noise_process is not None:
+            extra[NOISE_PROCESS] = self.noise_process.record(self.sigmas)
         if self.recorder.end is not None:
             extra["stage_end"] = {"sigma": self.recorder.end[0]}
         if self.input_latent is not None:
@@ -437,10 +445,17 @@ class ReuseRun:
         elif entry is not None:
             entry_writer().submit(entry)
 
+    @property
+    def skipped_steps(self) -> int:
+        """The request's steps a decision saved: up to its resume step, or the whole stage it skipped."""
+        if self.decision is None:
+            return 0
+        return self.total_steps if self.decision.end is not None else self.decision.step
+
     def report(self, elapsed: float) -> RunReport:
         best = self.decision.target if self.decision is not None else None
         candidate = best.candidate if best is not None else (self.match.best if self.match else None)
-        skipped_steps = self.decision.step if self.decision is not None else 0
+        skipped_steps = self.skipped_steps
         reason = self.outcome.reason if self.outcome is not None else Reason("not sampled", "no decision was made")
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
         signals = self.decision.signals if self.decision is not None else None
@@ -458,6 +473,7 @@ class ReuseRun:
             other_parts_agreement=signals.other_parts_agreement if signals else (),
             skipped_steps=skipped_steps,
             total_steps=self.total_steps,
+            resumed_at=self._resumed_at(),
             attention=self.attention_summary,
             model_calls=self.model_calls,
             time_s=elapsed,
@@ -471,6 +487,15 @@ class ReuseRun:
             notes=self._notes(),
             stage=self._stage_summary(),
         )
+
+    def _resumed_at(self) -> dict[str, Any]:
+        """Where a resume entered this run's schedule, and where the donor recorded that state: its sigma, the
+        donor's step and step count (empty without a resume)."""
+        if self.decision is None or self.decision.end is not None:
+            return {}
+        target = self.decision.target
+        return {"sigma": round(float(target.sigma), 6), "donor_step": target.recorded_step,
+                "donor_steps": target.meta.total_steps}
 
     def _stage_summary(self) -> dict[str, Any]:
         if self.continues is None and not self.hands_over:

@@ -47,7 +47,9 @@ class StartPrediction:
 
 @dataclass
 class ProbeTarget:
-    """One donor checkpoint to probe: the state to evaluate at and what the donor predicted there."""
+    """One donor checkpoint to probe: the state to evaluate at and what the donor predicted there. `step` is the
+    request's step a resume from it starts at, `donor_step` the donor's step that recorded it (the same where the two
+    schedules are one; `carnator_core.reuse.resume_point`), `sigma` the state's noise level."""
 
     candidate: Candidate
     meta: EntryMeta
@@ -65,7 +67,14 @@ class ProbeTarget:
     start: StartPrediction | None = None  # the donor's step 0, for Decider._screen
     end: StageEnd | None = None  # the donor's stage output, when the stage hands over to a later one
     corrected: bool = False  # moved by the request's step-0 difference from the donor (`start_difference`)
+    donor_step: int | None = None  # None: `step`
+
+    @property
+    def recorded_step(self) -> int:
+        """The donor's step that recorded this state (its tensors' names, its history)."""
+        return self.step if self.donor_step is None else self.donor_step
 
     @property
     def depth(self) -> float:
-        return self.step / max(1, self.meta.total_steps)
+        """How far through its schedule the donor was at this state: what the probe's thresholds are judged at."""
+        return self.recorded_step / max(1, self.meta.total_steps)

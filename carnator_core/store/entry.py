@@ -53,7 +53,9 @@ class CheckpointRecord:
 
 @dataclass(frozen=True)
 class HardKey:
-    """What a donor must share exactly with a request to be a candidate at all."""
+    """What a donor must share exactly with a request to be a candidate at all: its model, token grid and frame rate.
+    The schedule is kept (calibration profiles are per schedule) but does not decide: a donor of another schedule of
+    the same noise process can serve (`carnator_core.lookup.noise_process`)."""
 
     model: str
     grid: tuple[int, ...]
@@ -65,9 +67,8 @@ class HardKey:
     def mismatch(self, other: HardKey) -> str | None:
         """Why `other` is not compatible with this key, or None when it is.
 
-        An empty field on this key matches anything there: a lookup made before the sampler has chosen its sigmas
-        (the sampler checks the schedule again before any reuse), or a plan whose candidates the lookup already
-        matched on model and grid (with its frame rate).
+        An empty field on this key matches anything there: a plan whose candidates the lookup already matched on
+        model and grid (with its frame rate).
         """
         if self.model and other.model != self.model:
             return "other model"
@@ -75,8 +76,6 @@ class HardKey:
             return "other token grid"
         if self.grid and other.frame_rate != self.frame_rate:
             return "other frame rate"
-        if self.schedule and other.schedule != self.schedule:
-            return "other sigma schedule"
         return None
 
 

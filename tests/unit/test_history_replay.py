@@ -27,10 +27,10 @@ def _predictions(steps: int) -> dict[str, torch.Tensor]:
 
 
 def _target(store: ReuseStore, history: dict[str, torch.Tensor] | None, step: int = 4,
-            corrected: bool = False) -> ProbeTarget:
+            corrected: bool = False, donor_sigmas: list[float] = SIGMAS) -> ProbeTarget:
     """A donor checkpoint at `step` of a stored donor that kept `history`, screened at the first state `START`."""
     meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=KEY, prompt="donor", latent_shape=SHAPE,
-                     noise_fingerprint="noise", total_steps=10)
+                     noise_fingerprint="noise", total_steps=len(donor_sigmas) - 1, extra={"sigmas": donor_sigmas})
     blobs = {"checkpoints": encode_tensors({f"x_{step}": torch.zeros(SHAPE)})}
     if history is not None:
         blobs[HISTORY_BLOB] = encode_tensors(history)
@@ -81,3 +81,14 @@ def test_a_corrected_target_replays_the_predictions_moved_by_the_difference(tmp_
     replay = replay_for(store, _target(store, history, corrected=True), "another-state", SIGMAS, difference)
     assert replay is not None
     assert torch.equal(replay.answer(SIGMAS[2]), history["p_2"].float() + 0.5)
+
+
+def test_a_donor_of_another_schedule_is_resumed_without_its_history(tmp_path):
+    """Its predictions were made at other sigmas: where the schedules part before the resume, nothing is replayed
+    (the sampler restarts at the resume state); where they coincide up to it, the history is replayed."""
+    store = ReuseStore(str(tmp_path / "store"))
+    history = _predictions(6)
+    parted = [1.0, 0.95, *SIGMAS[2:]]
+    assert replay_for(store, _target(store, history, donor_sigmas=parted), START, SIGMAS, None) is None
+    longer = [*SIGMAS[:5], 0.55, 0.3, 0.0]
+    assert replay_for(store, _target(store, history, donor_sigmas=longer), START, SIGMAS, None) is not None

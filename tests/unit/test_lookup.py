@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
 
 from carnator_core.lookup.compatible import LookupRequest, find_compatible
 from carnator_core.lookup.embeddings import condition_vector, text_embedder
+from carnator_core.lookup.noise_process import NOISE_PROCESS, OTHER_PROCESS, NoiseProcess
 from carnator_core.lookup.shortlist import ShortlistIndex
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.reuse_store import IndexEntry, IndexVectors, ReuseStore
@@ -80,14 +82,40 @@ def test_hard_compatibility_filters_and_explains(thousand_prompt_store):
     cond = condition_vector(token_conditioning(["a surfer circling a desert canyon"])[0])
     for key, reason in [(HardKey("model-b", KEY.grid, KEY.schedule), "other model"),
                         (HardKey(KEY.model, (9, 8, 8), KEY.schedule), "other token grid"),
-                        (HardKey(KEY.model, KEY.grid, KEY.schedule, frame_rate=24.0), "other frame rate"),
-                        (HardKey(KEY.model, KEY.grid, "schedule-b"), "other sigma schedule")]:
+                        (HardKey(KEY.model, KEY.grid, KEY.schedule, frame_rate=24.0), "other frame rate")]:
         match = find_compatible(store, LookupRequest(hard_key=key, cond_vector=cond), top_k=3, min_similarity=0.0)
         assert match.candidates == []
         assert match.filtered == {reason: 1000}
         assert f"filtered: 1000 with {reason}" in match.report()
-    wildcard = HardKey(KEY.model, KEY.grid, "")  # schedule not known yet at lookup time
-    assert find_compatible(store, LookupRequest(hard_key=wildcard, cond_vector=cond), 3, 0.0).candidates
+    for schedule in ("", "schedule-b"):  # not known yet at lookup time, or another: the planner places its states
+        other = HardKey(KEY.model, KEY.grid, schedule)
+        assert find_compatible(store, LookupRequest(hard_key=other, cond_vector=cond), 3, 0.0).candidates
+
+
+def _flow(multiplier: float = 1000.0) -> NoiseProcess:
+    return NoiseProcess(kind="ModelSamplingDiscreteFlow+CONST", timestep_of=lambda sigmas: [s * multiplier
+                                                                                             for s in sigmas])
+
+
+def test_a_donor_of_another_noise_process_is_filtered_and_named(tmp_path):
+    """Donors that recorded their noise process are candidates of any schedule of the same process only: another
+    sampling kind, or another σ-to-timestep mapping checked on the donor's own sigmas, is filtered with its reason."""
+    store = ReuseStore(str(tmp_path / "store"))
+    prompt = "a paper boat drifting over a rainy train platform"
+    cond = condition_vector(token_conditioning([prompt])[0])
+    for steps in (8, 24):
+        sigmas = [1.0 - step / steps for step in range(steps + 1)]
+        meta = EntryMeta(entry_id=EntryMeta.new_id(), hard_key=HardKey(KEY.model, KEY.grid, f"schedule-{steps}"),
+                         prompt=prompt, total_steps=steps, extra={NOISE_PROCESS: _flow().record(sigmas)})
+        store.put(meta, {}, IndexVectors(text=None, cond=cond))
+    same = LookupRequest(hard_key=HardKey(KEY.model, KEY.grid, "schedule-30"), cond_vector=cond,
+                         noise_process=_flow())
+    assert len(find_compatible(store, same, 3, 0.0).candidates) == 2
+    eps = NoiseProcess(kind="ModelSamplingDiscrete+EPS", timestep_of=lambda sigmas: [999.0 for _ in sigmas])
+    for process in (eps, _flow(multiplier=999.0)):
+        match = find_compatible(store, replace(same, noise_process=process), 3, 0.0)
+        assert match.candidates == [] and match.filtered == {OTHER_PROCESS: 2}
+        assert f"filtered: 2 with {OTHER_PROCESS}" in match.report()
 
 
 def test_min_similarity_drops_weak_candidates(thousand_prompt_store):
