@@ -265,13 +265,9 @@ def _resumable_checkpoints(meta: EntryMeta, facts: RequestFacts,
     step where the schedules are one), within the mode's depth of the request's schedule and evaluated by the model
     (not a step cache's extrapolation); with the reason when there is none."""
     recorded = [c for c in meta.checkpoints if c.step > 0]
-    if facts.crossing_process is None or not facts.sigmas:
-        entering = [(c, c.step, c.sigma) for c in recorded]
-    else:
-        points = ((c, resume_point(facts.sigmas, c.sigma)) for c in recorded)
-        entering = [(c, point.step, point.sigma) for c, point in points if point is not None]
-        if recorded and not entering:
-            return [], "the schedule does not reach the donor's states"
+    entering = [(c, *point) for c in recorded if (point := _entry_point(facts, c)) is not None]
+    if recorded and not entering:
+        return [], "the schedule does not reach the donor's states"
     within = [(c, step, sigma) for c, step, sigma in entering if 0 < step <= max_step]
     evaluated = [item for item in within if item[0].evaluated]
     if evaluated:
@@ -279,6 +275,15 @@ def _resumable_checkpoints(meta: EntryMeta, facts: RequestFacts,
     if not within:
         return [], "no checkpoint within the mode's depth"
     return [], "its checkpoints hold a step cache's extrapolation, not the model's"
+
+
+def _entry_point(facts: RequestFacts, checkpoint: CheckpointRecord) -> tuple[int, float] | None:
+    """The request step a donor checkpoint enters at and the sigma it resumes at: the donor's own where the request
+    may not cross schedules (only the identical schedule got this far), else where `resume_point` places it."""
+    if facts.crossing_process is None:
+        return checkpoint.step, checkpoint.sigma
+    point = resume_point(facts.sigmas, checkpoint.sigma)
+    return None if point is None else (point.step, point.sigma)
 
 
 def _deepest_of_each_donor(offers: Iterable[Offer]) -> list[Offer]:
@@ -369,15 +374,18 @@ def _lineage(store: ReuseStore, meta: EntryMeta, step: int) -> Iterator[tuple[En
 
 
 def _anchor_for(reads: _Reads, meta: EntryMeta, step: int, candidate: Candidate) -> ProbeTarget | None:
-    """The donor's shallowest evaluated checkpoint before `step` (not step 0, which holds no state), up its
-    lineage: where a deep pass is confirmed while the prompt still decides layout and motion."""
+    """The donor's shallowest evaluated checkpoint before `step` (not step 0, which holds no state) that enters the
+    request's schedule, up its lineage: where a deep pass is confirmed while the prompt still decides layout and
+    motion (a resume may start there too, so it is placed in the request's schedule as the donor's states are)."""
     for owner, before in _lineage(reads.store, meta, step):
-        early = [c for c in owner.checkpoints if 0 < c.step < before and c.evaluated]
+        early = [(c, point) for c in owner.checkpoints if 0 < c.step < before and c.evaluated
+                 and (point := _entry_point(reads.facts, c)) is not None]
         if early:
-            first = min(early, key=lambda c: c.step)
+            first, (entry_step, sigma) = min(early, key=lambda item: item[0].step)
             tensors = _checkpoints_of(reads, owner)
-            return None if tensors is None else _checkpoint_target(
-                tensors, first.step, first.sigma, candidate, owner, reads.facts.latent_shape)
+            anchor = None if tensors is None else _checkpoint_target(
+                tensors, first.step, sigma, candidate, owner, reads.facts.latent_shape)
+            return None if anchor is None else replace(anchor, step=entry_step)
     return None
 
 

@@ -192,3 +192,20 @@ def test_a_stage_output_sampled_with_fresh_noise_is_not_a_continuation(comfy, ti
     output, calls, (first, second) = _run(comfy, graph)
     assert not second["hit"] and INPUT_NOTE in second["notes"] and second["stage"] == {}, json.dumps(second)
     assert torch.equal(output, plain) and calls == plain_calls
+
+
+def test_a_repeat_at_another_step_count_resumes_its_high_noise_stage_by_sigma(comfy, tiny_models, wan_low_noise,
+                                                                              store_path):
+    """A 30-step donor (boundary 15) serves the same prompt at 20 steps (boundary 10): the first expert resumes from
+    the donor's state where its own schedule reaches it, and the second expert samples its own steps."""
+    _run(comfy, _with_reuse(_graph(tiny_models, wan_low_noise, 30, 15), store_path))
+    graph = _graph(tiny_models, wan_low_noise, 20, 10)
+    plain, plain_calls, _ = _run(comfy, graph)
+    repeat, calls, (first, second) = _run(comfy, _with_reuse(graph, store_path))
+    assert first["verdict"] in ("resumed", "stage skipped"), json.dumps(first)
+    assert first["resumed_at"].get("donor_steps") in (15, None) and first["skipped_steps"] > 0
+    assert calls["high_noise"] < plain_calls["high_noise"] and calls["low_noise"] <= plain_calls["low_noise"]
+    print(f"\n30-step donor -> 20-step repeat, two experts: {first['verdict']} at step {first['skipped_steps']}/10 of "
+          f"the first expert; calls {calls} (plain {plain_calls}); "
+          f"relative distance to plain {float((repeat - plain).norm() / plain.norm()):.4f}")
+    assert float((repeat - plain).norm() / plain.norm()) < 0.05
