@@ -1,7 +1,8 @@
 """Workload benchmark: a prompt stream through a real headless ComfyUI, every configuration side by side.
 
-    python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial,edit-loop}
+    python -m carnator_core.bench workload --stream {near-dup,unrelated,mixed,adversarial,edit-loop,draft-final}
         [--prompts FILE] [--graph single|two-expert] [--n 6] [--seed fixed|random] [--steps 30] [--cfg 1.0]
+        [--draft-steps 8]
         [--weights FILE] [--threads 1] [--attention-heavy] [--shared-store] [--json] [--out DIR] [--record NAME]
 
 Configurations (each with its own store directory, all in one server so they share the loaded model):
@@ -49,6 +50,10 @@ which runs it after the others: every mode meets the same donors, recorded by re
 its own prompt's; the nesting check (`nesting`) then
 compares the modes on the same store: per prompt, steps skipped beside model calls.
 
+`--stream draft-final` drafts every prompt at `--draft-steps` and renders the final at `--steps` where the demo
+oracle finds the draft adherent, in balanced and fast (`--configs`), each final resuming from its draft
+(`carnator_core.bench.draft_final`); a generated stream is the unrelated one (a new scene per prompt).
+
 `--attention-heavy` adds a timing-only configuration: a random-weight Wan 2.1 model on >= 4k video tokens,
 where attention dominates a step as in full-size models, plain versus CarnatorSparseAttention with own masks.
 """
@@ -67,6 +72,13 @@ from pathlib import Path
 import numpy as np
 
 from carnator_core.bench import stages
+from carnator_core.bench.draft_final import (
+    DRAFT_FINAL,
+    MODES,
+    draft_final_markdown,
+    run_draft_final,
+    summarise_draft_final,
+)
 from carnator_core.bench.random_wan import write_random_wan
 from carnator_core.bench.stages import STAGED_GRAPHS
 from carnator_core.bench.streams import KINDED_STREAMS, STREAMS, edit_kinds, make_stream
@@ -113,7 +125,7 @@ def main(argv: list[str]) -> int:
         return stages.main(argv)
     parser = argparse.ArgumentParser(prog="python -m carnator_core.bench workload",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stream", choices=STREAMS, default="near-dup")
+    parser.add_argument("--stream", choices=(*STREAMS, DRAFT_FINAL), default="near-dup")
     parser.add_argument("--graph", choices=("single", "two-expert", *STAGED_GRAPHS), default="single",
                         help="single: one model and KSampler (every configuration); two-expert: the Wan 2.2 14B "
                              "template's shape, the demo model as both experts in two KSamplerAdvanced with the "
@@ -128,6 +140,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=30,
                         help="sampling steps (plain also runs at 1/2, 1/3 and 1/4 of them: the plain-<n> rows)")
     parser.add_argument("--cfg", type=float, default=1.0)
+    parser.add_argument("--draft-steps", type=int, default=8,
+                        help="draft-final stream: the drafts' steps (the finals run --steps)")
     parser.add_argument("--weights", help="demo model .safetensors (default: $CARNATOR_DEMO_WEIGHTS, else shipped)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the benchmark's ComfyUI server (0: torch's default, every core)")
@@ -151,14 +165,20 @@ def main(argv: list[str]) -> int:
             raise DemoSetupError("--steps must be at least 2")
         if args.threads < 0:
             raise DemoSetupError("--threads must be 0 (every core) or more")
-        prompts = read_prompt_file(args.prompts) if args.prompts else make_stream(args.stream, args.n)
+        if not 1 <= args.draft_steps < args.steps:
+            raise DemoSetupError("--draft-steps must be at least 1 and fewer than --steps")
+        drafting = args.stream == DRAFT_FINAL
+        prompts = read_prompt_file(args.prompts) if args.prompts else \
+            make_stream("unrelated" if drafting else args.stream, args.n)
         weights = demo_weights(args.weights)
         recording = Recording(args.record, "carnator_core.bench workload", argv)
-        result, settings, details = _run(args, prompts, weights, say)
+        result, settings, details = (_run_draft_final if drafting else _run)(args, prompts, weights, say)
         comfyui = comfyui_version(find_comfyui())
     except (DemoSetupError, ComfyNotFound, ComfyError, OSError, ValueError) as error:
         print(f"carnator workload benchmark: {error}", file=sys.stderr)
         return 1
+    if drafting:
+        return _draft_final_outputs(args, recording, result, settings, details, comfyui)
     paths = write_outputs(args.out, result, settings, details)
     stored = recording.store({**result, "settings": settings, "per_prompt": details}, comfyui=comfyui,
                              torch_threads=args.threads)
@@ -168,6 +188,47 @@ def main(argv: list[str]) -> int:
     else:
         print(markdown(result, settings))
         print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _run_draft_final(args: argparse.Namespace, prompts: list[str], weights: Path,
+                     say: Callable[[str], None]) -> tuple[dict, dict, list]:
+    """The draft-final stream on one server: per prompt the plain full render, the drafts and the finals."""
+    modes = MODES if args.configs is None else tuple(mode for mode in MODES if mode in args.configs)
+    if args.configs is not None and set(args.configs) - {"plain", *MODES}:
+        raise ValueError(f"--configs: the draft-final stream runs {', '.join(MODES)}")
+    seeds = [42] * len(prompts) if args.seed == "fixed" else \
+        [int(s) for s in np.random.default_rng(0).integers(0, 2**31, len(prompts))]
+    base_dir = Path(tempfile.mkdtemp(prefix="carnator-bench-"))
+    say(f"starting ComfyUI headless (base directory {base_dir}) ...")
+    try:
+        threads = {"OMP_NUM_THREADS": str(args.threads)} if args.threads > 0 else None
+        with demo_server(base_dir, weights, extra_args=DENSE_ATTENTION, env=threads) as (client, unet):
+            rows = run_draft_final(Bench(client, base_dir), unet, prompts, seeds, args.steps, args.draft_steps,
+                                   args.cfg, modes, say)
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+    stream = f"file:{Path(args.prompts).name}" if args.prompts else DRAFT_FINAL
+    settings = {"graph": "single", "steps": args.steps, "draft_steps": args.draft_steps, "seed": args.seed,
+                "seeds": seeds, "cfg": args.cfg, "weights": str(weights), "machine": machine(),
+                "comfyui_args": list(DENSE_ATTENTION), "server_threads": args.threads}
+    result = {"stream": f"{stream} ({DRAFT_FINAL})", "prompts": prompts,
+              "draft_final": summarise_draft_final(rows, modes, args.steps)}
+    return result, settings, rows
+
+
+def _draft_final_outputs(args: argparse.Namespace, recording: Recording, result: dict, settings: dict,
+                         rows: list, comfyui: str) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "workload_draft_final.json"
+    path.write_text(json.dumps({**result, "settings": settings, "per_prompt": rows}, indent=1))
+    stored = recording.store({**result, "settings": settings, "per_prompt": rows}, comfyui=comfyui,
+                             torch_threads=args.threads)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(draft_final_markdown(result["draft_final"], settings))
+        print("wrote " + ", ".join(str(p) for p in [path] + ([stored] if stored is not None else [])))
     return 0
 
 

@@ -1,8 +1,8 @@
 """Few-step sampling (distilled models, 4-step LoRAs) on the tiny Wan model in real ComfyUI.
 
-A 4-step run records every step, so a repeat resumes half-way (balanced) or at step 3 (fast); a donor
-serves only requests with its own schedule and its own model patches: a 4-step donor never serves a
-30-step request or the other way round, and a LoRA's presence and strength are part of the model.
+A 4-step run records every step, so a repeat resumes half-way (balanced) or at step 3 (fast); a donor serves
+requests of any step count of its own noise process (a 4-step draft its 30-step render, and the other way round) but
+none of another process, and a LoRA's presence and strength are part of the model.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from support.reuse_graphs import with_reuse
 from support.t2v_graphs import MODEL, SAMPLER, wan_t2v
 
+from carnator_core.lookup.noise_process import OTHER_PROCESS
 from carnator_core.reuse.recording import entry_writer
 
 _stores = itertools.count()
@@ -58,19 +59,26 @@ def test_four_step_repeat_resumes_from_a_checkpoint_of_every_step(comfy, tiny_mo
     assert float((second - first).norm() / first.norm()) < 2e-3  # fp16 checkpoints
 
 
-def test_a_donor_serves_only_its_own_schedule(comfy, tiny_models, store_path):
+def test_a_donor_serves_other_step_counts_of_its_noise_process_only(comfy, tiny_models, store_path):
+    """A 4-step donor serves the 30-step render of its prompt by sigma, and a 30-step donor the 4-step one; a model
+    sampled as another noise process (ModelSamplingDiscrete's eps on the same weights) is never served, and the
+    lookup names why."""
     _report(comfy, _graph(tiny_models, 4), store_path)
     _, long_run = _report(comfy, _graph(tiny_models, 30), store_path)
-    assert long_run["hit"] is False and long_run["filtered"] == {"other sigma schedule": 1}, json.dumps(long_run)
-    assert long_run["model_calls"] == 30
-    _, short_run = _report(comfy, _graph(tiny_models, 4), store_path)
-    assert short_run["hit"], json.dumps(short_run)
+    assert long_run["hit"] and long_run["resumed_at"]["donor_steps"] == 4, json.dumps(long_run)
+    assert long_run["model_calls"] < 30 and long_run["skipped_steps"] >= 10
     other_store = store_path + "-long-first"
     _report(comfy, _graph(tiny_models, 30), other_store)
     _, short_after_long = _report(comfy, _graph(tiny_models, 4), other_store)
-    assert short_after_long["hit"] is False and short_after_long["filtered"] == {"other sigma schedule": 1}, \
+    assert short_after_long["hit"] and short_after_long["resumed_at"]["donor_steps"] == 30, \
         json.dumps(short_after_long)
-    assert short_after_long["model_calls"] == 4
+    assert short_after_long["model_calls"] < 4
+    eps = _graph(tiny_models, 30)
+    eps["model_sampling"] = {"class_type": "ModelSamplingDiscrete",
+                             "inputs": {"model": [MODEL, 0], "sampling": "eps", "zsnr": False}}
+    _, other_process = _report(comfy, eps, other_store)
+    assert other_process["hit"] is False and other_process["model_calls"] == 30
+    assert other_process["filtered"] == {OTHER_PROCESS: 2}, json.dumps(other_process)
 
 
 def test_a_lora_and_its_strength_are_part_of_the_model(comfy, tiny_models, store_path, wan_lora):
