@@ -102,7 +102,17 @@ from carnator_core.bench.workload_stream import (
     run_two_expert_stream,
     score_samples,
 )
-from carnator_core.bench.workload_weighing import curve_table, nesting, per_kind, plain_steps_curve, summarise, targets
+from carnator_core.bench.workload_weighing import (
+    KNEE_MODES,
+    curve_table,
+    knee_steps,
+    nesting,
+    per_kind,
+    plain_steps_curve,
+    recommended,
+    summarise,
+    targets,
+)
 from carnator_core.client import ComfyError
 from carnator_core.comfyui_location import ComfyNotFound, find_comfyui
 from carnator_core.demo import graphs, world
@@ -232,6 +242,29 @@ def _draft_final_outputs(args: argparse.Namespace, recording: Recording, result:
     return 0
 
 
+def _modes_at_knee(args: argparse.Namespace, bench: Bench, unet: str, prompts: list[str], seeds: list[int],
+                   seed_policy: str, samples: dict[str, list[Sample]], curve: dict[str, list[Sample]],
+                   configs: tuple[str, ...], say: Callable[[str], None]) -> dict[str, list[Sample]]:
+    """Balanced and fast (those among `configs`) run again at the knee of the plain-steps curve (the fewest plain
+    steps as good as full plain, `judging.recommendation`), in stores of their own, scored against full plain: at
+    most two more mode runs per prompt. Empty where the knee is the full steps."""
+    count = knee_steps(samples, curve, args.steps)
+    modes = tuple(mode for mode in KNEE_MODES if mode in configs)
+    if count >= args.steps or not modes:
+        return {}
+    say(f"knee of the plain-steps curve: plain at {count} steps is as good as plain at {args.steps}; "
+        f"{', '.join(modes)} at {count} steps on every prompt")
+    if args.graph == "two-expert":
+        runs = run_two_expert_stream(bench, unet, prompts, seeds, count, args.cfg, seed_policy, say, [], modes,
+                                     store_prefix="knee")
+    else:
+        runs = run_stream(bench, unet, prompts, seeds, count, args.cfg, seed_policy, say, [], modes,
+                          store_prefix="knee")[0]
+    at_knee = {f"{mode}@{count}": runs[mode] for mode in modes}
+    score_samples(prompts, {"plain": samples["plain"], **at_knee})
+    return at_knee
+
+
 def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
          say: Callable[[str], None]) -> tuple[dict, dict, list]:
     seeds = [42] * len(prompts) if args.seed == "fixed" else \
@@ -279,6 +312,7 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
             score_samples(prompts, samples)
             curve: dict[str, list[Sample]] = {}
             plain_steps_curve(samples, curve, args.steps, plain_at, prompts, say)
+            at_knee = _modes_at_knee(args, bench, unet, prompts, seeds, seed_policy, samples, curve, configs, say)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:
         if (base_dir / "comfyui.log").exists():
@@ -289,7 +323,8 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
     if args.graph == "two-expert":
         stream += " (two-expert)"
     result = {"stream": stream, "prompts": prompts, "configs": summarise(samples, store_bytes, args.steps, curve),
-              "plain_steps_curve": curve_table(samples, curve, args.steps), "nesting": nesting(prompts, samples)}
+              "plain_steps_curve": curve_table(samples, curve, args.steps), "nesting": nesting(prompts, samples),
+              **recommended(samples, curve, at_knee, args.steps)}
     if args.stream in KINDED_STREAMS and not args.prompts:
         result["per_kind"] = per_kind(edit_kinds(args.stream, len(prompts)), samples)
     if not args.prompts:

@@ -65,6 +65,13 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
             f"{row['steps']}{'*' if row['bisected'] else ''} steps {row['model_calls']:.1f} calls, "
             f"{row['psnr']:.1f} dB, detail {row['detail']:.3f}, adherence {_shown(row['adherence'], '{:.3f}')}"
             for row in curve)]
+    if result.get("recommended"):
+        knee = result.get("knee") or {}
+        at_knee = "; ".join(f"{name} {row['model_calls']:.1f} calls, {_shown(row['psnr'], '{:.1f}')} dB, detail "
+                            f"{row['detail']:.3f}" for name, row in (knee.get("modes") or {}).items())
+        lines += ["", f"Knee of the plain-steps curve (fewest plain steps as good as full plain): {knee.get('steps')} "
+                      f"steps{'; ' + at_knee if at_knee else ''}.", "",
+                  f"**Recommended: {result['recommended']['words']}.**"]
     if result.get("per_kind"):
         kinds = list(next(iter(result["per_kind"].values())))
         lines += ["", "Resumed per kind of edit (resumed/requests, skipped steps each, PSNR of the resumed clips):", "",

@@ -197,10 +197,11 @@ def _recorder_last(names: tuple[str, ...], recorder: str | None) -> tuple[str, .
 
 def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
                seed_policy: str, progress: Callable[[str], None], fewer: list[str],
-               configs: tuple[str, ...] = CONFIGS,
-               shared_store: bool = False) -> tuple[dict[str, list[Sample]], dict[str, float], str]:
+               configs: tuple[str, ...] = CONFIGS, shared_store: bool = False,
+               store_prefix: str = "stores") -> tuple[dict[str, list[Sample]], dict[str, float], str]:
     """Every configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) on every prompt;
-    with `shared_store` the reuse modes of `SHARED_MODES` share one store (`_recorder`)."""
+    with `shared_store` the reuse modes of `SHARED_MODES` share one store (`_recorder`); the stores lie under
+    `store_prefix` (another prefix: stores of their own, as the modes at the knee have)."""
     names = _with_fewer_steps(configs, fewer)
     shared = [name for name in names if shared_store and name in SHARED_MODES]
     donor = donor_prompt_for(prompts)
@@ -226,36 +227,39 @@ def run_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], st
         base = graphs.base_graph(unet, prompt, seed=seed, steps=steps, cfg=cfg)
         for name in _recorder_last(_rotated(names, i), _recorder(shared, i)):
             records = name not in shared or name == _recorder(shared, i)
-            graph = config_graph(name, base, prompt, donor, seed_policy=seed_policy, shared=name in shared,
-                                 records=records)
-            store = store_dir(SHARED_STORE if name in shared else name) if name in RECORDING and records else None
+            graph = config_graph(name, base, prompt, donor, store_prefix, seed_policy=seed_policy,
+                                 shared=name in shared, records=records)
+            store = store_dir(SHARED_STORE if name in shared else name, store_prefix) \
+                if name in RECORDING and records else None
             samples[name].append(bench.sample_recorded(name, graph, fewer_steps_count(name) or steps, store=store,
                                                        entries=i + 1))
         times = ", ".join(f"{n} {samples[n][-1].seconds:.1f}s" for n in names)
         progress(f"[{i + 1}/{len(prompts)}] {prompt!r}: {times}")
     store_bytes = {}
     for name in RECORDING & set(names):
-        totals = bench.wait_for_entries(store_dir(SHARED_STORE if name in shared else name), len(prompts))
+        totals = bench.wait_for_entries(store_dir(SHARED_STORE if name in shared else name, store_prefix),
+                                        len(prompts))
         store_bytes[name] = totals["bytes"] / max(1, totals["entries"])
     return samples, store_bytes, donor
 
 
 def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: list[int], steps: int, cfg: float,
                           seed_policy: str, progress: Callable[[str], None], fewer: list[str],
-                          configs: tuple[str, ...] = TWO_EXPERT_CONFIGS,
-                          shared_store: bool = False) -> dict[str, list[Sample]]:
+                          configs: tuple[str, ...] = TWO_EXPERT_CONFIGS, shared_store: bool = False,
+                          store_prefix: str = "stores") -> dict[str, list[Sample]]:
     """The stream on the two-expert graph (the demo model as both experts, the boundary half-way), every
     configuration of `configs` (with the plain-at-fewer-steps ones in `fewer` after plain) per prompt in rotated
-    order, as `run_stream` does, `shared_store` included."""
+    order, as `run_stream` does, `shared_store` and `store_prefix` included."""
     names = _with_fewer_steps(configs, fewer)
 
     recording = [name for name in configs if name != "plain"]
     shared = [name for name in recording if shared_store and name in SHARED_MODES]
 
-    def store_of(name: str, prefix: str = "stores") -> str:
-        return store_dir(f"two-expert-{SHARED_STORE if name in shared and prefix == 'stores' else name}", prefix)
+    def store_of(name: str, prefix: str = store_prefix) -> str:
+        return store_dir(f"two-expert-{SHARED_STORE if name in shared and prefix == store_prefix else name}", prefix)
 
-    def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = "stores", records: bool = True) -> dict:
+    def graph(name: str, prompt: str, seed: int, run_steps: int, prefix: str = store_prefix,
+              records: bool = True) -> dict:
         base = graphs.two_expert_graph(unet, prompt, seed=seed, steps=run_steps, boundary=expert_boundary(run_steps),
                                        cfg=cfg)
         if name not in recording:
@@ -283,7 +287,10 @@ def run_two_expert_stream(bench: Bench, unet: str, prompts: list[str], seeds: li
 
 
 def _with_fewer_steps(configs: tuple[str, ...], fewer: list[str]) -> tuple[str, ...]:
-    """`configs` with the plain-at-fewer-steps configurations right after plain, where a table reads them with it."""
+    """`configs` with the plain-at-fewer-steps configurations right after plain, where a table reads them with it
+    (`configs` without plain: the reuse modes alone, at the knee of the plain-steps curve)."""
+    if "plain" not in configs:
+        return configs
     return ("plain", *fewer, *(name for name in configs if name != "plain"))
 
 

@@ -12,6 +12,7 @@ from carnator_core.bench.workload_stream import Sample, mean, median, score_samp
 from carnator_core.judging.fewer_steps import fewer_steps_count, step_count
 from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.judging.quality import psnr_from_mse
+from carnator_core.judging.recommendation import knee, recommend
 from carnator_core.judging.yardstick import FULL, RequestOutcome, curve_row, equal_quality, falls_short
 
 FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_density", "psnr", "ssim", "detail",
@@ -33,6 +34,7 @@ STREAM_TARGETS: dict[str, dict[str, dict[str, float]]] = {
     "adversarial": {mode: {"adherence_gap": 0.0} for mode in ("safe", "balanced", "fast")},
     "unrelated": {mode: {"extra_calls": 1.0, "time_speedup": 0.97} for mode in ("safe", "balanced", "fast")},
 }
+KNEE_MODES = ("balanced", "fast")  # the modes weighed again at the knee of the plain-steps curve
 AT_LEAST = frozenset({"calls_speedup", "time_speedup"})  # the measures a target bounds from below, the others above
 
 
@@ -209,3 +211,32 @@ def per_kind(kinds: list[str], samples: dict[str, list[Sample]]) -> dict[str, di
                                  "psnr": _psnr(of_kind),
                                  "resumed_psnr": _psnr([s for s in of_kind if s.verdict.skips_steps])}
     return table
+
+
+def _lowered(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]]) -> dict[int, list[RequestOutcome]]:
+    """Every plain run at fewer steps (fixed rows and the curve's), as outcomes by step count."""
+    return {fewer_steps_count(name): [_outcome(s) for s in runs] for name, runs in {**samples, **curve}.items()
+            if fewer_steps_count(name) is not None}
+
+
+def knee_steps(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]], steps: int) -> int:
+    """The fewest measured plain steps as good as full plain (`judging.recommendation.knee`)."""
+    return knee([_outcome(s) for s in samples["plain"]], _lowered(samples, curve), steps)
+
+
+def recommended(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]], at_knee: dict[str, list[Sample]],
+                steps: int) -> dict[str, Any]:
+    """The knee, the modes weighed there, and the configuration to run (`judging.recommendation.recommend`) among
+    plain at every measured count and the reuse modes at the workflow's steps and at the knee."""
+    full = [_outcome(s) for s in samples["plain"]]
+    modes = {(steps, mode): [_outcome(s) for s in samples[mode]] for mode in KNEE_MODES if mode in samples}
+    for name, runs in at_knee.items():
+        mode, count = name.split("@")
+        modes[int(count), mode] = [_outcome(s) for s in runs]
+    count = knee_steps(samples, curve, steps)
+    knee_rows = {name: {"model_calls": round(_mean_calls(runs), 2), "psnr": _psnr(runs),
+                        "detail": round(mean([s.quality["detail"] for s in runs]), 4),
+                        "adherence": _round(_adherence(runs), 3), "hit_rate": round(sum(s.hit for s in runs) / len(runs), 3)}
+                 for name, runs in at_knee.items()}
+    return {"knee": {"steps": count, "modes": knee_rows},
+            "recommended": recommend(full, _lowered(samples, curve), modes, steps).as_dict()}
