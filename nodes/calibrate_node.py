@@ -106,9 +106,11 @@ class CarnatorCalibrate(io.ComfyNode):
                 io.String.Input("prompts", multiline=True, default="", optional=True,
                                 tooltip="Your own stream, one prompt per line in the order you queue them, to weigh "
                                         "reuse on: each sampled plain, then in balanced and in fast as the engine "
-                                        "runs them, then plain at bisected step counts (at most four plain runs per "
-                                        "prompt). The verdict per mode reads 'saves 1.30x (1.10-1.50x)', 'lower the "
-                                        "steps instead' or 'not settled', with its 90 % interval. With pairs empty, "
+                                        "runs them, then plain at bisected step counts (at most five plain runs per "
+                                        "prompt), then both modes again at the knee (the fewest plain steps as good "
+                                        "as full plain). The verdict per mode reads 'saves 1.30x (1.10-1.50x)', "
+                                        "'lower the steps instead' or 'not settled', with its 90 % interval, and "
+                                        "the last line the steps and mode to run. With pairs empty, "
                                         "the stream alone: no thresholds are fitted. Empty: the pairs (each weighed "
                                         "as a two-prompt stream) or the store's history give the verdict."),
             ],

@@ -19,7 +19,7 @@ Every other configuration's `equal_quality_speedup`, but for the step caches (Ea
 detail measure would count as detail, weighs it by the one yardstick the calibration also uses
 (`judging.yardstick`: as adherent, as close to plain by PSNR, as detailed) against the cheapest plain run as good: of
 those fewer-steps runs and of the plain-steps curve, plain sampled after the stream at the step counts that bracket
-each configuration's quality (`judging.plain_steps_curve`, at most three more counts), else full plain. It gives that
+each configuration's quality and the knee (`judging.plain_steps_curve`, at most four more counts), else full plain. It gives that
 run's mean model calls over the configuration's with a 90 % bootstrap interval over the requests, the words ("saves
 1.61x (...)", "lower the steps instead", "not settled"), the steps plain needs and the measure that decided; and the
 median time ratio where that run is one of the interleaved rows (the curve's runs are not timed against the stream).

@@ -12,7 +12,7 @@ from carnator_core.bench.workload_stream import Sample, mean, median, score_samp
 from carnator_core.judging.fewer_steps import fewer_steps_count, step_count
 from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.judging.quality import psnr_from_mse
-from carnator_core.judging.recommendation import knee, recommend
+from carnator_core.judging.recommendation import as_good_as_full, knee, recommend
 from carnator_core.judging.yardstick import FULL, RequestOutcome, curve_row, equal_quality, falls_short
 
 FIELDS = ("speedup", "model_calls", "hit_rate", "masks_only_rate", "attention_density", "psnr", "ssim", "detail",
@@ -80,7 +80,7 @@ def _outcome(sample: Sample) -> RequestOutcome:
 def plain_steps_curve(samples: dict[str, list[Sample]], curve: dict[str, list[Sample]], steps: int,
                       sample_at: Callable[[int, int], Sample], prompts: list[str],
                       progress: Callable[[str], None]) -> None:
-    """Plain at the step counts that bracket each weighed configuration's quality (`judging.plain_steps_curve`),
+    """Plain at the step counts that bracket each weighed configuration's quality and the knee (`judging.plain_steps_curve`),
     sampled on every prompt (`sample_at(prompt index, steps)`) and scored into `curve` by name, beside the fixed
     fewer-steps runs already in `samples`."""
     weighed = {name: runs for name, runs in samples.items()
@@ -94,8 +94,11 @@ def plain_steps_curve(samples: dict[str, list[Sample]], curve: dict[str, list[Sa
         return lambda n: falls_short([_outcome(s) for s in lowered()[n]], [_outcome(s) for s in runs],
                                      [_outcome(s) for s in samples["plain"]]) is None
 
+    def knee_judge(n: int) -> bool:  # the knee's bracket: plain at n as good as full plain
+        return as_good_as_full([_outcome(s) for s in lowered()[n]], [_outcome(s) for s in samples["plain"]])
+
     for _ in range(MAX_LOWERED_COUNTS):
-        count = next_count(steps, lowered(), [judge(runs) for runs in weighed.values()])
+        count = next_count(steps, lowered(), [judge(runs) for runs in weighed.values()] + [knee_judge])
         if count is None:
             return
         progress(f"plain-steps curve: plain at {step_count(count)} on every prompt")

@@ -10,8 +10,10 @@ engine resumes at the deepest checkpoint its probes pass: it costs that forced r
 that resume's. A request the rule resumes nowhere costs the plain run's calls and one probe call (a miss costs at most
 one) and its clip is the plain one.
 
-A stream calibration (`calibration.stream`) weighs the modes as the engine runs them instead; this is what a
-calibration on pairs alone can tell.
+The recommendation (`judging.recommendation`) is the cheapest of plain at each measured count and the modes at the
+workflow's steps that is as good as full plain, over the same two-prompt streams. A stream calibration
+(`calibration.stream`) weighs the modes as the engine runs them instead, at the knee too; this is what a calibration
+on pairs alone can tell.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from carnator_core.calibration.session import Measured, PlainRun
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality import mse_from_psnr
+from carnator_core.judging.recommendation import Recommendation, recommend
 from carnator_core.judging.yardstick import RequestOutcome, StreamQuality, equal_quality
 from carnator_core.reuse.settings import RESUME_LIMITS
 
@@ -30,26 +33,27 @@ MISS_PROBE_CALLS = 1  # what a request that resumes nowhere spends beyond the pl
 
 
 def weigh(measured: list[Measured], plain_runs: list[PlainRun], thresholds: ProbeThresholds,
-          steps: int) -> tuple[dict[str, FewerStepsRun], dict[str, ModeVerdict]]:
-    """The fewer-steps runs by name and the verdict per weighed mode, on the pairs with every plain run measured;
-    both empty where there is no such pair."""
+          steps: int) -> tuple[dict[str, FewerStepsRun], dict[str, ModeVerdict], Recommendation | None]:
+    """The fewer-steps runs by name, the verdict per weighed mode and the recommendation, on the pairs with every
+    plain run measured; empty (and None) where there is no such pair."""
     counts = sorted({r.steps for r in plain_runs if r.steps != steps}, reverse=True)
     by_pair = {(r.pair, r.steps): r for r in plain_runs}
     complete = sorted({r.pair for r in plain_runs if all((r.pair, n) in by_pair for n in (steps, *counts))})
     kept_back = [pair for pair in complete if held_back(pair)]
     pairs = kept_back or complete
     if not pairs or not counts:
-        return {}, {}
+        return {}, {}, None
     donors = [RequestOutcome(model_calls=by_pair[p, steps].model_calls, mse=0.0, detail=1.0) for p in pairs]
     plain = [*donors, *donors]
     # at fewer steps the earlier prompt is taken to lose what the new one does: both at the new prompt's run
     lowered = {n: [_outcome(by_pair[p, n]) for p in pairs] * 2 for n in counts}
     fewer = {f"plain-{n}": fewer_steps_run(n, lowered[n], [by_pair[p, n].ssim for p in pairs]) for n in counts}
-    verdicts = {}
+    verdicts, weighed_runs = {}, {}
     for mode in WEIGHED_MODES:
         requests = [_request(mode, [m for m in measured if m.resume.pair == pair], by_pair[pair, steps], thresholds)
                     for pair in pairs]
         runs = [*donors, *(outcome for outcome, _, _ in requests)]
+        weighed_runs[steps, mode] = runs
         weighed = equal_quality(runs, plain, lowered, steps)
         quality = StreamQuality.of(runs)
         verdicts[mode] = ModeVerdict(
@@ -59,7 +63,7 @@ def weigh(measured: list[Measured], plain_runs: list[PlainRun], thresholds: Prob
             steps=steps, against=weighed.against, against_calls=round(weighed.against_calls, 2),
             calls=round(weighed.calls, 3), interval=weighed.rounded_interval(), decided_by=weighed.decided_by,
             steps_short=weighed.steps_short, weighed_on="pairs", detail=round(quality.detail, 4))
-    return fewer, verdicts
+    return fewer, verdicts, recommend(plain, lowered, weighed_runs, steps)
 
 
 def _request(mode: str, resumes: list[Measured], plain: PlainRun,

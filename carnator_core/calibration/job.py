@@ -148,7 +148,8 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     else:
         profile, measured, plain_runs, note = fitted.profile, fitted.measured, fitted.plain_runs, fitted.note
     if stream_verdict is not None:
-        profile = replace(profile, fewer_steps=stream_verdict.fewer_steps, equal_quality=stream_verdict.verdicts)
+        profile = replace(profile, fewer_steps=stream_verdict.fewer_steps, equal_quality=stream_verdict.verdicts,
+                          recommended=stream_verdict.recommended)
         note = stream_verdict.note or note
     (plan.out / "profile.json").write_text(profile.to_json())
     written, plot_note = calibration_plots(measured, profile, plan.out, plain_runs)
@@ -235,8 +236,8 @@ def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo:
     plain_runs = session.these_plain_runs()
     if counts:
         judging = profile.probe_thresholds() if profile.in_force else ProbeThresholds()
-        fewer, verdicts = weigh(measured, plain_runs, judging, plan.workflow.steps)
-        profile = replace(profile, fewer_steps=fewer, equal_quality=verdicts)
+        fewer, verdicts, recommended = weigh(measured, plain_runs, judging, plan.workflow.steps)
+        profile = replace(profile, fewer_steps=fewer, equal_quality=verdicts, recommended=recommended)
         if not verdicts:
             fewer_steps_note = "no pair has its plain runs at fewer steps measured: no mode is weighed against them"
     summary = {"fitted": result.fitted.__dict__, "met_target": result.met_target, "margin_met": result.margin_met,
@@ -268,7 +269,8 @@ def _install(client: ComfyClient, workflow: CalibrationWorkflow, profile: Profil
                       if p.get("key") == profile.key), None)
         if filed is not None:
             kept = Profile.from_dict({name: value for name, value in filed.items() if name not in ("key", "description")})
-            profile = replace(kept, fewer_steps=profile.fewer_steps, equal_quality=profile.equal_quality)
+            profile = replace(kept, fewer_steps=profile.fewer_steps, equal_quality=profile.equal_quality,
+                              recommended=profile.recommended)
     client.api(f"/carnator/store/profiles?{query}", profile.as_dict())
     return location
 

@@ -8,9 +8,12 @@ For each prompt in order, with the workflow's seed:
    and the rule that judges it. What it costs is the model calls its report counts.
 
 Then plain at fewer steps on every prompt, at the step counts the plain-steps curve bisects to
-(`judging.plain_steps_curve`: at most `MAX_LOWERED_COUNTS`, so a stream calibration costs at most four plain runs per
-prompt, and two mode runs). Each mode is weighed by the one yardstick (`judging.yardstick`): the cheapest plain run as
-adherent, as close and as detailed, its calls over the mode's, with a 90 % interval over the prompts.
+(`judging.plain_steps_curve`: at most `MAX_LOWERED_COUNTS`, so a stream calibration costs at most five plain runs per
+prompt), and each weighed mode again at the knee of that curve (the fewest plain steps as good as full plain), in
+stores of its own: at most four mode runs per prompt. Each mode is weighed by the one yardstick
+(`judging.yardstick`): the cheapest plain run as adherent, as close and as detailed, its calls over the mode's, with a
+90 % interval over the prompts; the recommendation (`judging.recommendation`) names the cheapest steps and mode as
+good as full plain.
 
 Every finished run is appended to `DIR/stream_runs.jsonl` and every plain clip kept under `DIR/clips/`, so a stream
 calibration stopped by anything resumes where it stopped when run again with the same arguments (each mode's store
@@ -35,6 +38,7 @@ from carnator_core.client import ComfyClient, ComfyError, ExecutionFailed, Reque
 from carnator_core.judging.calibration_profile import WEIGHED_MODES, FewerStepsRun, ModeVerdict
 from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.judging.quality import PSNR_IDENTICAL, mse_from_psnr
+from carnator_core.judging.recommendation import Recommendation, as_good_as_full, knee, recommend
 from carnator_core.judging.yardstick import RequestOutcome, StreamQuality, curve_row, equal_quality, falls_short
 
 PLAIN = "plain"
@@ -72,6 +76,7 @@ class StreamVerdict:
     fewer_steps: dict[str, FewerStepsRun]
     verdicts: dict[str, ModeVerdict]
     note: str = ""
+    recommended: Recommendation | None = None
 
 
 @dataclass
@@ -145,14 +150,34 @@ class StreamCalibration:
             self._plain_at(count)
         while len(self._lowered_counts()) < MAX_LOWERED_COUNTS:
             count = next_count(steps, self._lowered_counts(), [self._judge(mode) for mode in WEIGHED_MODES
-                                                               if resumed[mode]])
+                                                               if resumed[mode]] + [self._judge_knee])
             if count is None:
                 break
             self.echo(f"plain-steps curve: plain at {count} of {steps} steps on every prompt")
             self._plain_at(count)
         lowered = {n: self._of(f"plain-{n}") for n in self._lowered_counts()}
         fewer = {f"plain-{n}": fewer_steps_run(n, _outcomes(rows), [r.ssim for r in rows]) for n, rows in lowered.items()}
-        return StreamVerdict(fewer, {mode: self._verdict(mode, lowered) for mode in WEIGHED_MODES})
+        at_knee = knee(_outcomes(self._of(PLAIN)), {n: _outcomes(rows) for n, rows in lowered.items()}, steps)
+        if at_knee < steps:
+            self.echo(f"knee of the plain-steps curve: plain at {at_knee} of {steps} steps is as good as full plain; "
+                      f"{', '.join(WEIGHED_MODES)} at {at_knee} steps on every prompt")
+            for index, prompt in enumerate(self.prompts):
+                self._prompt(index, prompt, at_knee)
+        return StreamVerdict(fewer, {mode: self._verdict(mode, lowered) for mode in WEIGHED_MODES},
+                             recommended=self._recommended(lowered, steps))
+
+    def _recommended(self, lowered: dict[int, list[StreamRun]], steps: int) -> Recommendation:
+        """The cheapest of plain at every measured count and the modes at the workflow's steps and at the knee that
+        is as good as full plain (`judging.recommendation`), over the prompts every run sampled."""
+        plain = self._of(PLAIN)
+        weighed = {r.index for r in plain}
+        modes = {(steps, mode): _outcomes(self._of(mode)) for mode in WEIGHED_MODES}
+        for name in {r.run for r in self.rows if "@" in r.run}:
+            mode, count = name.split("@")
+            rows = {r.index: r for r in self._rows(name)}
+            if weighed <= set(rows):
+                modes[int(count), mode] = _outcomes([rows[r.index] for r in plain])
+        return recommend(_outcomes(plain), {n: _outcomes(rows) for n, rows in lowered.items()}, modes, steps)
 
     def curve(self) -> list[dict]:
         """Every plain run the stream weighs against, fewest steps first: its calls and the yardstick's measures."""
@@ -182,6 +207,10 @@ class StreamCalibration:
                            steps_short=weighed.steps_short,
                            **common)
 
+    def _judge_knee(self, count: int) -> bool:
+        """Whether plain at `count` steps is as good as full plain (the knee's bracket)."""
+        return as_good_as_full(_outcomes(self._of(f"plain-{count}")), _outcomes(self._of(PLAIN)))
+
     def _judge(self, mode: str) -> Callable[[int], bool]:
         return lambda n: falls_short(_outcomes(self._of(f"plain-{n}")), _outcomes(self._of(mode)),
                                      _outcomes(self._of(PLAIN))) is None
@@ -205,7 +234,8 @@ class StreamCalibration:
         return sorted({int(r.run.removeprefix("plain-")) for r in self.rows if r.run.startswith("plain-")})
 
     def _store(self, name: str) -> str:
-        return f"{STORE_ROOT}/{self.key}/{name}"
+        """The store of run `name` on the server (a mode at the knee, `<mode>@<steps>`, has its own)."""
+        return f"{STORE_ROOT}/{self.key}/{name.replace('@', '-at-')}"
 
     def _clip_path(self, index: int) -> Path:
         return self.out / "clips" / f"{index:03d}-plain.safetensors"
@@ -222,29 +252,33 @@ class StreamCalibration:
                              skipped_steps=0))
         return clip
 
-    def _prompt(self, index: int, prompt: str) -> None:
-        if all(self._done(index, name) for name in (PLAIN, *WEIGHED_MODES)):
+    def _prompt(self, index: int, prompt: str, at_steps: int | None = None) -> None:
+        """The prompt's plain run and each weighed mode's (`at_steps`: the modes alone at that many steps, run
+        `<mode>@<steps>` in a store of its own)."""
+        names = {mode: mode if at_steps is None else f"{mode}@{at_steps}" for mode in WEIGHED_MODES}
+        if all(self._done(index, name) for name in (PLAIN, *names.values())):
             return
         try:
             plain = self._plain(index, prompt)
         except (ExecutionFailed, RequestRefused) as error:
             self.echo(f"prompt {index + 1}: failed to sample plain ({error}); left out of the verdict")
             return
-        for mode in WEIGHED_MODES:
-            if self._done(index, mode):
+        for mode, name in names.items():
+            if self._done(index, name):
                 continue
+            steps = {} if at_steps is None else {"steps": at_steps}
             try:
-                clip, run = self._sample(index, prompt, mode, self._store(mode), mode=mode, record=True)
+                clip, run = self._sample(index, prompt, name, self._store(name), mode=mode, record=True, **steps)
             except (ExecutionFailed, RequestRefused) as error:
-                self.echo(f"prompt {index + 1}, {mode}: failed to sample ({error}); left out of the verdict")
+                self.echo(f"prompt {index + 1}, {name}: failed to sample ({error}); left out of the verdict")
                 continue
             reports = [r for r in run.statuses if r.get("probes") is not None]
-            self._measured(index, prompt, mode, clip, plain, model_calls(run),
+            self._measured(index, prompt, name, clip, plain, model_calls(run),
                            sum(int(r.get("skipped_steps") or 0) for r in reports))
             try:
-                location = self.runs.wait_recorded(run, len(self._rows(mode)))
+                location = self.runs.wait_recorded(run, len(self._rows(name)))
             except ExecutionFailed:
-                self.echo(f"prompt {index + 1}: not recorded in {mode}'s store in time; the stream goes on")
+                self.echo(f"prompt {index + 1}: not recorded in {name}'s store in time; the stream goes on")
                 continue
             self._learn_fingerprints(location)
 

@@ -9,7 +9,8 @@ schedule.
 
 A profile may also carry what lowering the steps buys on the same pairs (`fewer_steps`: plain at 1/2, 1/3 and 1/4
 of the steps) and, per reuse mode, the verdict that weighs the mode against the cheapest of those runs as close to
-plain (`equal_quality`, `ModeVerdict`): both are absent where calibration ran no fewer-steps runs.
+plain (`equal_quality`, `ModeVerdict`), and the configuration to run (`equal_quality.recommended`, the cheapest steps
+and mode as good as full plain: `judging.recommendation`): all absent where calibration ran no fewer-steps runs.
 
 A profile judges runs only while `in_force`: calibration puts it in force where its held-back pairs support it
 (`reason` says why or why not), or `forced` where the user puts it in force anyway. A document that claims to be in
@@ -31,6 +32,7 @@ from carnator_core.judging.fewer_steps import fewer_steps_count, step_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.judging.ratio_interval import ratio_words
+from carnator_core.judging.recommendation import PLAIN, Recommendation
 
 PROFILE_FORMAT = "carnator-calibration-profile"
 PROFILE_VERSION = 2
@@ -160,10 +162,13 @@ class Profile:
     forced: bool = False  # put in force by the user (`--force`) whatever its held-back pairs say
     fewer_steps: dict[str, FewerStepsRun] = field(default_factory=dict)  # by name, `plain-<n>`
     equal_quality: dict[str, ModeVerdict] = field(default_factory=dict)  # by mode, of WEIGHED_MODES
+    recommended: Recommendation | None = None  # what to run, where the calibration weighed it
 
     def verdict_lines(self) -> list[str]:
-        """Per weighed mode, whether reuse beats lowering the steps, one sentence each (none without the runs)."""
-        return [self.equal_quality[mode].sentence(mode) for mode in WEIGHED_MODES if mode in self.equal_quality]
+        """Per weighed mode, whether reuse beats lowering the steps, one sentence each, then what to run (none without
+        the runs)."""
+        lines = [self.equal_quality[mode].sentence(mode) for mode in WEIGHED_MODES if mode in self.equal_quality]
+        return lines + ([f"Recommended: {self.recommended.words()}."] if self.recommended is not None else [])
 
     @property
     def key(self) -> str:
@@ -195,6 +200,9 @@ class Profile:
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        recommended = data.pop("recommended")
+        if recommended is not None:
+            data["equal_quality"]["recommended"] = self.recommended.as_dict()
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data}
 
     def to_json(self) -> str:
@@ -236,7 +244,12 @@ class Profile:
             created_at=_number(data, "created_at", 0.0, 1e11), in_force=_flag(data, "in_force"),
             reason=_text(data, "reason", MAX_REASON), forced=_flag(data, "forced"),
             fewer_steps=_fewer_steps(data.get("fewer_steps", {})))
-        profile = replace(profile, equal_quality=_equal_quality(data.get("equal_quality", {}), profile.fewer_steps))
+        weighed = data.get("equal_quality", {})
+        recommended = weighed.get("recommended") if isinstance(weighed, dict) else None
+        if isinstance(weighed, dict):
+            weighed = {mode: verdict for mode, verdict in weighed.items() if mode != "recommended"}
+        profile = replace(profile, equal_quality=_equal_quality(weighed, profile.fewer_steps),
+                          recommended=None if recommended is None else _recommended(recommended, profile.fewer_steps))
         if profile.in_force and not profile.forced and not profile.supported():
             raise ProfileError("profile field 'in_force' is true but its held-back precision "
                                f"({profile.held_back.precision}) does not meet its target ({profile.target.precision}): "
@@ -332,6 +345,26 @@ def _equal_quality(data: Any, fewer: dict[str, FewerStepsRun]) -> dict[str, Mode
         if verdicts[mode].resumed > verdicts[mode].pairs:
             raise ProfileError(f"profile field {within + 'resumed'!r} is more than its {verdicts[mode].pairs} pairs")
     return verdicts
+
+
+def _recommended(data: Any, fewer: dict[str, FewerStepsRun]) -> Recommendation:
+    within = "equal_quality.recommended."
+    if not isinstance(data, dict):
+        raise ProfileError("profile field 'equal_quality.recommended' must be an object")
+    mode = _choice(data, "mode", (PLAIN, *WEIGHED_MODES), within)
+    against = data.get("against")
+    if mode is None or (against != PLAIN and against not in fewer):
+        raise ProfileError(f"profile field {within[:-1]!r} needs a mode ({', '.join((PLAIN, *WEIGHED_MODES))}) and "
+                           f"'against' 'plain' or one of the profile's fewer_steps runs, got {mode!r}, {against!r}")
+    interval = _interval(data, within)
+    steps = int(_number(data, "steps", 1, MAX_COUNT, within))
+    full = int(_number(data, "full_steps", steps, MAX_COUNT, within)) if "full_steps" in data else steps
+    return Recommendation(steps=steps, mode=mode, model_calls=_number(data, "model_calls", 0.0, MAX_COUNT, within),
+                          full_steps=full, against=against,
+                          against_steps=full if against == PLAIN else fewer[against].steps,
+                          calls=_number(data, "calls", 0.0, MAX_COUNT, within),
+                          interval=interval if interval is not None else (1.0, 1.0),
+                          requests=int(_number(data, "requests", 1, MAX_COUNT, within)) if "requests" in data else 1)
 
 
 def _interval(verdict: dict, within: str) -> tuple[float, float] | None:

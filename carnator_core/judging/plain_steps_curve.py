@@ -1,6 +1,7 @@
 """The plain-steps curve a configuration really crosses: plain sampled at step counts chosen by bisection, so that
 for each configuration weighed the steps plain needs to be as good (`judging.yardstick`) are bracketed between a count
-that falls short and one that is as good, up to the full steps.
+that falls short and one that is as good, up to the full steps; so is the knee (the fewest plain steps as good as full
+plain, `judging.recommendation`), where the modes are weighed again.
 
 Each new count refines the widest bracket of any configuration (the first measured is half the steps), and costs one
 plain run per request; `MAX_LOWERED_COUNTS` bounds them, so a stream calibration costs at most that many plain runs
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-MAX_LOWERED_COUNTS = 3
+MAX_LOWERED_COUNTS = 4
 
 
 def bracket(steps: int, measured: Iterable[int], as_good: Callable[[int], bool], fewest: int = 1) -> tuple[int, int]:

@@ -69,7 +69,8 @@ class Recommendation:
     def as_dict(self) -> dict:
         return {"steps": self.steps, "mode": self.mode, "calls": round(self.calls, 3),
                 "model_calls": round(self.model_calls, 2), "interval": [round(v, 3) for v in self.interval],
-                "against": self.against, "against_steps": self.against_steps, "words": self.words()}
+                "against": self.against, "against_steps": self.against_steps, "full_steps": self.full_steps,
+                "requests": self.requests, "words": self.words()}
 
 
 def recommend(full: Sequence[RequestOutcome], fewer: Mapping[int, Sequence[RequestOutcome]],

@@ -124,7 +124,7 @@ def _pairs(balanced_db: float, fast_db: float, structure: float = 0.99) -> tuple
 
 def test_each_pair_is_weighed_as_a_two_prompt_stream_its_earlier_prompt_sampled_plain():
     measured, plain = _pairs(balanced_db=35.0, fast_db=29.0)
-    fewer, verdicts = weigh(measured, plain, ProbeThresholds(), STEPS)
+    fewer, verdicts, recommended = weigh(measured, plain, ProbeThresholds(), STEPS)
     # at fewer steps the earlier prompt loses what the new one does: both requests of a pair at the run's quality
     assert fewer == {"plain-6": FewerStepsRun(6, 31.0, 0.9, 6.0), "plain-4": FewerStepsRun(4, 27.0, 0.9, 4.0),
                      "plain-3": FewerStepsRun(3, 22.0, 0.9, 3.0)}
@@ -141,6 +141,9 @@ def test_each_pair_is_weighed_as_a_two_prompt_stream_its_earlier_prompt_sampled_
         "(12 calls against fast's 8.5; 6 steps fall short on PSNR), each of 2 held-back pairs weighed as a two-prompt "
         "stream (its earlier prompt sampled plain).")
     assert (balanced.model_calls, balanced.against, balanced.against_calls) == (9.5, "plain", 12.0)
+    # these plain runs lose no detail and no oracle scores them: plain at 3 steps is as good as full plain, and
+    # cheaper than either mode, so it is what to run
+    assert (recommended.mode, recommended.steps, recommended.against) == ("plain", 3, "plain-3")
 
 
 def test_where_a_plain_run_with_fewer_steps_is_as_good_for_less_the_verdict_weighs_against_it():
@@ -165,25 +168,29 @@ def test_without_held_back_pairs_every_pair_is_weighed_and_a_pair_missing_a_plai
     two = [r for r in plain if r.pair < 2 and not (r.pair == 1 and r.steps == 4)]
     verdict = weigh(measured, two, ProbeThresholds(), STEPS)[1]["fast"]
     assert (verdict.pairs, verdict.held_back) == (1, False)
-    assert weigh(measured, [r for r in plain if r.steps == STEPS], ProbeThresholds(), STEPS) == ({}, {})
+    assert weigh(measured, [r for r in plain if r.steps == STEPS], ProbeThresholds(), STEPS) == ({}, {}, None)
 
 
 # ------------------------------------------------------------------ in the profile, checked like every field
 def _profile() -> Profile:
     measured, plain = _pairs(balanced_db=35.0, fast_db=26.0)
-    fewer, verdicts = weigh(measured, plain, ProbeThresholds(), STEPS)
+    fewer, verdicts, recommended = weigh(measured, plain, ProbeThresholds(), STEPS)
     return Profile(model="a1b2c3", schedule="d4e5f6", name="my wan",
                    thresholds={"structure": 0.7, "structure_slope": 0.03, "guidance": 0.5, "guidance_slope": 0.03},
                    held_back=Score(accepted=20, good=20, precision=1.0, recall=1.0), in_force=True,
-                   reason="in force: held-back precision 1.00", fewer_steps=fewer, equal_quality=verdicts)
+                   reason="in force: held-back precision 1.00", fewer_steps=fewer, equal_quality=verdicts,
+                   recommended=recommended)
 
 
 def test_the_verdict_survives_the_profile_s_json_and_a_profile_without_it_still_loads():
     profile = _profile()
     assert Profile.from_json(profile.to_json()) == profile
     assert [line.split(",")[0] for line in profile.verdict_lines()] == [
-        "On this model", "On this model"]
+        "On this model", "On this model", "Recommended: run plain at 3 steps (as good as plain at 12): no reuse mode is "
+        "as good for fewer model calls here."]
     assert profile.verdict_lines()[1].startswith("On this model, fast: ")
+    recommended = profile.as_dict()["equal_quality"]["recommended"]
+    assert {"steps", "mode", "calls", "interval", "against"} <= set(recommended)
     data = profile.as_dict()
     del data["fewer_steps"], data["equal_quality"]
     assert Profile.from_dict(data).verdict_lines() == []
@@ -206,6 +213,10 @@ def test_the_verdict_survives_the_profile_s_json_and_a_profile_without_it_still_
     (lambda d: d["equal_quality"]["fast"].update(interval=[1]), "'equal_quality.fast.interval' must be \\[low, high\\]"),
     (lambda d: d["equal_quality"]["fast"].update(decided_by="vibes"), "'equal_quality.fast.decided_by' must be one"),
     (lambda d: d["equal_quality"]["fast"].update(weighed_on="dreams"), "'equal_quality.fast.weighed_on' must be one"),
+    (lambda d: d["equal_quality"]["recommended"].update(mode="turbo"), "'equal_quality.recommended.mode' must be one"),
+    (lambda d: d["equal_quality"]["recommended"].update(against="plain-99"), "'equal_quality.recommended' needs a"),
+    (lambda d: d["equal_quality"]["recommended"].update(steps=0), "'equal_quality.recommended.steps' must be a num"),
+    (lambda d: d["equal_quality"].update(recommended="fast"), "'equal_quality.recommended' must be an object"),
 ])
 def test_a_hand_edited_verdict_is_refused_naming_the_field(edit, message):
     data = _profile().as_dict()
@@ -220,8 +231,10 @@ def test_the_command_s_last_lines_and_a_judged_request_s_report_say_the_verdict(
     result = fit([m.resume for m in _pairs(35.0, 26.0)[0]], QualityTarget())
     lines = Calibrated(profile=profile, result=result, resumes=12, table=[], location="/store", plots=[],
                        minutes=1.0, pairs_used=6).lines()
-    assert lines[-3].startswith("filed as profile 'my wan'") and lines[-2:] == profile.verdict_lines()
-    unweighed = Calibrated(profile=Profile(**{**profile.__dict__, "equal_quality": {}}), result=result, resumes=12,
+    assert lines[-4].startswith("filed as profile 'my wan'") and lines[-3:] == profile.verdict_lines()
+    assert lines[-1].startswith("Recommended: run plain at 3 steps")  # last, what to run
+    unweighed = Calibrated(profile=Profile(**{**profile.__dict__, "equal_quality": {}, "recommended": None}),
+                           result=result, resumes=12,
                            table=[], location=None, plots=[], minutes=1.0, fewer_steps_note="plain at fewer steps: "
                            "not run (turned off), so no mode is weighed against lowering the steps")
     assert unweighed.lines()[-1] == unweighed.fewer_steps_note

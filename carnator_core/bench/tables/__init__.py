@@ -13,6 +13,7 @@ from carnator_core.bench.tables import (
     demo,
     inputs,
     probe_calibration,
+    recommended,
     stages,
     store,
     streams,
@@ -21,4 +22,5 @@ from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 
 TABLES: dict[str, Callable[[StoredRuns, Link], str]] = {
     **streams.TABLES, **agreement.TABLES, **deep_first.TABLES, **attention.TABLES, **probe_calibration.TABLES,
-    **calibration.TABLES, **inputs.TABLES, **stages.TABLES, **store.TABLES, **demo.TABLES}
+    **calibration.TABLES, **inputs.TABLES, **stages.TABLES, **store.TABLES, **demo.TABLES,
+    **recommended.TABLES}
