@@ -14,6 +14,7 @@ from .reuse_nodes import CarnatorReport, CarnatorReuse
 from .routes import register_routes
 from .sampler_nodes import CarnatorKSampler, CarnatorReuseSampler
 from .store_nodes import CarnatorStore, CarnatorStoreInfo
+from .user_scope import register_scopes
 
 NODE_LIST: list[type[io.ComfyNode]] = [
     CarnatorStore,
@@ -33,6 +34,8 @@ register_demo()  # the demo weights for UNETLoader, the demo world's oracle for 
 missing_hooks()  # says once, at start-up, if this host lacks a hook Carnator needs
 
 
+# Whose work each prompt is (under --multi-user, the user that posted it); a bad fleet namespace stops the pack here.
+register_scopes()
 # The store panel's HTTP routes; ComfyUI adds them to its web app after every pack has loaded.
 register_routes()
 # Queued prompts' texts start embedding when they are queued.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from comfy_api.latest import io
 
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
@@ -14,6 +16,7 @@ from .fault_boundary import CarnatorFault, carnator_code
 from .host import conditioning_frame_rate, conditioning_tensor, hard_key, store_at
 from .noise_process import noise_process
 from .types import MatchType, StoreType
+from .user_scope import run_scope
 
 
 class CarnatorCompatibilityLookup(io.ComfyNode):
@@ -66,7 +69,10 @@ class CarnatorCompatibilityLookup(io.ComfyNode):
 
 
 def _lookup(store, model, samples, positive, sigmas, prompt: str, top_k: int, min_similarity: float) -> Match:
-    key = hard_key(model, samples, sigmas, frame_rate=conditioning_frame_rate(positive))
+    scope, refusal = run_scope()
+    if refusal:
+        raise ValueError(refusal)
+    key = replace(hard_key(model, samples, sigmas, frame_rate=conditioning_frame_rate(positive)), scope=scope)
     cond = condition_vector(conditioning_tensor(positive))
     text_vector, note = embed_prompt(prompt)
     request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt, text_vector=text_vector,

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import comfy.samplers
 import torch
@@ -40,6 +41,7 @@ from .noise_process import noise_process
 from .reports import publish
 from .reuse_holder import ReuseHolder
 from .run_state import CarnatorRun, carnator_run, run_state
+from .user_scope import run_scope
 
 log = logging.getLogger("carnator")
 
@@ -75,14 +77,18 @@ def guidance_form(guider) -> str | None:
 
 def build_run(guider, settings: ReuseSettings, noise, latent_image, sigmas, denoise_mask, seed,
               latent_shapes=None) -> ReuseRun:
+    scope, refusal = run_scope()
+    if refusal:
+        raise ValueError(refusal)
     store = store_at(settings.store_location)
     cross_attn = _positive_tensor(guider, "cross_attn")
     if cross_attn is None:
         raise ValueError("the positive conditioning carries no cross-attention tensor")
     sigma_list = [float(s) for s in sigmas.flatten().tolist()]
     packed = packed_shapes(latent_shapes)
-    key = hard_key(guider.model_patcher, noise, sigmas, packed,
-                   conditioning_frame_rate(guider.conds.get("positive", []) if hasattr(guider, "conds") else []))
+    key = replace(hard_key(guider.model_patcher, noise, sigmas, packed,
+                           conditioning_frame_rate(guider.conds.get("positive", []) if hasattr(guider, "conds") else [])),
+                  scope=scope)
     sigma_max = float(guider.model_patcher.get_model_object("model_sampling").sigma_max)
     refusal, continues, input_latent, input_note = latent_reuse_refusal(denoise_mask), None, None, ""
     if not refusal and starts_from_input(latent_image, sigma_list[0], sigma_max):

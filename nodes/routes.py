@@ -36,6 +36,7 @@ from carnator_core.store.http_api import ApiError
 
 from .calibrate_node import calibration
 from .host import prompt_server, store_location
+from .user_scope import request_scope
 
 log = logging.getLogger("carnator")
 
@@ -96,13 +97,16 @@ async def _json_body(request: web.Request) -> dict:
 
 
 async def _in_store(request: web.Request, work: Callable, *args):
-    """Run `work(store, *args)` in a worker thread on the store the request picks (store calls block)."""
+    """Run `work(store, scope, *args)` in a worker thread on the store the request picks (store calls block), for the
+    caller's scope (an unknown user: 403, before any store is read)."""
+    scope = request_scope(request)
     requested = request.query.get("store", "")
-    return await asyncio.to_thread(lambda: work(_served_stores().select(requested), *args))
+    return await asyncio.to_thread(lambda: work(_served_stores().select(requested), scope, *args))
 
 
 @_json_errors
 async def stores(request: web.Request) -> web.Response:
+    request_scope(request)
     return web.json_response(await asyncio.to_thread(_served_stores().listing))
 
 
@@ -167,12 +171,14 @@ async def delete_profile(request: web.Request) -> web.Response:
 
 @_json_errors
 async def calibration_state(request: web.Request) -> web.Response:
+    request_scope(request)
     return web.json_response(calibration().state())
 
 
 @_json_errors
 async def stop_calibration(request: web.Request) -> web.Response:
     _same_origin(request)
+    request_scope(request)
     return web.json_response(calibration().stop())
 
 

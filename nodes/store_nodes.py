@@ -9,10 +9,12 @@ import math
 from comfy_api.latest import io
 
 from carnator_core.store.backend import StoreError
+from carnator_core.store.http_api import store_totals
 from carnator_core.store.reuse_store import DEFAULT_SIZE_LIMIT
 
 from .host import configured_store, store_at
 from .types import StoreType
+from .user_scope import run_scope
 
 _GIB = 2**30
 log = logging.getLogger("carnator")
@@ -89,11 +91,14 @@ class CarnatorStoreInfo(io.ComfyNode):
             store = store if store is not None else store_at()
         except StoreError as error:
             raise ValueError(f"Carnator Store Info: {error}") from error
-        totals = store.totals()
+        scope, refusal = run_scope()
+        if refusal:
+            raise ValueError(f"Carnator Store Info: {refusal}")
+        totals = store.totals() if not scope else store_totals(store, scope)  # a named scope: its own entries
+        storage = "" if totals["disk_bytes"] is None else f" (storage uses {totals['disk_bytes'] / 2**20:.1f} MiB)"
         summary = (f"Carnator store {store.location}\n"
                    f"entries: {totals['entries']}\n"
-                   f"size: {totals['bytes'] / 2**20:.1f} MiB of {totals['size_limit'] / 2**30:.1f} GiB "
-                   f"(storage uses {totals['disk_bytes'] / 2**20:.1f} MiB)\n"
+                   f"size: {totals['bytes'] / 2**20:.1f} MiB of {totals['size_limit'] / 2**30:.1f} GiB{storage}\n"
                    f"hits: {totals['hits']}, time saved: {totals['seconds_saved']:.1f} s")
         if store.unavailable:
             summary += f"\nunavailable: {store.unavailable}"

@@ -191,7 +191,7 @@ class StorePanel {
           element("button", { class: "carnator-icon-button", title: "Export as JSON", "aria-label": "Export",
                                onclick: () => this.exportProfile(profile) }, element("i", { class: "pi pi-download" })),
           element("button", { class: "carnator-icon-button carnator-delete", title: "Delete this profile", "aria-label": "Delete profile",
-                               onclick: () => this.act(this.url(`/carnator/store/profiles/${profile.key}`), { method: "DELETE" }) },
+                               onclick: () => this.act(this.url(`/carnator/store/profiles/${profile.model}/${profile.schedule}`), { method: "DELETE" }) },
                   element("i", { class: "pi pi-trash" }))));
     });
     const refused = Object.entries(listing.refused || {}).map(([key, reason]) =>
@@ -236,10 +236,16 @@ class StorePanel {
 
   renderEntry(entry) {
     const thumbnail = entry.thumbnail
-      ? element("img", { class: "carnator-thumb", alt: "", loading: "lazy",
-                         src: api.apiURL(this.url(`/carnator/store/entries/${entry.id}/thumbnail`)) })
+      ? element("img", { class: "carnator-thumb", alt: "" })
       : element("div", { class: "carnator-thumb carnator-no-thumb" });
-    thumbnail.onerror = () => thumbnail.replaceWith(element("div", { class: "carnator-thumb carnator-no-thumb" }));
+    const noThumbnail = () => thumbnail.replaceWith(element("div", { class: "carnator-thumb carnator-no-thumb" }));
+    thumbnail.onerror = noThumbnail;
+    // fetched through the app's API client, which names the user (comfy-user) as a plain image request cannot
+    if (entry.thumbnail) {
+      api.fetchApi(this.url(`/carnator/store/entries/${entry.id}/thumbnail`))
+        .then((response) => (response.ok ? response.blob() : Promise.reject(new Error(`HTTP ${response.status}`))))
+        .then((blob) => { thumbnail.src = URL.createObjectURL(blob); }, noThumbnail);
+    }
     const facts = [formatDate(entry.created_at), formatBytes(entry.bytes), `${entry.hits} hits`,
                    `${formatSeconds(entry.seconds_saved)} saved`];
     if (entry.donor_id) facts.push(`reused ${entry.donor_depth}/${entry.total_steps}`);

@@ -163,6 +163,7 @@ class Profile:
     fewer_steps: dict[str, FewerStepsRun] = field(default_factory=dict)  # by name, `plain-<n>`
     equal_quality: dict[str, ModeVerdict] = field(default_factory=dict)  # by mode, of WEIGHED_MODES
     recommended: Recommendation | None = None  # what to run, where the calibration weighed it
+    scope: str = ""  # whose it is (`carnator_core.store.scopes`): the store files and reads it in that scope only
 
     def verdict_lines(self) -> list[str]:
         """Per weighed mode, whether reuse beats lowering the steps, one sentence each, then what to run (none without
@@ -172,7 +173,7 @@ class Profile:
 
     @property
     def key(self) -> str:
-        return profile_key(self.model, self.schedule)
+        return profile_key(self.model, self.schedule, self.scope)
 
     def probe_thresholds(self, base: ProbeThresholds | None = None) -> ProbeThresholds:
         """`base` (default: the shipped thresholds) with the fitted fields in place."""
@@ -243,7 +244,8 @@ class Profile:
             oracle=None if oracle is None else _score(oracle, "oracle"), cfg=_number(data, "cfg", 0.0, 100.0),
             created_at=_number(data, "created_at", 0.0, 1e11), in_force=_flag(data, "in_force"),
             reason=_text(data, "reason", MAX_REASON), forced=_flag(data, "forced"),
-            fewer_steps=_fewer_steps(data.get("fewer_steps", {})))
+            fewer_steps=_fewer_steps(data.get("fewer_steps", {})),
+            scope=_scope(data))
         weighed = data.get("equal_quality", {})
         recommended = weighed.get("recommended") if isinstance(weighed, dict) else None
         if isinstance(weighed, dict):
@@ -259,9 +261,9 @@ class Profile:
         return profile
 
 
-def profile_key(model: str, schedule: str) -> str:
-    """The store's key of the profile for a model fingerprint and a schedule fingerprint."""
-    return f"{model}/{schedule}"
+def profile_key(model: str, schedule: str, scope: str = "") -> str:
+    """The store's key of the profile for a model fingerprint and a schedule fingerprint, in a scope."""
+    return f"{model}/{schedule}" if not scope else f"{scope}|{model}/{schedule}"
 
 
 def _refuse_constant(name: str) -> float:
@@ -279,6 +281,14 @@ def _text(data: dict, name: str, limit: int) -> str:
     value = data.get(name)
     if not isinstance(value, str) or not value or len(value) > limit:
         raise ProfileError(f"profile field {name!r} must be a non-empty string of at most {limit} characters")
+    return value
+
+
+def _scope(data: dict) -> str:
+    """The profile's scope: "" (the single-user scope) where absent, else a string of at most 200 characters."""
+    value = data.get("scope", "")
+    if not isinstance(value, str) or len(value) > 200:
+        raise ProfileError("profile field 'scope' must be a string of at most 200 characters")
     return value
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from carnator_core.store.entry import HardKey
+from carnator_core.store.entry import OTHER_SCOPE, HardKey
 from carnator_core.store.reuse_store import IndexEntry, ReuseStore
 
 _RERANK_FACTOR = 8  # coarse candidates per requested candidate, re-scored exactly in fp32
@@ -310,6 +310,8 @@ class ShortlistIndex:
                 if not group.live_count:
                     continue
                 reason = hard_key.mismatch(key)
+                if reason == OTHER_SCOPE:
+                    continue  # another user's entries: not searched, not counted, not named
                 if reason is not None or cond.numel() != group.cond_width:
                     reason = reason or "other conditioning width"
                     filtered[reason] = filtered.get(reason, 0) + group.live_count

@@ -21,7 +21,7 @@ from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.resume_point import resume_point
 from carnator_core.reuse.targets import ProbeTarget, StartPrediction
 from carnator_core.reuse.trajectory import stage_end_of
-from carnator_core.store.entry import CheckpointRecord, EntryMeta, HardKey
+from carnator_core.store.entry import OTHER_SCOPE, CheckpointRecord, EntryMeta, HardKey
 from carnator_core.store.reuse_store import ReuseStore
 from carnator_core.store.stages import checkpoint_blob, stage_entry, stage_index, start_blob
 from carnator_core.store.tensor_names import (
@@ -57,6 +57,7 @@ class RequestFacts:
     # the image the conditioning carries (`concat_latent_image`); None for a run guided by text alone
     guide_image: torch.Tensor | None = None
     sigmas: tuple[float, ...] = ()  # the run's schedule: where each donor state enters it (`resume_point`)
+    scope: str = ""  # whose donors it may take (`HardKey.scope`)
     noise_process: NoiseProcess | None = None  # the model's; None: donors of the identical schedule only
 
     @property
@@ -223,6 +224,8 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
             reads.skip("donor has no such stage")
             continue
         reason = _incompatibility(meta, reads.facts, same_noise_only)
+        if reason == OTHER_SCOPE:
+            continue  # not this user's: skipped unseen, as the lookup never offers it
         if reason is None and (reads.facts.from_input or reads.facts.guide_image is not None):
             start = _start_for(reads, meta)
             if reads.facts.from_input:
@@ -243,8 +246,8 @@ def donor_offers(reads: _Reads, candidates: list[Candidate], max_step: int, same
 def _incompatibility(meta: EntryMeta, facts: RequestFacts, same_noise_only: bool) -> str | None:
     """Why no state of this donor can continue the live request (another model where the stage names one, sigma
     schedule, latent shape or, when only the same noise counts, initial noise), or None when its states can."""
-    reason = HardKey(model=facts.model, grid=(), schedule="").mismatch(meta.hard_key) or schedule_mismatch(
-        meta, facts.schedule, facts.total_steps, facts.crossing_process)
+    reason = HardKey(model=facts.model, grid=(), schedule="", scope=facts.scope).mismatch(meta.hard_key) or \
+        schedule_mismatch(meta, facts.schedule, facts.total_steps, facts.crossing_process)
     if reason is not None:
         return reason
     if tuple(meta.latent_shape) != tuple(facts.latent_shape):

@@ -149,7 +149,7 @@ class ReuseRun:
                             first_step=handover.next_step if handover is not None else 0,
                             trajectory_steps=trajectory_steps(donor) if donor is not None else None,
                             packed=self.packed, input_latent=self.input_latent, guide_image=self.guide_image,
-                            sigmas=tuple(self.sigmas), noise_process=self.noise_process)
+                            sigmas=tuple(self.sigmas), noise_process=self.noise_process, scope=self.hard_key.scope)
 
     @property
     def decider(self) -> Decider:
@@ -213,7 +213,8 @@ class ReuseRun:
         engine read the same settings."""
         if self.latent_reuse_refusal or self.settings.max_resume_fraction <= 0:
             return
-        profile, note = profile_for(self.store, self.hard_key.model, self.hard_key.schedule, self.cfg)
+        profile, note = profile_for(self.store, self.hard_key.model, self.hard_key.schedule, self.cfg,
+                                    self.hard_key.scope)
         self.settings = self.settings.with_profile(profile, note)
 
     def _plan_continuation(self, batch_limit: int) -> list[ProbeTarget | ScreenOnly]:

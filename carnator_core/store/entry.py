@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
+OTHER_SCOPE = "other scope"  # never counted or named where a user reads it: another user's entries stay unseen
 
 
 class CorruptEntryError(ValueError):
@@ -63,13 +64,18 @@ class HardKey:
     # Frames per second the conditioning gives the model (LTX-Video, LTX-2), 0 where it gives none: the model spaces
     # the token grid's positions in time by it, so another frame rate is another grid.
     frame_rate: float = 0.0
+    # Whose work it is (`carnator_core.store.scopes`): "" for a single-user ComfyUI (and every entry written before
+    # scopes), else the user that queued it, under the fleet's namespace. A donor of another scope is never seen.
+    scope: str = ""
 
     def mismatch(self, other: HardKey) -> str | None:
         """Why `other` is not compatible with this key, or None when it is.
 
         An empty field on this key matches anything there: a plan whose candidates the lookup already matched on
-        model and grid (with its frame rate).
+        model and grid (with its frame rate); but the scope always decides (`OTHER_SCOPE`, which no report names).
         """
+        if other.scope != self.scope:
+            return OTHER_SCOPE
         if self.model and other.model != self.model:
             return "other model"
         if self.grid and other.grid != self.grid:
@@ -123,7 +129,8 @@ class EntryMeta:
                 raise ValueError("metadata written by another schema version")
             key = record.pop("hard_key")
             hard_key = HardKey(model=str(key["model"]), grid=tuple(int(v) for v in key["grid"]),
-                               schedule=str(key["schedule"]), frame_rate=float(key.get("frame_rate", 0.0)))
+                               schedule=str(key["schedule"]), frame_rate=float(key.get("frame_rate", 0.0)),
+                               scope=str(key.get("scope", "")))
             record["latent_shape"] = tuple(int(v) for v in record.get("latent_shape", ()))
             record["checkpoints"] = [CheckpointRecord.parse(c) for c in record.get("checkpoints", [])]
             meta = cls(hard_key=hard_key, **record)

@@ -5,13 +5,15 @@ request is checked here before it touches a store: a request picks one of the st
 itself opened (never a directory or URL of its own), entry ids must be the 32-hex-digit uuids the
 store writes (no path can be smuggled into a key), page sizes and search texts are bounded, and
 state-changing requests must name this server as Host (a DNS-rebinding page names its own domain)
-and come from its own origin. Errors are `ApiError`s that carry an HTTP status and a message meant
+and come from its own origin. Every route answers for the caller's scope alone (`carnator_core.store.scopes`): an
+entry or profile of another scope is as absent as one that never was. Errors are `ApiError`s that carry an HTTP status and a message meant
 for the user; the route layer turns them into JSON.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -282,21 +284,29 @@ def _summary(entry: str, meta: EntryMeta, stats: EntryStats | None) -> dict[str,
     }
 
 
-def _readable(store: ReuseStore) -> tuple[list[str], list[EntryMeta | None]]:
-    """Live entry ids (oldest first) and their metadata, in one batched read."""
+def _readable(store: ReuseStore, scope: str) -> list[tuple[str, EntryMeta]]:
+    """The scope's live entries (oldest first) with their metadata, in one batched read."""
     ids = list(store.entry_ids())
-    return ids, store.get_metas(ids)
+    return [(entry, meta) for entry, meta in zip(ids, store.get_metas(ids), strict=True)
+            if meta is not None and meta.hard_key.scope == scope]
+
+
+def _own(store: ReuseStore | None, scope: str, entry: str) -> ReuseStore:
+    """The store, where `entry` is in it and of `scope`; else ApiError 404 (another scope's entry is no entry)."""
+    meta = store.get_meta(entry) if store is not None else None
+    if meta is None or meta.hard_key.scope != scope:
+        raise ApiError(404, f"no entry {entry}")
+    return store
 
 
 @_on_store("read")
-def list_entries(store: ReuseStore | None, offset: int, limit: int, text: str) -> dict[str, Any]:
-    """One page of entries, newest first, whose prompt contains every word of `text` (any case)."""
+def list_entries(store: ReuseStore | None, scope: str, offset: int, limit: int, text: str) -> dict[str, Any]:
+    """One page of the scope's entries, newest first, whose prompt contains every word of `text` (any case)."""
     terms = text.lower().split()
     matching: list[tuple[str, EntryMeta]] = []
     if store is not None:
-        ids, metas = _readable(store)
-        matching = [(entry, meta) for entry, meta in zip(ids, metas, strict=True)
-                    if meta is not None and all(term in meta.prompt.lower() for term in terms)][::-1]
+        matching = [(entry, meta) for entry, meta in _readable(store, scope)
+                    if all(term in meta.prompt.lower() for term in terms)][::-1]
     page = matching[offset:offset + limit]
     stats = store.stats_many([entry for entry, _ in page]) if page else []
     return {"entries": [_summary(entry, meta, s) for (entry, meta), s in zip(page, stats, strict=True)],
@@ -305,8 +315,9 @@ def list_entries(store: ReuseStore | None, offset: int, limit: int, text: str) -
 
 
 @_on_store("read")
-def store_totals(store: ReuseStore | None) -> dict[str, Any]:
-    """Totals for the panel: entries, bytes, hits, time saved and the hit rate of recorded requests.
+def store_totals(store: ReuseStore | None, scope: str) -> dict[str, Any]:
+    """Totals of the scope's entries for the panel: entries, bytes, hits, time saved and the hit rate of recorded
+    requests (the store's own size on disk only in the single-user scope: it counts every scope's entries).
 
     The hit rate is the share of recorded requests that themselves reused a donor (their lineage
     names one); `hits` counts how often entries served as donors.
@@ -314,51 +325,54 @@ def store_totals(store: ReuseStore | None) -> dict[str, Any]:
     if store is None:
         return {"store": None, "entries": 0, "bytes": 0, "disk_bytes": 0, "size_limit": None, "hits": 0,
                 "seconds_saved": 0.0, "pinned": 0, "reused": 0, "hit_rate": None}
-    ids, metas = _readable(store)
-    live = [(entry, meta) for entry, meta in zip(ids, metas, strict=True) if meta is not None]
+    live = _readable(store, scope)
     stats = [s or EntryStats() for s in store.stats_many([entry for entry, _ in live])]
     reused = sum(1 for _, meta in live if meta.lineage.get("donor_id"))
-    return {"store": store.location, "entries": len(live), "bytes": store.used_bytes(), "disk_bytes": store.volume(),
+    whole = scope == ""
+    return {"store": store.location, "entries": len(live),
+            "bytes": store.used_bytes() if whole else sum(meta.total_bytes for _, meta in live),
+            "disk_bytes": store.volume() if whole else None,
             "size_limit": store.size_limit, "hits": sum(s.hits for s in stats),
             "seconds_saved": sum(s.seconds_saved for s in stats), "pinned": sum(1 for s in stats if s.pinned),
             "reused": reused, "hit_rate": reused / len(live) if live else None}
 
 
 @_on_store("read")
-def thumbnail(store: ReuseStore | None, entry: str) -> bytes:
+def thumbnail(store: ReuseStore | None, scope: str, entry: str) -> bytes:
     """The entry's PNG preview, or ApiError 404."""
-    png = store.get_blob(entry, "thumb") if store is not None else None
+    png = _own(store, scope, entry).get_blob(entry, "thumb")
     if png is None:
-        exists = store is not None and store.get_meta(entry) is not None
-        raise ApiError(404, f"entry {entry} has no thumbnail" if exists else f"no entry {entry}")
+        raise ApiError(404, f"entry {entry} has no thumbnail")
     return png
 
 
 # ------------------------------------------------------------------ changing
 @_on_store("changed")
-def set_pinned(store: ReuseStore | None, entry: str, pinned: bool) -> dict[str, Any]:
-    if store is None or not store.set_pinned(entry, pinned):
+def set_pinned(store: ReuseStore | None, scope: str, entry: str, pinned: bool) -> dict[str, Any]:
+    if not _own(store, scope, entry).set_pinned(entry, pinned):
         raise ApiError(404, f"no entry {entry}")
     return {"id": entry, "pinned": pinned}
 
 
 @_on_store("changed")
-def delete_entry(store: ReuseStore | None, entry: str) -> dict[str, Any]:
-    if store is None or not store.delete(entry):
+def delete_entry(store: ReuseStore | None, scope: str, entry: str) -> dict[str, Any]:
+    if not _own(store, scope, entry).delete(entry):
         raise ApiError(404, f"no entry {entry}")
     return {"id": entry, "deleted": True}
 
 
 @_on_store("changed")
-def clear_store(store: ReuseStore | None, confirm: Any) -> dict[str, Any]:
-    """Delete every entry; refused unless the request confirms it explicitly (`confirm=true`)."""
+def clear_store(store: ReuseStore | None, scope: str, confirm: Any) -> dict[str, Any]:
+    """Delete every entry of the scope; refused unless the request confirms it explicitly (`confirm=true`)."""
     if confirm is None or not flag_param(confirm, "confirm"):
         raise ApiError(400, "clearing the store deletes every entry: repeat the request with confirm=true")
     if store is None:
         return {"deleted": 0}
-    count = sum(1 for _ in store.entry_ids())
-    store.clear()
-    return {"deleted": count}
+    own = [entry for entry, _ in _readable(store, scope)]
+    if len(own) == sum(1 for _ in store.entry_ids()):
+        store.clear()
+        return {"deleted": len(own)}
+    return {"deleted": sum(store.delete(entry) for entry in own)}
 
 
 # ------------------------------------------------------------------ calibration profiles
@@ -370,25 +384,26 @@ def fingerprint(value: str, name: str) -> str:
 
 
 @_on_store("read")
-def list_profiles(store: ReuseStore | None) -> dict[str, Any]:
-    """Every calibration profile in the store, whole (the export) with how it is named and its equal-quality verdict
-    in sentences, and the refused ones with the reason."""
+def list_profiles(store: ReuseStore | None, scope: str) -> dict[str, Any]:
+    """Every calibration profile of the scope in the store, whole (the export) with how it is named and its
+    equal-quality verdict in sentences, and the refused ones with the reason."""
     if store is None:
         return {"profiles": [], "refused": {}}
-    usable, refused = profiles.stored_profiles(store)
+    usable, refused = profiles.stored_profiles(store, scope)
     return {"profiles": [{**profile.as_dict(), "key": key, "description": profile.describe(),
                           "verdict": profile.verdict_lines()}
                          for key, profile in sorted(usable.items())], "refused": refused}
 
 
 @_on_store("changed")
-def import_profile(store: ReuseStore | None, body: dict[str, Any]) -> dict[str, Any]:
-    """File the profile in `body` (a profile.json as calibration writes it), replacing the one for its model and
-    schedule; a profile with a missing, NaN or out-of-range field is refused with the field named."""
+def import_profile(store: ReuseStore | None, scope: str, body: dict[str, Any]) -> dict[str, Any]:
+    """File the profile in `body` (a profile.json as calibration writes it) in the caller's scope, whatever scope it
+    names, replacing the one for its model and schedule there; a profile with a missing, NaN or out-of-range field is
+    refused with the field named."""
     if store is None:
         raise ApiError(409, "the default store does not exist yet: run a Carnator node once first")
     try:
-        profile = Profile.from_dict(body)
+        profile = dataclasses.replace(Profile.from_dict(body), scope=scope)
     except ProfileError as error:
         raise ApiError(400, str(error)) from None
     profiles.save_profile(store, profile)
@@ -397,8 +412,8 @@ def import_profile(store: ReuseStore | None, body: dict[str, Any]) -> dict[str, 
 
 
 @_on_store("changed")
-def remove_profile(store: ReuseStore | None, model: str, schedule: str) -> dict[str, Any]:
-    key = profile_key(model, schedule)
+def remove_profile(store: ReuseStore | None, scope: str, model: str, schedule: str) -> dict[str, Any]:
+    key = profile_key(model, schedule, scope)
     if store is None or not profiles.delete_profile(store, key):
-        raise ApiError(404, f"no profile {key}")
+        raise ApiError(404, f"no profile {profile_key(model, schedule)}")
     return {"key": key, "deleted": True}

@@ -32,13 +32,15 @@ def _document(store: ReuseStore) -> tuple[dict, str]:
     return data, ""
 
 
-def stored_profiles(store: ReuseStore) -> tuple[dict[str, Profile], dict[str, str]]:
-    """The usable profiles by key, and the refused ones' keys with the reason."""
+def stored_profiles(store: ReuseStore, scope: str | None = None) -> tuple[dict[str, Profile], dict[str, str]]:
+    """The usable profiles by key, and the refused ones' keys with the reason; with `scope`, that scope's alone."""
     data, problem = _document(store)
     if problem:
         return {}, {"*": problem}
     usable, refused = {}, {}
     for key, value in data.items():
+        if scope is not None and _scope_of(str(key)) != scope:
+            continue
         try:
             profile = Profile.from_dict(value)
         except ProfileError as error:
@@ -51,11 +53,12 @@ def stored_profiles(store: ReuseStore) -> tuple[dict[str, Profile], dict[str, st
     return usable, refused
 
 
-def profile_for(store: ReuseStore, model: str, schedule: str, cfg: float) -> tuple[Profile | None, str]:
-    """The profile for this model, schedule and guidance scale, or None and why none applies ("" when the store
-    holds none)."""
-    usable, refused = stored_profiles(store)
-    key = profile_key(model, schedule)
+def profile_for(store: ReuseStore, model: str, schedule: str, cfg: float,
+                scope: str = "") -> tuple[Profile | None, str]:
+    """The profile for this model, schedule and guidance scale in `scope`, or None and why none applies ("" when
+    the store holds none there)."""
+    usable, refused = stored_profiles(store, scope)
+    key = profile_key(model, schedule, scope)
     if key in usable:
         profile = usable[key]
         if not profile.in_force:
@@ -70,6 +73,11 @@ def profile_for(store: ReuseStore, model: str, schedule: str, cfg: float) -> tup
         return None, "this model's calibration profiles are for other schedules (steps, scheduler, shift): " \
                      "shipped thresholds"
     return None, ""
+
+
+def _scope_of(key: str) -> str:
+    """The scope a profile key is filed in (`profile_key`)."""
+    return key.split("|", 1)[0] if "|" in key else ""
 
 
 def save_profile(store: ReuseStore, profile: Profile) -> None:

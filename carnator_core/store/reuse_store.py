@@ -234,7 +234,7 @@ class ReuseStore:
         emb_blob = encode_tensors(index_tensors, {"entry_id": meta.entry_id, "model": key.model, "schedule": key.schedule,
                                                   "grid": ",".join(str(v) for v in key.grid),
                                                   "frame_rate": repr(key.frame_rate), "prompt": meta.prompt,
-                                                  "noise": meta.noise_fingerprint})
+                                                  "noise": meta.noise_fingerprint, "scope": key.scope})
         meta.blob_bytes = {name: len(blob) for name, blob in blobs.items()}
         meta.blob_bytes["_index"] = len(emb_blob)
         entry_id = meta.entry_id
@@ -433,7 +433,8 @@ class ReuseStore:
             try:
                 record = decode_metadata(raw)
                 hard_key = HardKey(model=record["model"], grid=tuple(int(v) for v in record["grid"].split(",")),
-                                   schedule=record["schedule"], frame_rate=float(record.get("frame_rate", 0.0)))
+                                   schedule=record["schedule"], frame_rate=float(record.get("frame_rate", 0.0)),
+                                   scope=str(record.get("scope", "")))
                 if record["entry_id"] != entry_id:
                     raise ValueError("index record names another entry")
             except (CorruptBlobError, KeyError, ValueError) as error:

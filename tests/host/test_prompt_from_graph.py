@@ -76,7 +76,7 @@ def _run(comfy, graph: dict) -> dict:
 
 def _listed(comfy, store: str) -> list[str]:
     """The prompts the store panel lists, newest first."""
-    listing = list_entries(ReuseStore(str(comfy.base_dir / store)), 0, 10, "")
+    listing = list_entries(ReuseStore(str(comfy.base_dir / store)), "", 0, 10, "")
     return [entry["prompt"] for entry in listing["entries"]]
 
 
