@@ -160,9 +160,10 @@ class PromptRun:
 class ComfyClient:
     """Queue prompts, follow them on the websocket, read their history; close() (or `with`) when done."""
 
-    def __init__(self, url: str, timeout: float = 30.0, server_pid: int | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, server_pid: int | None = None, user: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.user = user  # a --multi-user server's user every request names (ComfyUI's comfy-user header)
         self.client_id = uuid.uuid4().hex
         self.server_pid = server_pid  # set when this process started the server (benchmarks read its CPU time)
         self._events: queue.Queue[tuple[float, dict] | None] = queue.Queue()
@@ -294,7 +295,8 @@ class ComfyClient:
         return self._call(self._fetch(path, payload))
 
     async def _open_session(self) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        headers = {"comfy-user": self.user} if self.user is not None else None
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout), headers=headers)
 
     async def _close_session(self) -> None:
         if self._ws is not None:
