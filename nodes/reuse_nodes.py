@@ -59,6 +59,11 @@ def reuse_inputs() -> list[io.Input]:
                      tooltip="How many steps after a resume get the guidance boost."),
         io.Boolean.Input("record", default=input_default("record"),
                          tooltip="Record this run in the store so later requests can reuse it."),
+        io.Boolean.Input("exact_repeats", **advanced_input(), default=input_default("exact_repeats"), optional=True,
+                         tooltip="A run whose every sampler input matches a stored run (model, conditioning, noise, "
+                                 "sampler, sigmas, cfg) and whose first model prediction is that run's bit for bit "
+                                 "returns the stored output after that one call: what sampling would give. Off: such "
+                                 "a run resumes like any other."),
         io.Combo.Input("verification", **advanced_input(), options=list(VERIFICATIONS), default=input_default("verification"),
                        optional=True,
                        tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "

@@ -93,7 +93,7 @@ class ReuseSampler(comfy.samplers.Sampler):
                                                          guider.model_options, is_model_options=True)
             # packed latents: the guider's model holds their shapes while it samples (CFGGuider.inner_sample)
             call = {"noise": noise, "latent_image": latent_image, "sigmas": sigmas, "denoise_mask": denoise_mask,
-                    "seed": extra_args.get("seed"),
+                    "seed": extra_args.get("seed"), "sampler": self.inner,
                     "latent_shapes": getattr(getattr(guider, "inner_model", None), "latent_shapes", None)}
             state = open_run(guider, self.settings, call)
             run_options = (guider_options, model_options["transformer_options"])

@@ -12,9 +12,11 @@ import torch
 
 from carnator_core.reuse.cached_evaluation import CachedEvaluation
 from carnator_core.reuse.decision import Evaluate
+from carnator_core.reuse.exact_repeat import ExactRepeat, RepeatConfirmed, RepeatDiffers, prediction_digest
 from carnator_core.reuse.outcome import Resume, ServedEvaluation, SkipStage
 from carnator_core.reuse.settings import ReuseSettings
 
+from .exact_key import exact_key
 from .fault_boundary import CarnatorFault, carnator_code, host_code
 from .host import keeps_history
 from .noise_continuation import plain_noise_sampler, with_plain_noise
@@ -99,7 +101,7 @@ def sample_with_run(sample, sampler, carnator: CarnatorRun, guider, sigmas, extr
     try:
         with carnator_code("probing donors"):
             prepared = _prepare_sampling(sample, sampler, carnator, guider, sigmas, extra_args, callback, noise,
-                                         latent_image, match)
+                                         latent_image, match, denoise_mask)
     except CarnatorFault as fault:
         sample_plain_again(carnator, fault, "sampled plain", extra_args["model_options"]["transformer_options"],
                            guider.model_options["transformer_options"])
@@ -107,6 +109,15 @@ def sample_with_run(sample, sampler, carnator: CarnatorRun, guider, sigmas, extr
                       **passed_on)
     if isinstance(prepared, torch.Tensor):  # the stage is skipped whole: the donor's output
         return prepared
+    if isinstance(prepared, ExactRepeat):  # sampled fresh until its first prediction confirms or refutes the repeat
+        try:
+            return _sample_repeat(prepared, sample, guider, sigmas, extra_args, callback, noise, latent_image,
+                                  denoise_mask, disable_pbar, passed_on)
+        except RepeatDiffers:  # another bit: the usual decision, from the start (the first call counted)
+            prepared = _prepare_sampling(sample, sampler, carnator, guider, sigmas, extra_args, callback, noise,
+                                         latent_image, match, denoise_mask, exact=False)
+            if isinstance(prepared, torch.Tensor):
+                return prepared
     sample, sigmas, noise, latent_image, step_callback = prepared
     output = sample(guider, sigmas, extra_args, step_callback, noise, latent_image, denoise_mask, disable_pbar,
                     **passed_on)
@@ -120,11 +131,18 @@ def sample_with_run(sample, sampler, carnator: CarnatorRun, guider, sigmas, extr
 
 
 def _prepare_sampling(sample, sampler, carnator: CarnatorRun, guider, sigmas, extra_args, callback, noise,
-                      latent_image, match):
-    """Ask the engine what the run does and install its outcome: the donor's output when the stage is skipped whole,
-    else (sample call, sigmas, noise, latent, step callback) for the sampler."""
+                      latent_image, match, denoise_mask, exact: bool = True):
+    """Ask the engine what the run does and install its outcome: the stored run it may repeat exactly (`exact`), the
+    donor's output when the stage is skipped whole, else (sample call, sigmas, noise, latent, step callback) for the
+    sampler."""
     state, run = carnator.reuse, carnator.reuse.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
+    if exact:
+        step_cache = extra_args["model_options"]["transformer_options"].get(STEP_CACHE_KEY) is not None
+        run.exact_key = exact_key(guider, sampler, noise, latent_image, sigmas, denoise_mask, run.hard_key, step_cache)
+        repeat = run.exact_repeat()
+        if repeat is not None:
+            return repeat
     if carnator.attention is not None:
         carnator.attention.defer_report()
     evaluate = _probe_evaluation(state, guider, extra_args, noise)
@@ -156,6 +174,30 @@ def _prepare_sampling(sample, sampler, carnator: CarnatorRun, guider, sigmas, ex
     run.lend_masks(carnator.attention)
     return sample, sigmas, noise, latent_image, _recording_callback(state, extra_args, callback, start, resumed,
                                                                     sigma_values)
+
+
+def _sample_repeat(repeat: ExactRepeat, sample, guider, sigmas, extra_args, callback, noise, latent_image,
+                   denoise_mask, disable_pbar, passed_on: dict) -> torch.Tensor:
+    """Sample from step 0 until the step-0 callback: a first prediction equal to the stored run's, bit for bit, ends
+    the sampler with the stored output (RepeatConfirmed); any other raises RepeatDiffers."""
+    run = run_state(extra_args["model_options"]["transformer_options"]).reuse.run
+
+    def first_step(step, x0, x, total_steps):
+        with carnator_code("checking an exact repeat"):
+            same = prediction_digest(x0) == repeat.first
+        if not same:
+            raise RepeatDiffers
+        raise RepeatConfirmed
+
+    try:
+        sample(guider, sigmas, extra_args, first_step, noise, latent_image, denoise_mask, disable_pbar, **passed_on)
+    except RepeatConfirmed:
+        run.repeated(repeat)
+        output = repeat.output.to(device=noise.device, dtype=noise.dtype)
+        if callback is not None:
+            callback(len(sigmas) - 2, output, output, len(sigmas) - 1)
+        return output
+    raise RepeatDiffers  # a sampler that never called back (no step)
 
 
 def _probe_evaluation(state: ReuseHolder, guider, extra_args: dict, noise: torch.Tensor) -> Evaluate:
@@ -207,6 +249,8 @@ def _recording_callback(state: ReuseHolder, extra_args: dict, callback, start: i
         try:
             with carnator_code("recording a step"):
                 absolute = start + step
+                if absolute == 0:
+                    run.observe_first_prediction(x0)
                 if absolute >= resumed and run.wants_step(absolute):
                     sigma = sigma_values[absolute]
                     run.observe_step(absolute, sigma, state.model_input_at(sigma, x), x0, state.guidance_at(sigma),

@@ -290,6 +290,12 @@ class ShortlistIndex:
         self._seen_sequence = sequence
         return added
 
+    def same_noise_ids(self, hard_key: HardKey, noise: str) -> list[str]:
+        """The live entries of `hard_key`'s scope, model and grid (any schedule) made from the initial noise `noise`."""
+        with self._lock:
+            return sorted(entry for key, group in self._groups.items() if hard_key.mismatch(key) is None
+                          for entry in group.by_noise.get(noise, ()))
+
     def query(self, hard_key: HardKey, cond: torch.Tensor, text: torch.Tensor | None,
               top_k: int, min_similarity: float, noise: str = "", same_noise_limit: int = 0) -> ShortlistResult:
         """Top-K compatible entries by cosine similarity, plus up to `same_noise_limit` entries made from the

@@ -32,6 +32,7 @@ class Verdict(str, Enum):
     """What a run reused. `hit` alone cannot tell a resume from borrowed attention masks, so every consumer reads
     this instead of deriving its own."""
 
+    EXACT_REPEAT = "exact repeat"  # every sampler input and the first prediction matched a stored run: its output
     RESUMED = "resumed"  # started from a verified donor state, skipping steps
     STAGE_SKIPPED = "stage skipped"  # a trajectory stage replaced whole by a donor stage's output
     MASKS_BORROWED = "masks borrowed"  # sampled every step, with a donor's attention masks
@@ -45,7 +46,7 @@ class Verdict(str, Enum):
     @property
     def skips_steps(self) -> bool:
         """Whether the run took a donor's latent state (and so saved model calls)."""
-        return self in (Verdict.RESUMED, Verdict.STAGE_SKIPPED)
+        return self in (Verdict.RESUMED, Verdict.STAGE_SKIPPED, Verdict.EXACT_REPEAT)
 
     @classmethod
     def strongest(cls, verdicts: Iterable[Verdict]) -> Verdict:
@@ -54,8 +55,8 @@ class Verdict(str, Enum):
 
 
 _LABELS = {Verdict.RESUMED: "HIT (resumed)", Verdict.STAGE_SKIPPED: "HIT (stage skipped)",
-           Verdict.MASKS_BORROWED: "HIT (masks)", Verdict.MISS: "MISS"}
-_STRENGTH = (Verdict.MISS, Verdict.MASKS_BORROWED, Verdict.RESUMED, Verdict.STAGE_SKIPPED)
+           Verdict.MASKS_BORROWED: "HIT (masks)", Verdict.MISS: "MISS", Verdict.EXACT_REPEAT: "HIT (exact repeat)"}
+_STRENGTH = (Verdict.MISS, Verdict.MASKS_BORROWED, Verdict.RESUMED, Verdict.STAGE_SKIPPED, Verdict.EXACT_REPEAT)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class RunReport:
     guidance_cosine: float | None = None
     other_parts_agreement: tuple[float, ...] = ()  # a packed latent's other parts (LTX-2's audio), as the probe's
     skipped_steps: int = 0
+    exact_repeat: bool = False  # its output is a stored run's, every input and the first prediction matching
     # a resume's sigma and where the donor recorded that state ({"sigma", "donor_step", "donor_steps"}); empty else
     resumed_at: dict[str, Any] = field(default_factory=dict)
     attention: dict[str, Any] = field(default_factory=dict)  # the sparse-attention summary; empty without one
@@ -130,6 +132,8 @@ class RunReport:
     @property
     def verdict(self) -> Verdict:
         """What the run reused. A skipped stage also counts its steps as skipped, so it is told apart first."""
+        if self.exact_repeat:
+            return Verdict.EXACT_REPEAT
         if self.stage.get("skipped_whole"):
             return Verdict.STAGE_SKIPPED
         if self.skipped_steps > 0:
@@ -149,6 +153,8 @@ class RunReport:
             return f"MISS: {self.reason or 'no reuse'}"
         if verdict is Verdict.MASKS_BORROWED:
             return "HIT: attention masks borrowed"
+        if verdict is Verdict.EXACT_REPEAT:
+            return f"HIT: {self.reason} ({(self.donor_prompt or '')[:60]!r}), ~{self.time_saved_s:.1f} s saved"
         donor = repr((self.donor_prompt or "")[:60])
         checks = [f"{name} {value:.3f}" for name, value in (("structure", self.structure_agreement),
                                                            ("guidance", self.guidance_cosine)) if value is not None]
@@ -201,6 +207,7 @@ class RunReport:
             **({"other_parts_agreement": list(self.other_parts_agreement)} if self.other_parts_agreement else {}),
             "skipped_steps": self.skipped_steps,
             "total_steps": self.total_steps,
+            "exact_repeat": self.exact_repeat,
             "resumed_at": self.resumed_at,
             "attention_density": self.attention.get("density"),
             "attention": self.attention,

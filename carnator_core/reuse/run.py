@@ -26,12 +26,20 @@ import torch
 
 from carnator_core.attention.donor_masks import load_donor_masks
 from carnator_core.attention.sparse_attention import MASKS_TOO_FULL, SparseAttentionRun, masks_to_blob
-from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
+from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible, index_for
 from carnator_core.lookup.fingerprint import content_fingerprint, noise_fingerprint
 from carnator_core.lookup.noise_process import NOISE_PROCESS, NoiseProcess
 from carnator_core.lookup.shortlist import Candidate
 from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
+from carnator_core.reuse.exact_repeat import (
+    EXACT,
+    FINAL_BLOB,
+    FINAL_TENSOR,
+    ExactRepeat,
+    find_exact,
+    prediction_digest,
+)
 from carnator_core.reuse.history_replay import REPLAY_NOTE, HistoryReplay, replay_for
 from carnator_core.reuse.input_start import GUIDE_IMAGE, GUIDE_NOTE, INPUT_NOTE, INPUT_START
 from carnator_core.reuse.outcome import Outcome, Reason, Resume, SampleFresh, ServedEvaluation, SkipStage
@@ -83,6 +91,11 @@ class ReuseRun:
     guide_image: torch.Tensor | None = None
     # the model's noise process: donors of another schedule of it are candidates (None: the identical schedule only)
     noise_process: NoiseProcess | None = None
+    # the hash of every sampler input (`carnator_core.reuse.exact_repeat`); None where the host cannot tell them all
+    exact_key: str | None = None
+    exact: ExactRepeat | None = None  # the stored run this request repeated exactly, once its first call confirmed it
+    first_digest: str | None = None  # the digest of this run's first prediction, where it sampled step 0
+    output: torch.Tensor | None = None  # what the run returned, kept for an entry a later exact repeat can serve
     started_at: float = field(default_factory=time.perf_counter)
     match: Match | None = None
     skipped: dict[str, int] = field(default_factory=dict)
@@ -173,6 +186,19 @@ class ReuseRun:
         return self._decider.start_evaluation if self._decider is not None else None
 
     # ------------------------------------------------------------------ before sampling
+    def exact_repeat(self) -> ExactRepeat | None:
+        """The stored run of this scope, model and grid, made from this noise, that recorded this request's exact key
+        (a first stage or a single run); None where there is none or this run cannot tell."""
+        if not self.settings.exact_repeats or self.exact_key is None or self.continues is not None \
+                or self.store.unavailable:
+            return None
+        ids = index_for(self.store).same_noise_ids(self.hard_key, self.noise_fingerprint)
+        return find_exact(self.store, ids, self.exact_key, self.latent_shape)
+
+    def repeated(self, repeat: ExactRepeat) -> None:
+        """The request's first prediction confirmed `repeat`: its output is the stored one, and it records nothing."""
+        self.exact = repeat
+
     def plan(self, match: Match | None = None, batch_limit: int = 1) -> list[ProbeTarget | ScreenOnly]:
         """Shortlist donors (or take a lookup node's `match`) and list the checkpoints worth probing:
         enough for `max_probes` calls of `batch_limit` states each. The prompt's text vector the lookup used (a
@@ -327,9 +353,15 @@ class ReuseRun:
         return replay
 
     def observe_end(self, sigma: float, output: torch.Tensor) -> None:
-        """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage."""
+        """Keep a stage's output (sigma > 0: leftover noise) for later requests that skip the stage, and the run's
+        output for a later exact repeat."""
         if self.recorder is not None and self.hands_over:
             self.recorder.capture_end(sigma, output)
+        self.output = output
+
+    def observe_first_prediction(self, x0: torch.Tensor) -> None:
+        """The sampler's step-0 prediction (the step callback's, bit for bit): its digest goes with the entry."""
+        self.first_digest = prediction_digest(x0)
 
     def observe_output(self, output: torch.Tensor) -> None:
         """What the run returned to the host, as the sampler that continues a stage with leftover noise receives it:
@@ -383,10 +415,10 @@ class ReuseRun:
             self.attention_summary = attention.summary()
         elapsed = time.perf_counter() - self.started_at
         self.store_problem = self.store_problem or self.store.unavailable
-        if self.decision is not None:
-            donor = self.decision.target.meta
+        if self.decision is not None or self.exact is not None:
+            donor = self.exact.entry if self.exact is not None else self.decision.target.meta
             self.store.record_hit(donor.entry_id, self.skipped_steps * donor.sample_seconds / max(1, self.total_steps))
-        recorded = self.settings.record and self.recorder is not None
+        recorded = self.settings.record and self.recorder is not None and self.exact is None
         self._hand_on(self._entry(elapsed, attention, thumbnail) if recorded else None)
         return self.report(elapsed)
 
@@ -407,6 +439,9 @@ class ReuseRun:
         extra: dict[str, Any] = {"sigmas": [round(s, 6) for s in self.sigmas]}
         if self.noise_process is not None:
             extra[NOISE_PROCESS] = self.noise_process.record(self.sigmas)
+        if self._repeatable(attention):
+            extra[EXACT] = {"key": self.exact_key, "first": self.first_digest}
+            blobs[FINAL_BLOB] = encode_tensors({FINAL_TENSOR: self.output})
         if self.recorder.end is not None:
             extra["stage_end"] = {"sigma": self.recorder.end[0]}
         if self.input_latent is not None:
@@ -422,6 +457,13 @@ class ReuseRun:
                          extra=extra)
         return PendingEntry(store=self.store, meta=meta, blobs=blobs, cond_vector=self.cond_vector,
                             text_vector=self.text_vector, thumbnail=thumbnail)
+
+    def _repeatable(self, attention: SparseAttentionRun | None) -> bool:
+        """Whether a later exact repeat may be served this run's output: a first stage sampled plain from its step 0
+        (no resume, every attention call dense), with its exact key, first prediction and output known."""
+        dense = attention is None or not self.attention_summary.get("sparse_calls")
+        return (self.exact_key is not None and self.decision is None and self.continues is None and dense
+                and self.first_digest is not None and self.output is not None)
 
     def _hand_on(self, entry: PendingEntry | None) -> None:
         """Write the request's entry, or keep it for the sampler that continues this stage. A later stage adds its
@@ -448,7 +490,10 @@ class ReuseRun:
 
     @property
     def skipped_steps(self) -> int:
-        """The request's steps a decision saved: up to its resume step, or the whole stage it skipped."""
+        """The request's steps a decision saved: up to its resume step, or the whole stage it skipped (an exact
+        repeat: every step after the first)."""
+        if self.exact is not None:
+            return self.total_steps - 1
         if self.decision is None:
             return 0
         return self.total_steps if self.decision.end is not None else self.decision.step
@@ -458,6 +503,8 @@ class ReuseRun:
         candidate = best.candidate if best is not None else (self.match.best if self.match else None)
         skipped_steps = self.skipped_steps
         reason = self.outcome.reason if self.outcome is not None else Reason("not sampled", "no decision was made")
+        if self.exact is not None:
+            return self._exact_report(elapsed)
         per_step = elapsed / max(1, self.total_steps - skipped_steps)
         signals = self.decision.signals if self.decision is not None else None
         return RunReport(
@@ -488,6 +535,16 @@ class ReuseRun:
             notes=self._notes(),
             stage=self._stage_summary(),
         )
+
+    def _exact_report(self, elapsed: float) -> RunReport:
+        entry = self.exact.entry
+        return RunReport(hit=True, exact_repeat=True, mode=self.settings.mode, prompt=self.settings.prompt,
+                         judged_by=self.settings.judged_by, donor_id=entry.entry_id, donor_prompt=entry.prompt,
+                         skipped_steps=self.skipped_steps, total_steps=self.total_steps,
+                         attention=self.attention_summary, model_calls=self.model_calls, time_s=elapsed,
+                         time_saved_s=entry.sample_seconds * self.skipped_steps / max(1, self.total_steps),
+                         reason=f"exact repeat of {entry.entry_id[:8]}: {self.model_calls} of {self.total_steps} "
+                                "model calls", notes=self._notes(), stage=self._stage_summary())
 
     def _resumed_at(self) -> dict[str, Any]:
         """Where a resume entered this run's schedule, and where the donor recorded that state: its sigma, the

@@ -65,6 +65,8 @@ class ReuseSettings:
     checkpoint_fractions: tuple[float, ...] = (0.2, 0.35, 0.5, 0.65, 0.8)
     thresholds: ProbeThresholds = field(default_factory=ProbeThresholds)
     record: bool = True
+    # an exact repeat of a stored run (every sampler input, and the first prediction bit for bit) returns its output
+    exact_repeats: bool = True
     guidance_boost: float = 0.0  # extra CFG scale right after a resume (0 = off)
     guidance_boost_steps: int = 0
     # "text-only" is the unverified baseline the benchmark compares against; "forced N%" resumes at N% of the

@@ -21,7 +21,7 @@ from carnator_core.store.tensor_codec import encode_tensors
 KEY = HardKey("model", (2, 4, 4), "schedule")
 SHAPE = (1, 16, 2, 8, 8)
 FULL_FIELDS = ["hit", "verdict", "mode", "prompt", "judged_by", "donor_id", "donor_prompt", "text_similarity", "agreement", "structure_agreement",
-               "guidance_cosine", "skipped_steps", "total_steps", "resumed_at", "attention_density", "attention", "heads_reuse",
+               "guidance_cosine", "skipped_steps", "total_steps", "exact_repeat", "resumed_at", "attention_density", "attention", "heads_reuse",
                "heads_own", "model_calls", "time_s", "time_saved_s", "reason", "seed_miss", "probes", "candidates", "filtered",
                "skipped_donors", "notes", "stage"]
 ATTENTION_FIELDS = ["hit", "verdict", "mode", "donor_id", "donor_prompt", "text_similarity", "agreement", "skipped_steps",
@@ -128,7 +128,7 @@ def test_a_plain_run_reports_its_reason_as_its_note_unless_given_notes():
     assert data == {
         "hit": False, "verdict": "miss", "mode": "balanced", "prompt": "", "judged_by": "", "donor_id": None,
         "donor_prompt": None, "text_similarity": None,
-        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0, "resumed_at": {},
+        "agreement": None, "structure_agreement": None, "guidance_cosine": None, "skipped_steps": 0, "exact_repeat": False, "resumed_at": {},
         "total_steps": 10, "attention_density": None, "attention": {}, "heads_reuse": 0, "heads_own": 0,
         "model_calls": 10, "time_s": 3.0, "time_saved_s": 0.0, "reason": "denoise mask (inpainting)",
         "seed_miss": False, "probes": [],

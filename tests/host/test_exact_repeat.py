@@ -1,0 +1,62 @@
+"""Exact repeats on the demo model inside real ComfyUI (in-process), with the official Wan 2.1 template's sampler:
+the same prompt queued again after another one costs its first model call and gives the first run's latent bit for
+bit; the same prompt with any sampler input changed is never served that latent."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from carnator_core.demo.graphs import MODEL_CHAIN, NEGATIVE, REPORT, SAMPLER, base_graph, with_report, with_reuse
+from carnator_core.reuse.recording import entry_writer
+
+DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
+PROMPT = "a red circle moving left on a black background"
+OTHER = "a blue square moving up on a white background"
+STEPS = 24
+_stores = itertools.count()
+
+
+def _graph(prompt: str, store: str | None, *, sampler: str = "uni_pc", scheduler: str = "simple", steps: int = STEPS,
+           cfg: float = 6.0, negative: str = "") -> dict:
+    graph = base_graph(DEMO_WEIGHTS, prompt, seed=42, steps=steps, cfg=cfg, sampler_name=sampler, scheduler=scheduler)
+    graph[MODEL_CHAIN]["inputs"]["shift"] = 8.0
+    graph[NEGATIVE]["inputs"]["text"] = negative
+    return with_report(graph) if store is None else with_reuse(graph, store, prompt, sparse_attention="off")
+
+
+def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
+    comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
+    run = comfy.run_prompt(comfy.complete(graph))
+    entry_writer().flush()
+    reports = json.loads(run.output(REPORT, 1))
+    return run.output(SAMPLER)["samples"], reports[0] if reports else None
+
+
+@pytest.mark.parametrize("mode", ["balanced", "safe"])
+def test_an_exact_repeat_after_another_prompt_costs_one_call_and_is_the_first_run_bit_for_bit(comfy, mode):
+    store = f"stores/exact-{next(_stores)}"
+    plain, _ = _sample(comfy, _graph(PROMPT, None))
+    first, report = _sample(comfy, _graph(PROMPT, store))
+    assert torch.equal(first, plain) and not report["hit"]
+    _sample(comfy, _graph(OTHER, store))
+    repeat, report = _sample(comfy, _graph(PROMPT, store))
+    assert report["verdict"] == "exact repeat" and report["exact_repeat"], json.dumps(report)
+    assert report["model_calls"] <= 2 and report["skipped_steps"] == STEPS - 1
+    assert report["reason"] == f"exact repeat of {report['donor_id'][:8]}: {report['model_calls']} of {STEPS} " \
+                               "model calls"
+    assert torch.equal(repeat, first)
+
+
+@pytest.mark.parametrize("change", ["sampler", "cfg", "scheduler", "steps", "negative"])
+def test_the_same_prompt_with_another_sampler_input_is_never_served_the_stored_latent(comfy, change):
+    store = f"stores/exact-{next(_stores)}"
+    first, _ = _sample(comfy, _graph(PROMPT, store))
+    changed = {"sampler": {"sampler": "euler"}, "cfg": {"cfg": 5.0}, "scheduler": {"scheduler": "beta"},
+               "steps": {"steps": STEPS - 4}, "negative": {"negative": "blurry"}}[change]
+    other, report = _sample(comfy, _graph(PROMPT, store, **changed))
+    assert not report["exact_repeat"] and report["verdict"] != "exact repeat", json.dumps(report)
+    assert not torch.equal(other, first)
