@@ -60,7 +60,7 @@ def _feeder(hasher) -> Callable[[Any], None]:
         elif isinstance(value, torch.Tensor):
             values = value.detach().to("cpu").contiguous()
             hasher.update(f"tensor:{values.dtype}:{tuple(values.shape)}:".encode())
-            hasher.update(values.view(torch.uint8).numpy().tobytes() if values.numel() else b"")
+            hasher.update(values.reshape(-1).view(torch.uint8).numpy().tobytes() if values.numel() else b"")
         elif isinstance(value, dict):
             hasher.update(b"{")
             for name in sorted(value, key=str):

@@ -1,5 +1,6 @@
 """`python -m carnator_core.bench report [--check]`: the results tables of the README and the docs,
-generated from the stored runs in docs/results/ (each benchmark's `--record NAME`).
+generated from the stored runs in docs/results/ (each benchmark's `--record NAME`), and the frontier plots of
+docs/measurements.md (docs/images/frontier-RUN.png, where matplotlib is installed).
 
 Each table sits between `<!-- results:TABLE -->` and `<!-- /results:TABLE -->`, and all between is rewritten: a figure
 typed there by hand does not survive the next report, and `--check` (run in CI) fails while a table differs from what
@@ -72,6 +73,27 @@ def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]
     return MARKED.sub(table, text), changed
 
 
+FRONTIER_RUNS = ("agree-reword-and-edit-cfg4", "edit-loop-16")  # the runs docs/measurements.md plots
+IMAGES_DIR = REPO_DIR / "docs" / "images"
+
+
+def frontier_plots(results_dir: Path, images_dir: Path = IMAGES_DIR) -> list[str]:
+    """The frontier plot of each run of FRONTIER_RUNS (quality against model calls: plain's curve, each mode at the
+    workflow's steps and at the knee), written as images_dir/frontier-RUN.png; the notes of those not written. (Its
+    imports are here: `--check` runs where the benchmark's own dependencies are not installed.)"""
+    from carnator_core.bench.workload_output import frontier_points
+    from carnator_core.judging.plot import plot_unavailable, yardstick_panels
+
+    runs, notes = StoredRuns(results_dir), []
+    for name in FRONTIER_RUNS:
+        result = runs[name].result
+        title = f"{name}: the yardstick's measures against model calls; {result['recommended']['words']}"
+        if yardstick_panels(result["plain_steps_curve"], frontier_points(result), images_dir / f"frontier-{name}.png",
+                            title) is None:
+            notes.append(plot_unavailable(f"frontier plot of {name}"))
+    return notes
+
+
 def update(documents: Iterable[Path], results_dir: Path, check: bool) -> list[str]:
     """Regenerate the documents' tables (with `check`, only compare); one line per table that differed."""
     differed = []
@@ -97,6 +119,9 @@ def main(argv: list[str]) -> int:
     for line in differed:
         print(f"{line} differs from its stored runs" if args.check else f"rewrote {line}",
               file=sys.stderr if args.check else sys.stdout)
+    if not args.check:
+        for note in frontier_plots(RESULTS_DIR):
+            print(note)
     if args.check and differed:
         print("run `python -m carnator_core.bench report` and commit the tables", file=sys.stderr)
         return 1

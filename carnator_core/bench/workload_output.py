@@ -135,14 +135,24 @@ def write_outputs(out: Path, result: dict[str, Any], settings: dict[str, Any], d
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     paths[0].write_text(json.dumps({**result, "settings": settings, "per_prompt": details}, indent=1))
     paths[1].write_text(markdown(result, settings))
-    points = [{**c, "label": c["name"] + ("" if c["equal_quality_speedup"] is None else
-                                          f": {c['equal_quality_speedup']['words']}")}
-              for c in result["configs"] if c["name"] != "plain" and fewer_steps_count(c["name"]) is None]
+    points = frontier_points(result)
     if plot.yardstick_panels(result["plain_steps_curve"], points, paths[2],
                              f"Carnator workload '{result['stream']}': the yardstick's measures vs model calls") is None:
         print(plot.plot_unavailable("quality plot"))
         return paths[:2]
     return paths
+
+
+def frontier_points(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each weighed configuration at the workflow's steps and each mode at the knee, as the quality plot marks them
+    beside plain's curve (the frontier of quality against model calls)."""
+    steps = result.get("plain_steps_curve", [{}])[-1].get("steps")
+    points = [{**c, "label": f"{c['name']} at {steps} steps" + ("" if c["equal_quality_speedup"] is None else
+                                                              f": {c['equal_quality_speedup']['words']}")}
+              for c in result["configs"] if c["name"] != "plain" and fewer_steps_count(c["name"]) is None]
+    points += [{**row, "label": f"{name.replace('@', ' at ')} steps (the knee)"}
+               for name, row in (result.get("knee") or {}).get("modes", {}).items()]
+    return points
 
 
 def details(prompts: list[str], seeds: list[int], samples: dict[str, list[Sample]]) -> list[dict]:

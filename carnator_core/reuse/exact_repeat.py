@@ -32,7 +32,7 @@ def prediction_digest(tensor: torch.Tensor) -> str:
     """The digest of a tensor's exact bits (dtype, shape and every byte)."""
     values = tensor.detach().to("cpu").contiguous()
     hasher = hashlib.sha256(f"{values.dtype}:{tuple(values.shape)}".encode())
-    hasher.update(values.view(torch.uint8).numpy().tobytes() if values.numel() else b"")
+    hasher.update(values.reshape(-1).view(torch.uint8).numpy().tobytes() if values.numel() else b"")
     return hasher.hexdigest()
 
 

@@ -40,9 +40,7 @@ def _graph(tiny_models, steps: int, lora: tuple[str, float] | None = None) -> di
 
 def _report(comfy, graph: dict, store_path: str, **options) -> tuple[torch.Tensor, dict]:
     comfy.unload_models()
-    # resumes from an identical run are what these tests measure: exact repeats off
-    run = comfy.run_prompt(comfy.complete(with_reuse(graph, store_path, prompt=PROMPT, exact_repeats=False,
-                                                     **options)))
+    run = comfy.run_prompt(comfy.complete(with_reuse(graph, store_path, prompt=PROMPT, **options)))
     entry_writer().flush()
     return run.output(SAMPLER)["samples"], json.loads(run.output("carnator_report", 1))[0]
 

@@ -119,6 +119,9 @@ def test_reuse_sampler_with_lookup_in_a_sampler_custom_advanced_graph(comfy, tin
     graph = with_report(graph)
     first, first_reports = _sample(comfy, graph)
     assert torch.equal(first, plain) and not first_reports[0]["hit"]
+    repeat, reports = _sample(comfy, graph)  # the same request again: an exact repeat through the reuse sampler too
+    assert reports[0]["verdict"] == "exact repeat" and reports[0]["model_calls"] == 1 and torch.equal(repeat, first)
+    graph["reuse_sampler"]["inputs"]["exact_repeats"] = False
     second, reports = _sample(comfy, graph)
     assert reports[0]["skipped_steps"] == 5, json.dumps(reports[0])
     assert reports[0]["guidance_cosine"] is None  # BasicGuider: cfg 1, no uncond half

@@ -52,8 +52,7 @@ def _graph(tiny_models, wan_low_noise, steps: int, boundary: int, text: str = PR
 
 
 def _with_reuse(graph: dict, store_path: str, prompt: str = PROMPT, **options) -> dict:
-    # the stage skip of an identical repeat is what these tests measure: exact repeats off
-    return with_expert_reuse(graph, store_path, prompt=prompt, sparse_attention="off", exact_repeats=False, **options)
+    return with_expert_reuse(graph, store_path, prompt=prompt, sparse_attention="off", **options)
 
 
 @pytest.mark.parametrize(("steps", "boundary", "mode", "low_noise_calls"),

@@ -28,9 +28,10 @@ RESUME_STEP = 4  # balanced mode: the deepest checkpoint at most half-way
 _runs = itertools.count(1)
 
 
-def _run(server: ComfyServer, tiny_models, url: str) -> dict:
+def _run(server: ComfyServer, tiny_models, url: str, **options) -> dict:
     """Queue the Wan template through CarnatorStore(url) -> CarnatorReuse; the run's report."""
-    graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=STEPS, seed=4, sampler_name="euler"), url)
+    graph = with_reuse(GRAPHS["wan"](tiny_models["wan"].name, steps=STEPS, seed=4, sampler_name="euler"), url,
+                       **options)
     graph["carnator_store"]["inputs"]["size_limit_gb"] = 1.0 + next(_runs) / 1000  # defeats ComfyUI's output cache
     (report,) = server.client.run(server.complete(graph), timeout=300).reports
     return report
@@ -79,6 +80,8 @@ def test_two_workers_share_one_redis_store_and_survive_its_outage(fleet, tiny_mo
     blob_cache = worker_b.base_dir / "user" / "carnator" / "blob-cache"
     assert any(path.stat().st_size > 0 for path in blob_cache.rglob("cache.db"))  # the donor's checkpoints, kept
     _entries(url, 2)  # worker B recorded its own run too
+    repeat = _run(worker_b, tiny_models, "", exact_repeats=True)  # the same request: worker A's output, one call
+    assert repeat["verdict"] == "exact repeat" and repeat["donor_id"] == donor and repeat["model_calls"] == 1, repeat
 
     redis_server.kill()
     third = _run(worker_b, tiny_models, "")

@@ -218,6 +218,10 @@ def test_second_server_process_reuses_what_the_first_recorded(comfy_server_facto
     second = _run(server_b, graph)
     _assert_resumed(second.report, donor)
     assert _relative_error(second.latent(), first.latent()) < FP16_TOLERANCE
+    # with exact repeats on (the node's default), the same request after the restart is the first run's output
+    repeat = _run(server_b, _graph(tiny_models, "wan", "", seed=4, exact_repeats=True))
+    assert repeat.report["verdict"] == "exact repeat" and repeat.report["donor_id"] == donor.entry_id, repeat.report
+    assert repeat.report["model_calls"] == 1 and torch.equal(repeat.latent(), first.latent())
 
 
 def test_store_path_outside_base_dir_is_a_node_error_and_the_server_keeps_serving(comfy_server, tiny_models) -> None:

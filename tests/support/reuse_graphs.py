@@ -14,13 +14,14 @@ from support.t2v_graphs import SAMPLER
 
 def with_reuse(graph: dict, store_path: str, prompt: str = "", **options) -> dict:
     """CarnatorStore -> CarnatorReuse in front of whatever takes the model (the guider of a SamplerCustomAdvanced
-    graph, else the sampler), plus a CarnatorReport on the sampler."""
+    graph, else the sampler), plus a CarnatorReport on the sampler. Exact repeats are off unless `options` turn them
+    on: the tests built on this helper measure resumes, and queue an identical request to get one."""
     consumer = "guider" if "guider" in graph else SAMPLER
-    return graphs.with_reuse(graph, store_path, prompt, consumer=consumer, **options)
+    return graphs.with_reuse(graph, store_path, prompt, consumer=consumer, **{"exact_repeats": False, **options})
 
 
 def with_expert_reuse(graph: dict, store_path: str, prompt: str = "", experts: tuple[str, ...] = (graphs.HIGH_NOISE,
                       SAMPLER), **options) -> dict:
     """One CarnatorReuse per expert chain of a two-expert graph (`wan22_14b_t2v`), in front of each sampler named in
-    `experts`, sharing one store, plus a report node on the last sampler."""
-    return graphs.with_expert_reuse(graph, store_path, prompt, experts=experts, **options)
+    `experts`, sharing one store, plus a report node on the last sampler (exact repeats off, as `with_reuse`)."""
+    return graphs.with_expert_reuse(graph, store_path, prompt, experts=experts, **{"exact_repeats": False, **options})
