@@ -16,7 +16,7 @@ from carnator_core.reuse.recording import entry_writer
 DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
 PROMPT = "a red circle moving left on a black background"
 OTHER = "a blue square moving up on a white background"
-STEPS = 24
+STEPS = 12
 _stores = itertools.count()
 
 
