@@ -59,11 +59,6 @@ def reuse_inputs() -> list[io.Input]:
                      tooltip="How many steps after a resume get the guidance boost."),
         io.Boolean.Input("record", default=input_default("record"),
                          tooltip="Record this run in the store so later requests can reuse it."),
-        io.Boolean.Input("exact_repeats", **advanced_input(), default=input_default("exact_repeats"), optional=True,
-                         tooltip="A run whose every sampler input matches a stored run (model, conditioning, noise, "
-                                 "sampler, sigmas, cfg) and whose first model prediction is that run's bit for bit "
-                                 "returns the stored output after that one call: what sampling would give. Off: such "
-                                 "a run resumes like any other."),
         io.Combo.Input("verification", **advanced_input(), options=list(VERIFICATIONS), default=input_default("verification"),
                        optional=True,
                        tooltip="model: verify donors with the model before resuming (Carnator). text-only: skip "
@@ -71,6 +66,16 @@ def reuse_inputs() -> list[io.Input]:
                                "N%: resume the most similar donor at N% of the steps whatever the model says, "
                                "recording its signals (what calibration measures; not for production)."),
     ]
+
+
+def exact_repeats_input() -> io.Input:
+    """Last of every reuse node's inputs (saved workflows hold widget values by position)."""
+    return io.Boolean.Input("exact_repeats", **advanced_input(), default=input_default("exact_repeats"),
+                            optional=True,
+                            tooltip="A run whose every sampler input matches a stored run (model, conditioning, "
+                                    "noise, sampler, sigmas, cfg) and whose first model prediction is that run's bit "
+                                    "for bit returns the stored output after that one call: what sampling would give. "
+                                    "Off: such a run resumes like any other.")
 
 
 def probe_batch_input() -> io.Input:
@@ -123,7 +128,8 @@ def graph_prompt_fingerprint() -> str:
 def model_level_inputs() -> list[io.Input]:
     """Reuse options plus the attention patch, for nodes that see the model (not a bare SAMPLER)."""
     return reuse_inputs() + [attention_choice_input("borrowed")] + recall_inputs() + [probe_batch_input(),
-                                                                                       min_tokens_input()]
+                                                                                       min_tokens_input(),
+                                                                                       exact_repeats_input()]
 
 
 def install_from_inputs(model, sparse_attention: str, enter_recall: float, exit_recall: float,

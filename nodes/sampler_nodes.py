@@ -15,6 +15,7 @@ from .model_call_wrappers import calc_cond_batch_wrapper, predict_noise_wrapper
 from .reuse_lifecycle import failure_to_sample_again, open_run, reuse_lifecycle, sample_plain_again
 from .reuse_nodes import (
     GRAPH_HIDDEN,
+    exact_repeats_input,
     graph_prompt_fingerprint,
     install_from_inputs,
     model_level_inputs,
@@ -123,7 +124,8 @@ class CarnatorReuseSampler(io.ComfyNode):
             inputs=[io.Sampler.Input("sampler", tooltip="The sampler to run under Carnator reuse."),
                     MatchType.Input("match", optional=True,
                                     tooltip="Candidates from Carnator Compatibility Lookup; without it the "
-                                            "sampler looks them up itself.")] + reuse_inputs() + [probe_batch_input()],
+                                            "sampler looks them up itself.")]
+                   + reuse_inputs() + [probe_batch_input(), exact_repeats_input()],
             outputs=[io.Sampler.Output(display_name="SAMPLER")],
             hidden=GRAPH_HIDDEN,
         )

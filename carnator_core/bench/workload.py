@@ -175,9 +175,9 @@ def main(argv: list[str]) -> int:
             raise DemoSetupError("--steps must be at least 2")
         if args.threads < 0:
             raise DemoSetupError("--threads must be 0 (every core) or more")
-        if not 1 <= args.draft_steps < args.steps:
-            raise DemoSetupError("--draft-steps must be at least 1 and fewer than --steps")
         drafting = args.stream == DRAFT_FINAL
+        if drafting and not 1 <= args.draft_steps < args.steps:
+            raise DemoSetupError("--draft-steps must be at least 1 and fewer than --steps")
         prompts = read_prompt_file(args.prompts) if args.prompts else \
             make_stream("unrelated" if drafting else args.stream, args.n)
         weights = demo_weights(args.weights)

@@ -248,7 +248,8 @@ def test_ltx2_through_the_reuse_sampler_records_and_resumes_the_same(comfy, curr
     plain, _ = _sample(comfy, graph)
     graph = with_store(graph, store_path)
     graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {  # otherwise the node's defaults
-        "sampler": ["ksampler_select", 0], "store": [STORE, 0], "prompt": PROMPT}}
+        "sampler": ["ksampler_select", 0], "store": [STORE, 0], "prompt": PROMPT,
+        "exact_repeats": False}}  # the resume of an identical request is what this measures
     graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
     graph = with_report(graph)
     first, (report,) = _sample(comfy, graph)

@@ -169,7 +169,7 @@ def test_a_failure_in_a_reuse_samplers_resumed_run_samples_it_again_plain(comfy,
     graph = hunyuan_video_t2v(tiny_models["hunyuan_video"].name, steps=STEPS, seed=7)
     graph = with_store(graph, store_path)
     graph["reuse_sampler"] = {"class_type": "CarnatorReuseSampler", "inputs": {
-        "sampler": ["ksampler_select", 0], "store": [STORE, 0], "prompt": "a red ball"}}
+        "sampler": ["ksampler_select", 0], "store": [STORE, 0], "prompt": "a red ball", "exact_repeats": False}}
     graph[SAMPLER]["inputs"]["sampler"] = ["reuse_sampler", 0]
     graph = with_report(graph)
     plain, first = _sample(comfy, graph)

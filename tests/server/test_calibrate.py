@@ -109,8 +109,9 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     assert run.returncode == 0, output
     profile = Profile.from_json((out / "profile.json").read_text())
     # last, per mode, whether reuse beats just lowering the steps, weighed on the held-back pair
-    assert output.splitlines()[-2:] == profile.verdict_lines() and len(profile.verdict_lines()) == 2, output
-    assert output.splitlines()[-3].endswith("(in force)") and "pairs used 3; a stable fit here" in output
+    assert output.splitlines()[-3:] == profile.verdict_lines() and len(profile.verdict_lines()) == 3, output
+    assert profile.verdict_lines()[-1].startswith("Recommended: run ")  # last, what to run
+    assert output.splitlines()[-4].endswith("(in force)") and "pairs used 3; a stable fit here" in output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
     assert "plain also at 5, 3, 2 of 10 steps" in output
     assert "21/21 runs" in output and "left" in output  # progress with an estimate of the time left
@@ -250,7 +251,7 @@ def test_the_wan21_template_calibrates_with_its_guidance_on_latents(server, tiny
     assert profile.cfg == 6.0 and profile.oracle is None
     assert set(profile.fewer_steps) == {"plain-4", "plain-2"} and set(profile.equal_quality) == {"balanced", "fast"}
     assert "plain at 1/4 of 8 steps skipped: 2 steps, as plain-2 already runs" in output
-    assert output.splitlines()[-2:] == profile.verdict_lines()
+    assert output.splitlines()[-3:] == profile.verdict_lines()
 
 
 def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_judged_by_the_profile(
@@ -278,7 +279,7 @@ def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_jud
     assert sorted((row["steps"], row["model_calls"]) for row in plain_runs if row["pair"] == 0) == [
         (2, 2), (4, 4), (8, 8)], plain_runs
     assert all(not weighed.held_back and weighed.pairs == 2 for weighed in profile.equal_quality.values())
-    assert output.splitlines()[-2:] == profile.verdict_lines()
+    assert output.splitlines()[-3:] == profile.verdict_lines()
 
     statuses = server.client.run(Workflow(graph, "89").for_prompt(EARLIER, "fixed", None)).statuses
     judged = {report["node"]: report["judged_by"] for report in statuses}
@@ -374,8 +375,9 @@ def test_a_stream_calibration_runs_each_mode_as_the_engine_does_and_the_workload
     assert run.returncode == 0, output
     profile = Profile.from_json((out / "profile.json").read_text())
     lines = output.splitlines()
-    assert lines[-2:] == profile.verdict_lines() and not profile.in_force, output
-    assert "a stream calibration fits no thresholds" in profile.reason and "(at most 4 plain runs per prompt)" in output
+    assert lines[-3:] == profile.verdict_lines() and not profile.in_force, output
+    assert "a stream calibration fits no thresholds" in profile.reason and "(at most 5 plain runs per prompt)" in output
+    assert profile.recommended is not None and lines[-1] == f"Recommended: {profile.recommended.words()}."
     rows = [json.loads(line) for line in (out / "stream" / "stream_runs.jsonl").read_text().splitlines()]
     runs = {(row["index"], row["run"]) for row in rows}
     assert len(runs) == len(rows)  # every run once
@@ -517,7 +519,7 @@ def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queu
     filed = [p for p in server.get("/carnator/store/profiles").json()["profiles"] if p["name"] == "graph editor"]
     assert len(filed) == 1 and finished["profile"] == filed[0]["description"]
     assert any(line.startswith("filed as profile 'graph editor'") for line in finished["summary"])
-    assert finished["summary"][-2:] == filed[0]["verdict"] and len(filed[0]["verdict"]) == 2  # the panel's too
+    assert finished["summary"][-3:] == filed[0]["verdict"] and len(filed[0]["verdict"]) == 3  # the panel's too
 
 
 def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tmp_path):

@@ -254,7 +254,10 @@ def test_workload_end_to_end_json_shape(tmp_path):
                     "--weights", str(weights))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert set(data) == {"stream", "prompts", "configs", "targets", "nesting", "plain_steps_curve"}
+    assert set(data) == {"stream", "prompts", "configs", "targets", "nesting", "plain_steps_curve", "knee",
+                         "recommended"}
+    assert {"steps", "mode", "calls", "interval", "against", "words"} <= set(data["recommended"])
+    assert data["recommended"]["words"].startswith("run ") and 1 <= data["knee"]["steps"] <= 2
     assert set(data["nesting"]) == {"fast_shallower_than_balanced", "fast_over_balanced_plus_one",
                                     "balanced_over_safe_plus_one"}
     assert data["stream"] == "near-dup" and data["prompts"] == make_stream("near-dup", 3)
@@ -339,7 +342,7 @@ def test_two_expert_workload_counts_each_expert_and_reports_hits_and_kinds(tmp_p
     data = json.loads(result.stdout)
     assert data["stream"] == "edit-loop (two-expert)"
     assert set(data) == {"stream", "prompts", "configs", "per_kind", "targets", "nesting",
-                         "plain_steps_curve"}
+                         "plain_steps_curve", "knee", "recommended"}
     _targets_agree_with_configs(data, "edit-loop")
     by_name = {c["name"]: c for c in data["configs"]}
     names = ["plain", "plain-2", "plain-1", *TWO_EXPERT_CONFIGS[1:]]  # 4 // 4 steps is plain-1 again: said, skipped
