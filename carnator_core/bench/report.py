@@ -74,18 +74,21 @@ def render(document: Path, text: str, results_dir: Path) -> tuple[str, list[str]
 
 
 FRONTIER_RUNS = ("agree-reword-and-edit-cfg4", "edit-loop-16")  # the runs docs/measurements.md plots
-IMAGES_DIR = REPO_DIR / "docs" / "images"
 
 
-def frontier_plots(results_dir: Path, images_dir: Path = IMAGES_DIR) -> list[str]:
-    """The frontier plot of each run of FRONTIER_RUNS (quality against model calls: plain's curve, each mode at the
-    workflow's steps and at the knee), written as images_dir/frontier-RUN.png; the notes of those not written. (Its
-    imports are here: `--check` runs where the benchmark's own dependencies are not installed.)"""
+def frontier_plots(results_dir: Path) -> list[str]:
+    """The frontier plot of each stored run of FRONTIER_RUNS that weighed the knee (quality against model calls:
+    plain's curve, each mode at the workflow's steps and at the knee), written beside the results as
+    images/frontier-RUN.png; the notes of those not written. (Its imports are here: `--check` runs where the
+    benchmark's own dependencies are not installed.)"""
     from carnator_core.bench.workload_output import frontier_points
     from carnator_core.judging.plot import plot_unavailable, yardstick_panels
 
     runs, notes = StoredRuns(results_dir), []
+    images_dir = results_dir.parent / "images"
     for name in FRONTIER_RUNS:
+        if name not in runs.names() or "recommended" not in runs[name].result:
+            continue
         result = runs[name].result
         title = f"{name}: the yardstick's measures against model calls; {result['recommended']['words']}"
         if yardstick_panels(result["plain_steps_curve"], frontier_points(result), images_dir / f"frontier-{name}.png",

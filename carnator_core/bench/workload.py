@@ -48,7 +48,8 @@ the calls and the speedup of the requests that resumed; `edit-loop` adds which k
 `--shared-store` has safe, balanced and fast look up in one store, each prompt recorded there by one of them in turn,
 which runs it after the others: every mode meets the same donors, recorded by requests in every mode, and none meets
 its own prompt's; the nesting check (`nesting`) then
-compares the modes on the same store: per prompt, steps skipped beside model calls.
+compares the modes on the same store: per prompt, steps skipped beside model calls. Such a run weighs no mode at
+the knee (their own stores would not compare with the shared one).
 
 `--stream draft-final` drafts every prompt at `--draft-steps` and renders the final at `--steps` where the demo
 oracle finds the draft adherent, in balanced and fast (`--configs`), each final resuming from its draft
@@ -247,10 +248,11 @@ def _modes_at_knee(args: argparse.Namespace, bench: Bench, unet: str, prompts: l
                    configs: tuple[str, ...], say: Callable[[str], None]) -> dict[str, list[Sample]]:
     """Balanced and fast (those among `configs`) run again at the knee of the plain-steps curve (the fewest plain
     steps as good as full plain, `judging.recommendation`), in stores of their own, scored against full plain: at
-    most two more mode runs per prompt. Empty where the knee is the full steps."""
+    most two more mode runs per prompt. Empty where the knee is the full steps, and with `--shared-store` (whose modes
+    meet each other's donors: the knee's own stores would not compare with them)."""
     count = knee_steps(samples, curve, args.steps)
     modes = tuple(mode for mode in KNEE_MODES if mode in configs)
-    if count >= args.steps or not modes:
+    if count >= args.steps or not modes or args.shared_store:
         return {}
     say(f"knee of the plain-steps curve: plain at {count} steps is as good as plain at {args.steps}; "
         f"{', '.join(modes)} at {count} steps on every prompt")

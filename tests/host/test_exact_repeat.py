@@ -9,12 +9,10 @@ import json
 
 import pytest
 import torch
+from support.demo_runs import DEMO_WEIGHTS, PROMPT, sample_demo
 
-from carnator_core.demo.graphs import MODEL_CHAIN, NEGATIVE, REPORT, SAMPLER, base_graph, with_report, with_reuse
-from carnator_core.reuse.recording import entry_writer
+from carnator_core.demo.graphs import MODEL_CHAIN, NEGATIVE, base_graph, with_report, with_reuse
 
-DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
-PROMPT = "a red circle moving left on a black background"
 OTHER = "a blue square moving up on a white background"
 STEPS = 12
 _stores = itertools.count()
@@ -28,22 +26,16 @@ def _graph(prompt: str, store: str | None, *, sampler: str = "uni_pc", scheduler
     return with_report(graph) if store is None else with_reuse(graph, store, prompt, sparse_attention="off")
 
 
-def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
-    comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
-    run = comfy.run_prompt(comfy.complete(graph))
-    entry_writer().flush()
-    reports = json.loads(run.output(REPORT, 1))
-    return run.output(SAMPLER)["samples"], reports[0] if reports else None
 
 
 @pytest.mark.parametrize("mode", ["balanced", "safe"])
 def test_an_exact_repeat_after_another_prompt_costs_one_call_and_is_the_first_run_bit_for_bit(comfy, mode):
     store = f"stores/exact-{next(_stores)}"
-    plain, _ = _sample(comfy, _graph(PROMPT, None))
-    first, report = _sample(comfy, _graph(PROMPT, store))
+    plain, _ = sample_demo(comfy, _graph(PROMPT, None))
+    first, report = sample_demo(comfy, _graph(PROMPT, store))
     assert torch.equal(first, plain) and not report["hit"]
-    _sample(comfy, _graph(OTHER, store))
-    repeat, report = _sample(comfy, _graph(PROMPT, store))
+    sample_demo(comfy, _graph(OTHER, store))
+    repeat, report = sample_demo(comfy, _graph(PROMPT, store))
     assert report["verdict"] == "exact repeat" and report["exact_repeat"], json.dumps(report)
     assert report["model_calls"] <= 2 and report["skipped_steps"] == STEPS - 1
     assert report["reason"] == f"exact repeat of {report['donor_id'][:8]}: {report['model_calls']} of {STEPS} " \
@@ -51,12 +43,11 @@ def test_an_exact_repeat_after_another_prompt_costs_one_call_and_is_the_first_ru
     assert torch.equal(repeat, first)
 
 
-@pytest.mark.parametrize("change", ["sampler", "cfg", "scheduler", "steps", "negative"])
-def test_the_same_prompt_with_another_sampler_input_is_never_served_the_stored_latent(comfy, change):
+def test_the_same_prompt_with_another_sampler_input_is_never_served_the_stored_latent(comfy):
     store = f"stores/exact-{next(_stores)}"
-    first, _ = _sample(comfy, _graph(PROMPT, store))
-    changed = {"sampler": {"sampler": "euler"}, "cfg": {"cfg": 5.0}, "scheduler": {"scheduler": "beta"},
-               "steps": {"steps": STEPS - 4}, "negative": {"negative": "blurry"}}[change]
-    other, report = _sample(comfy, _graph(PROMPT, store, **changed))
-    assert not report["exact_repeat"] and report["verdict"] != "exact repeat", json.dumps(report)
-    assert not torch.equal(other, first)
+    first, _ = sample_demo(comfy, _graph(PROMPT, store))
+    for change, changed in {"sampler": {"sampler": "euler"}, "cfg": {"cfg": 5.0}, "scheduler": {"scheduler": "beta"},
+                            "steps": {"steps": STEPS - 4}, "negative": {"negative": "blurry"}}.items():
+        other, report = sample_demo(comfy, _graph(PROMPT, store, **changed))
+        assert not report["exact_repeat"] and report["verdict"] != "exact repeat", (change, json.dumps(report))
+        assert not torch.equal(other, first), change

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from support.demo_runs import CHANGED, DEMO_WEIGHTS, PROMPT, REWORDED, sample_demo
 
 from carnator_core.demo import world
 from carnator_core.demo.graphs import (
@@ -17,7 +18,6 @@ from carnator_core.demo.graphs import (
     MODEL_CHAIN,
     NEGATIVE,
     POSITIVE,
-    REPORT,
     SAMPLER,
     base_graph,
     with_report,
@@ -25,12 +25,7 @@ from carnator_core.demo.graphs import (
 )
 from carnator_core.judging.quality import mse, psnr_from_mse
 from carnator_core.reuse.history_replay import REPLAY_NOTE
-from carnator_core.reuse.recording import entry_writer
 
-DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
-PROMPT = "a red circle moving left on a black background"
-REWORDED = "a red ball moving to the left on a black background"
-CHANGED = "a red circle moving left on a white background"
 SAMPLER_NAME = "uni_pc"
 
 _stores = itertools.count()
@@ -45,12 +40,6 @@ def _graph(prompt: str, steps: int, *, scheduler: str = "simple", store: str | N
     return with_reuse(graph, store, prompt, sparse_attention="off")
 
 
-def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
-    comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
-    run = comfy.run_prompt(comfy.complete(graph))
-    entry_writer().flush()
-    reports = json.loads(run.output(REPORT, 1))
-    return run.output(SAMPLER)["samples"], reports[0] if reports else None
 
 
 def _psnr(latent: torch.Tensor, reference: torch.Tensor) -> float:
@@ -61,8 +50,8 @@ def _psnr(latent: torch.Tensor, reference: torch.Tensor) -> float:
 def _resume(comfy, donor_steps: int, steps: int, *, donor_scheduler: str = "simple",
             scheduler: str = "simple") -> tuple[torch.Tensor, dict]:
     store = f"stores/schedules-{next(_stores)}"
-    _sample(comfy, _graph(PROMPT, donor_steps, scheduler=donor_scheduler, store=store))
-    latent, report = _sample(comfy, _graph(REWORDED, steps, scheduler=scheduler, store=store))
+    sample_demo(comfy, _graph(PROMPT, donor_steps, scheduler=donor_scheduler, store=store))
+    latent, report = sample_demo(comfy, _graph(REWORDED, steps, scheduler=scheduler, store=store))
     return latent, report
 
 
@@ -70,21 +59,19 @@ def _resume(comfy, donor_steps: int, steps: int, *, donor_scheduler: str = "simp
 def test_a_rewording_resumes_as_deep_after_a_donor_of_another_step_count(comfy, donor_steps, steps):
     own, same = _resume(comfy, steps, steps)
     crossed, other = _resume(comfy, donor_steps, steps)
-    plain, _ = _sample(comfy, _graph(REWORDED, steps))
     assert same["skipped_steps"] > 0, json.dumps(same["probes"])
     assert abs(other["skipped_steps"] - same["skipped_steps"]) <= 1, json.dumps(other["probes"])
     assert other["resumed_at"]["donor_steps"] == donor_steps and REPLAY_NOTE not in other["notes"]
-    assert f"of {donor_steps}" in other["reason"] or other["skipped_steps"], other
+    closeness = _psnr(crossed, own)
     print(f"\n{donor_steps}-step donor -> {steps}-step rewording: resumed at step {other['skipped_steps']} "
           f"(σ {other['resumed_at']['sigma']:.3f}; a {steps}-step donor: step {same['skipped_steps']}), "
-          f"{other['model_calls']} calls; PSNR to plain {_psnr(crossed, plain):.1f} dB "
-          f"(own-schedule donor {_psnr(own, plain):.1f} dB)")
-    assert _psnr(crossed, plain) > _psnr(own, plain) - 3.0
+          f"{other['model_calls']} calls; {closeness:.1f} dB from the resume of a {steps}-step donor")
+    assert closeness > 30.0
 
 
 def test_a_rewording_resumes_after_a_donor_of_another_scheduler(comfy):
     crossed, report = _resume(comfy, 20, 20, donor_scheduler="simple", scheduler="beta")
-    plain, _ = _sample(comfy, _graph(REWORDED, 20, scheduler="beta"))
+    plain, _ = sample_demo(comfy, _graph(REWORDED, 20, scheduler="beta"))
     assert report["skipped_steps"] > 0, json.dumps(report)
     print(f"\nsimple donor -> beta rewording: {report['skipped_steps']} of 20 skipped at σ "
           f"{report['resumed_at']['sigma']:.3f}; PSNR to plain {_psnr(crossed, plain):.1f} dB")
@@ -92,13 +79,13 @@ def test_a_rewording_resumes_after_a_donor_of_another_scheduler(comfy):
 
 def test_a_changed_attribute_misses_a_donor_of_another_step_count(comfy):
     store = f"stores/schedules-{next(_stores)}"
-    _sample(comfy, _graph(PROMPT, 30, store=store))
-    _, changed = _sample(comfy, _graph(CHANGED, 20, store=store))
+    sample_demo(comfy, _graph(PROMPT, 30, store=store))
+    _, changed = sample_demo(comfy, _graph(CHANGED, 20, store=store))
     assert changed["skipped_steps"] == 0 and changed["reason"] == "probe rejected", json.dumps(changed)
 
 
 _WIDGETS = ("INT", "FLOAT", "BOOLEAN", "STRING")
-CUSTOM_STEPS = 10
+CUSTOM_STEPS = 6
 # ManualSigmas schedules people type: rising part-way, a sigma twice, a zero-length first step, below the donor's
 MANUAL = ("1.0, 0.8, 0.85, 0.5, 0.2, 0.0", "1.0, 0.8, 0.8, 0.5, 0.2, 0.0", "1.0, 1.0, 0.6, 0.3, 0.0",
           "0.5, 0.3, 0.1, 0.0")
@@ -166,7 +153,7 @@ def test_custom_sigmas_from_every_sigmas_node_resume_or_miss_cleanly(comfy):
         cases.update({f"ManualSigmas {text!r}": {"class_type": "ManualSigmas", "inputs": {"sigmas": text}}
                       for text in MANUAL})
     store = f"stores/schedules-{next(_stores)}"
-    donor, _ = _sample(comfy, _custom_graph(PROMPT, _node_with_defaults("BasicScheduler",
+    donor, _ = sample_demo(comfy, _custom_graph(PROMPT, _node_with_defaults("BasicScheduler",
                                                                          graph_nodes["BasicScheduler"]), store))
     results, failed = {}, []
     for name, node in cases.items():
@@ -174,10 +161,10 @@ def test_custom_sigmas_from_every_sigmas_node_resume_or_miss_cleanly(comfy):
             results[name] = "inputs not fillable from defaults"
             continue
         try:
-            latent, report = _sample(comfy, _custom_graph(REWORDED, node, store))
+            latent, report = sample_demo(comfy, _custom_graph(REWORDED, node, store))
         except Exception as error:
             try:
-                _sample(comfy, _custom_graph(REWORDED, node, None))
+                sample_demo(comfy, _custom_graph(REWORDED, node, None))
             except Exception as plain_error:
                 results[name] = f"fails without Carnator too: {type(plain_error).__name__}"
                 continue
@@ -185,7 +172,7 @@ def test_custom_sigmas_from_every_sigmas_node_resume_or_miss_cleanly(comfy):
             results[name] = f"FAILED: {type(error).__name__}: {error}"
             continue
         if tuple(latent.shape) != tuple(donor.shape) or 0 < report["total_steps"] <= report["skipped_steps"] or \
-                not bool(torch.isfinite(latent).all()) and bool(torch.isfinite(_sample(
+                not bool(torch.isfinite(latent).all()) and bool(torch.isfinite(sample_demo(
                     comfy, _custom_graph(REWORDED, node, None))[0]).all()):
             failed.append(name)  # a wrong shape, a resume at the schedule's end, or a non-finite output plain avoids
         results[name] = (f"resumed at {report['skipped_steps']}/{report['total_steps']}" if report["skipped_steps"]

@@ -16,19 +16,15 @@ import json
 
 import pytest
 import torch
+from support.demo_runs import CHANGED, DEMO_WEIGHTS, PROMPT, REWORDED, sample_demo
 
 from carnator_core.demo import world
-from carnator_core.demo.graphs import MODEL_CHAIN, REPORT, SAMPLER, base_graph, with_report, with_reuse
+from carnator_core.demo.graphs import MODEL_CHAIN, base_graph, with_report, with_reuse
 from carnator_core.demo.oracle import score
 from carnator_core.judging.quality import mse, psnr_from_mse, ssim
 from carnator_core.reuse.history_replay import REPLAY_NOTE
-from carnator_core.reuse.recording import entry_writer
 
-DEMO_WEIGHTS = "carnator_demo_wan21_t2v.safetensors"
-PROMPT = "a red circle moving left on a black background"
-REWORDED = "a red ball moving to the left on a black background"
-CHANGED = "a red circle moving left on a white background"
-STEPS = 20
+STEPS = 12
 DETERMINISTIC = ("euler", "uni_pc", "uni_pc_bh2", "dpmpp_2m", "deis", "res_multistep")
 STOCHASTIC = ("euler_ancestral", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_2m_sde")
 # Largest relative distance (‖resumed − uninterrupted‖ / ‖uninterrupted‖) of a self-resume half-way: fp16
@@ -48,12 +44,6 @@ def _graph(prompt: str, sampler_name: str, *, cfg: float = 4.0, shift: float = 3
     return with_reuse(graph, store, prompt, sparse_attention="off", exact_repeats=False)
 
 
-def _sample(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
-    comfy.unload_models()  # ComfyUI would otherwise serve an identical prompt from its cache, without sampling
-    run = comfy.run_prompt(comfy.complete(graph))
-    entry_writer().flush()
-    reports = json.loads(run.output(REPORT, 1))
-    return run.output(SAMPLER)["samples"], reports[0] if reports else None
 
 
 def _frames(latent: torch.Tensor) -> torch.Tensor:
@@ -64,13 +54,13 @@ def _frames(latent: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("sampler_name", DETERMINISTIC + STOCHASTIC)
 def test_reworded_prompt_resumes_and_changed_attribute_does_not(comfy, sampler_name):
     store = f"stores/samplers-{next(_stores)}"
-    donor, _ = _sample(comfy, _graph(PROMPT, sampler_name, store=store))
-    _, reworded = _sample(comfy, _graph(REWORDED, sampler_name, store=store))
+    donor, _ = sample_demo(comfy, _graph(PROMPT, sampler_name, store=store))
+    _, reworded = sample_demo(comfy, _graph(REWORDED, sampler_name, store=store))
     assert reworded["skipped_steps"] == STEPS // 2, json.dumps(reworded["probes"])
-    _, changed = _sample(comfy, _graph(CHANGED, sampler_name, store=store))
+    _, changed = sample_demo(comfy, _graph(CHANGED, sampler_name, store=store))
     assert changed["skipped_steps"] == 0 and changed["reason"] == "probe rejected", json.dumps(changed["probes"])
 
-    resumed, repeat = _sample(comfy, _graph(PROMPT, sampler_name, store=store))
+    resumed, repeat = sample_demo(comfy, _graph(PROMPT, sampler_name, store=store))
     assert repeat["skipped_steps"] == STEPS // 2 and repeat["donor_prompt"] == PROMPT
     assert (REPLAY_NOTE in repeat["notes"]) == (sampler_name in MULTISTEP), json.dumps(repeat["notes"])
     distance = float((resumed - donor).norm() / donor.norm())
@@ -87,10 +77,10 @@ def test_official_wan21_template_settings_resume_a_reworded_prompt(comfy):
     predictions to the resume step and resumes with its multistep history, where a restart at first order there
     lands far from it (docs/measurements.md, "Sampler matrix"); figures printed."""
     store = f"stores/samplers-{next(_stores)}"
-    donor, _ = _sample(comfy, _graph(PROMPT, "uni_pc", cfg=6.0, shift=8.0, store=store))
-    _, reworded = _sample(comfy, _graph(REWORDED, "uni_pc", cfg=6.0, shift=8.0, store=store))
+    donor, _ = sample_demo(comfy, _graph(PROMPT, "uni_pc", cfg=6.0, shift=8.0, store=store))
+    _, reworded = sample_demo(comfy, _graph(REWORDED, "uni_pc", cfg=6.0, shift=8.0, store=store))
     assert reworded["hit"] and reworded["skipped_steps"] == STEPS // 2, json.dumps(reworded["probes"])
-    resumed, repeat = _sample(comfy, _graph(PROMPT, "uni_pc", cfg=6.0, shift=8.0, store=store))
+    resumed, repeat = sample_demo(comfy, _graph(PROMPT, "uni_pc", cfg=6.0, shift=8.0, store=store))
     assert repeat["skipped_steps"] == STEPS // 2 and repeat["donor_prompt"] == PROMPT
     clip, reference = _frames(resumed), _frames(donor)
     print(f"\nuni_pc, cfg 6, shift 8: self-resume at step {STEPS // 2} of {STEPS}: relative distance "
@@ -121,9 +111,9 @@ def test_official_wan21_template_rewording_resumes_with_history_and_keeps_adhere
         graph[MODEL_CHAIN]["inputs"]["shift"] = 8.0
         return with_reuse(graph, store, "", sparse_attention="off") if reusing else with_report(graph)
 
-    _sample(comfy, graph(earlier, True))
-    plain, _ = _sample(comfy, graph(new, False))
-    resumed, report = _sample(comfy, graph(new, True))
+    sample_demo(comfy, graph(earlier, True))
+    plain, _ = sample_demo(comfy, graph(new, False))
+    resumed, report = sample_demo(comfy, graph(new, True))
     assert report["hit"] and report["skipped_steps"] > 0 and REPLAY_NOTE in report["notes"], json.dumps(report)
     clip, reference = _frames(resumed), _frames(plain)
     kept, expected = score(new, clip).adherence, score(new, reference).adherence

@@ -30,6 +30,7 @@ from carnator_core.calibration.server_runs import CalibrationInterrupted
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.demo.server import demo_weights
 from carnator_core.judging.calibration_profile import Profile
+from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS
 from carnator_core.queue import Workflow
 
 pytestmark = pytest.mark.server
@@ -382,8 +383,10 @@ def test_a_stream_calibration_runs_each_mode_as_the_engine_does_and_the_workload
     runs = {(row["index"], row["run"]) for row in rows}
     assert len(runs) == len(rows)  # every run once
     lowered = sorted({row["run"] for row in rows if row["run"].startswith("plain-")})
-    assert 1 <= len(lowered) <= 3 and all((i, name) in runs for i in range(4) for name in ("plain", "balanced",
-                                                                                            "fast", *lowered))
+    assert 1 <= len(lowered) <= MAX_LOWERED_COUNTS and all((i, name) in runs for i in range(4) for name in (
+        "plain", "balanced", "fast", *lowered))
+    knee = sorted({row["run"] for row in rows if "@" in row["run"]})  # both modes again at the knee, on every prompt
+    assert len(knee) in (0, 2) and all((i, name) in runs for i in range(4) for name in knee), knee
     first = [row for row in rows if row["index"] == 0 and row["run"] in ("balanced", "fast")]
     assert all(row["skipped_steps"] == 0 for row in first)  # nothing stored before the first prompt
     reworded = {row["run"]: row for row in rows if row["index"] == 1}  # the rewording resumes in each mode
