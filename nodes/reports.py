@@ -13,6 +13,7 @@ from carnator_core.reuse.report import RunReport
 
 from .fault_boundary import CarnatorFault, carnator_code
 from .host import prompt_server
+from .user_scope import multi_user
 
 log = logging.getLogger("carnator")
 
@@ -46,8 +47,13 @@ def _publish(run_report: RunReport) -> None:
             reports.pop(next(iter(reports)))
     log.info("Carnator: %s", run_report.headline())
     server = prompt_server()
-    if server is not None:
-        server.send_sync("carnator.status", report)
+    if server is None:
+        return
+    # to the client that queued the prompt, as ComfyUI sends its own progress; a prompt queued without one is
+    # broadcast, except under --multi-user, where a report (its prompt and its donor's) is its user's alone
+    client = getattr(server, "client_id", None)
+    if client is not None or not multi_user():
+        server.send_sync("carnator.status", report, client)
 
 
 def reports_for(prompt_id: str | None) -> list[dict[str, Any]]:
