@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import pytest
 import requests
@@ -86,8 +87,17 @@ def _send(server, user: str, method: str, path: str, body: dict | None = None) -
 def test_prompt_recovery_finds_nothing_of_another_user(multi_user):
     server, alice, bob = multi_user
     store = "stores/recovery"
-    first, _ = _run(server, alice, _graph(PROMPT, store))
+    with ComfyClient(server.url, user=bob) as watcher:  # bob's browser tab, open while alice samples
+        watcher.listen()
+        first, _ = _run(server, alice, _graph(PROMPT, store))
+        time.sleep(0.5)
+        seen = []
+        while not watcher._events.empty():  # every websocket message bob's socket received
+            item = watcher._events.get()
+            seen.append(item[1] if item else None)
     assert not first["hit"]
+    assert not [event for event in seen if event and event.get("type") == "carnator.status"], seen
+    assert PROMPT not in json.dumps([event for event in seen if event])
     theirs, _ = _run(server, bob, _graph(REWORDED, store))
     assert not theirs["hit"] and theirs["candidates"] == [] and theirs["skipped_steps"] == 0, theirs
     assert PROMPT not in json.dumps(theirs) and "scope" not in json.dumps(theirs["filtered"])
