@@ -137,7 +137,7 @@ def _prepare_sampling(sample, sampler, carnator: CarnatorRun, guider, sigmas, ex
     sampler."""
     state, run = carnator.reuse, carnator.reuse.run
     sigma_values = [float(s) for s in sigmas.flatten().tolist()]
-    if exact:
+    if exact and (run.settings.record or run.settings.exact_repeats):  # the key serves a lookup or an entry only
         step_cache = extra_args["model_options"]["transformer_options"].get(STEP_CACHE_KEY) is not None
         run.exact_key = exact_key(guider, sampler, noise, latent_image, sigmas, denoise_mask, run.hard_key, step_cache)
         repeat = run.exact_repeat()

@@ -360,8 +360,10 @@ class ReuseRun:
         self.output = output
 
     def observe_first_prediction(self, x0: torch.Tensor) -> None:
-        """The sampler's step-0 prediction (the step callback's, bit for bit): its digest goes with the entry."""
-        self.first_digest = prediction_digest(x0)
+        """The sampler's step-0 prediction (the step callback's, bit for bit): its digest goes with the entry (only
+        a run with an exact key pays the copy)."""
+        if self.exact_key is not None:
+            self.first_digest = prediction_digest(x0)
 
     def observe_output(self, output: torch.Tensor) -> None:
         """What the run returned to the host, as the sampler that continues a stage with leftover noise receives it:
