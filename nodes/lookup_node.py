@@ -9,6 +9,7 @@ from comfy_api.latest import io
 from carnator_core.lookup.compatible import LookupRequest, Match, embed_prompt, find_compatible
 from carnator_core.lookup.embeddings import condition_vector
 from carnator_core.lookup.fingerprint import FingerprintError
+from carnator_core.reuse.recording import await_earlier_entries
 from carnator_core.reuse.settings import input_default, input_range
 from carnator_core.store.backend import StoreError
 
@@ -77,6 +78,7 @@ def _lookup(store, model, samples, positive, sigmas, prompt: str, top_k: int, mi
     text_vector, note = embed_prompt(prompt)
     request = LookupRequest(hard_key=key, cond_vector=cond, prompt=prompt, text_vector=text_vector,
                             noise_process=noise_process(model))
+    await_earlier_entries()
     match = find_compatible(store, request, top_k=top_k, min_similarity=min_similarity)
     match.notes.extend([note] if note else [])
     return match

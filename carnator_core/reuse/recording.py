@@ -183,7 +183,8 @@ class EntryWriter:
         self._queue.put(pending)
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Wait until every entry submitted so far is written (tests, benchmarks, shutdown)."""
+        """Wait until every entry submitted so far is written (lookups, tests, benchmarks); False where `timeout`
+        passed first."""
         done = threading.Event()
         self.submit(PendingEntry(store=None, meta=None, blobs={}, cond_vector=None, on_written=lambda _: done.set()))
         return done.wait(timeout)
@@ -233,3 +234,12 @@ class EntryWriter:
 def entry_writer() -> EntryWriter:
     """The process's one entry writer (`process_state`)."""
     return process_state.one("entry writer", EntryWriter)
+
+
+LOOKUP_WAIT_S = 10.0  # the longest a lookup waits for this process's earlier entries (a store that writes slowly)
+
+
+def await_earlier_entries() -> None:
+    """Let a lookup see every run this process finished before it: a final queued right behind its draft finds the
+    draft, written or not when the final starts. Bounded by `LOOKUP_WAIT_S`, after which the lookup goes on."""
+    entry_writer().flush(LOOKUP_WAIT_S)

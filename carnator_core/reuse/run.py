@@ -46,7 +46,7 @@ from carnator_core.reuse.outcome import Outcome, Reason, Resume, SampleFresh, Se
 from carnator_core.reuse.packed_latent import PackedShapes
 from carnator_core.reuse.plan import RequestFacts, ScreenOnly, boundary_prediction, lacking_states, plan_probes
 from carnator_core.reuse.probe import GUIDANCE_FORM
-from carnator_core.reuse.recording import PendingEntry, RunRecorder, entry_writer
+from carnator_core.reuse.recording import PendingEntry, RunRecorder, await_earlier_entries, entry_writer
 from carnator_core.reuse.report import RunReport
 from carnator_core.reuse.resume_point import ResumePoint, resumed_schedule
 from carnator_core.reuse.settings import ReuseSettings
@@ -192,6 +192,7 @@ class ReuseRun:
         if not self.settings.exact_repeats or self.exact_key is None or self.continues is not None \
                 or self.store.unavailable:
             return None
+        await_earlier_entries()
         ids = index_for(self.store).same_noise_ids(self.hard_key, self.noise_fingerprint)
         return find_exact(self.store, ids, self.exact_key, self.latent_shape)
 
@@ -214,6 +215,7 @@ class ReuseRun:
                 self.text_vector = match.request.text_vector
         else:
             self.text_vector, note = embed_prompt(self.settings.prompt)
+            await_earlier_entries()
             request = LookupRequest(hard_key=self.hard_key, cond_vector=self.cond_vector,
                                     prompt=self.settings.prompt, text_vector=self.text_vector,
                                     noise=self.noise_fingerprint, noise_process=self.noise_process)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from carnator_core.demo.graphs import (
 )
 from carnator_core.judging.quality import mse, psnr_from_mse
 from carnator_core.reuse.history_replay import REPLAY_NOTE
+from carnator_core.reuse.recording import LOOKUP_WAIT_S, PendingEntry, entry_writer
 
 SAMPLER_NAME = "uni_pc"
 
@@ -75,6 +77,22 @@ def test_a_rewording_resumes_after_a_donor_of_another_scheduler(comfy):
     assert report["skipped_steps"] > 0, json.dumps(report)
     print(f"\nsimple donor -> beta rewording: {report['skipped_steps']} of 20 skipped at σ "
           f"{report['resumed_at']['sigma']:.3f}; PSNR to plain {_psnr(crossed, plain):.1f} dB")
+
+
+def test_a_final_queued_while_its_draft_is_still_being_written_resumes_from_it(comfy):
+    """The entry writer held busy (a slow store) until a while after an 8-step draft finished: the 30-step final queued
+    right behind the draft waits for the draft's entry and resumes from it."""
+    store, release = f"stores/schedules-{next(_stores)}", threading.Event()
+    entry_writer().submit(PendingEntry(store=None, meta=None, blobs={}, cond_vector=None,
+                                       on_written=lambda _: release.wait(LOOKUP_WAIT_S)))
+    try:
+        sample_draft = comfy.run_prompt(comfy.complete(_graph(PROMPT, 8, store=store)))
+        assert not release.is_set() and sample_draft.output(SAMPLER)["samples"] is not None
+        threading.Timer(LOOKUP_WAIT_S / 4, release.set).start()
+        _, final = sample_demo(comfy, _graph(PROMPT, 30, store=store))
+    finally:
+        release.set()
+    assert final["verdict"] == "resumed" and final["resumed_at"]["donor_steps"] == 8, json.dumps(final)
 
 
 def test_a_changed_attribute_misses_a_donor_of_another_step_count(comfy):
