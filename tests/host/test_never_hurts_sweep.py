@@ -40,6 +40,7 @@ EDIT = "a red circle moving left on a white background"  # one attribute: the mo
 REWORDED = "a red ball moving to the left on a black background"
 # the Wan 2.1 text-to-video template's guidance and shift, over a short schedule
 STEPS, CFG, SHIFT, SEED = 4, 6.0, 8.0, 5
+CLIP = (2, 16, 16)  # two latent frames: what is swept (the sampler's path, bit for bit) does not scale with the clip
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 _stores = itertools.count()
 
@@ -114,7 +115,7 @@ def _host_version(comfy) -> str:
 
 def _ksampler_graph(sampler_name: str = "euler", scheduler: str = "simple", patch: str | None = None):
     def graph_for(prompt: str, store: str | None) -> dict:
-        graph = base_graph(DEMO_WEIGHTS, prompt, seed=SEED, steps=STEPS, cfg=CFG, sampler_name=sampler_name,
+        graph = base_graph(DEMO_WEIGHTS, prompt, seed=SEED, steps=STEPS, cfg=CFG, clip=CLIP, sampler_name=sampler_name,
                            scheduler=scheduler)
         graph[MODEL_CHAIN]["inputs"]["shift"] = SHIFT
         if patch is not None:  # chained before the Carnator node, with its defaults
@@ -157,7 +158,7 @@ def _guider_nodes(comfy) -> dict[str, dict]:
 
 def _guider_graph(guider: str, inputs_of_guider: dict):
     def graph_for(prompt: str, store: str | None) -> dict:
-        graph = base_graph(DEMO_WEIGHTS, prompt, seed=SEED, steps=STEPS, cfg=CFG)
+        graph = base_graph(DEMO_WEIGHTS, prompt, seed=SEED, steps=STEPS, cfg=CFG, clip=CLIP)
         graph[MODEL_CHAIN]["inputs"]["shift"] = SHIFT
         del graph[SAMPLER]
         inputs: dict = {}

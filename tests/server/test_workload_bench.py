@@ -305,11 +305,11 @@ def test_workload_end_to_end_json_shape(tmp_path):
                                     ("--prompts", str(REPO / "docs" / "streams" / "reword-and-edit.txt"))],
                          ids=["edit-loop", "reword-and-edit"])
 def test_the_modes_are_nested_by_depth_on_every_prompt_of_the_edit_streams_in_one_shared_store(tmp_path, stream):
-    """On the demo model (10 steps), safe, balanced and fast against one store recorded by all three in turn: on
+    """On the demo model (8 steps), safe, balanced and fast against one store recorded by all three in turn: on
     every prompt fast skips at least balanced's steps and takes at most balanced's model calls plus one, fewer on
     average, and balanced no more than safe plus its one probe call; the JSON's nesting lists and the markdown agree."""
     out = tmp_path / "out"
-    result = _bench(*stream, "--steps", "10", "--configs", "safe,balanced,fast", "--shared-store", "--json",
+    result = _bench(*stream, "--steps", "8", "--configs", "safe,balanced,fast", "--shared-store", "--json",
                     "--out", str(out), timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
