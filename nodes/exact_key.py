@@ -3,9 +3,9 @@ sampler returns, hashed from the objects the sampler is handed.
 
 The model by its fingerprint (weights, LoRAs and their strengths, `HardKey`), the scope, the guider's conditions
 whole (every tensor of positive and negative, and every option that goes with them), the initial noise and the input
-latent bit for bit, the sampler (its function and options), the sigmas, the guidance scale and every model option on
-the CFG path. A run with a denoise mask or a step cache (EasyCache, LazyCache: their state runs on across calls) has
-no key: it is never served nor recorded as an exact repeat.
+latent bit for bit, the denoise mask (inpainting, a refinement's mask of ones), the sampler (its function and
+options), the sigmas, the guidance scale and every model option on the CFG path. A run with a step cache (EasyCache,
+LazyCache: their state runs on across calls) has no key: it is never served nor recorded as an exact repeat.
 """
 
 from __future__ import annotations
@@ -29,24 +29,24 @@ class _NoKey(Exception):  # noqa: N818 (a signal, not an error)
 
 def exact_key(guider, sampler, noise: torch.Tensor, latent_image: torch.Tensor | None, sigmas: torch.Tensor,
               denoise_mask: Any, key: HardKey, step_cache: bool) -> str | None:
-    """The run's exact key, or None where it has none (a denoise mask, a step cache, a module in the conditions)."""
+    """The run's exact key, or None where it has none (a step cache, a module in the conditions)."""
     options = getattr(guider, "model_options", {})
-    if denoise_mask is not None or step_cache:
+    if step_cache:
         return None
     hasher = hashlib.sha256()
     feed = _feeder(hasher)
     try:
-        _feed_inputs(feed, guider, sampler, noise, latent_image, sigmas, key, options)
+        _feed_inputs(feed, guider, sampler, noise, latent_image, denoise_mask, sigmas, key, options)
     except _NoKey:
         return None
     return hasher.hexdigest()
 
 
 def _feed_inputs(feed: Callable[[Any], None], guider, sampler, noise: torch.Tensor, latent_image: torch.Tensor | None,
-                 sigmas: torch.Tensor, key: HardKey, options: dict) -> None:
+                 denoise_mask: Any, sigmas: torch.Tensor, key: HardKey, options: dict) -> None:
     feed(("key", key.model, key.grid, key.frame_rate, key.scope))
     feed(("conds", getattr(guider, "conds", {})))
-    feed(("noise", noise, "latent", latent_image, "sigmas", sigmas.to(torch.float64)))
+    feed(("noise", noise, "latent", latent_image, "mask", denoise_mask, "sigmas", sigmas.to(torch.float64)))
     function = getattr(sampler, "sampler_function", None)
     feed(("sampler", type(sampler).__qualname__, getattr(function, "__qualname__", repr(function)),
           getattr(sampler, "extra_options", None), getattr(sampler, "inpaint_options", None)))

@@ -34,11 +34,11 @@ from carnator_core.reuse.cached_evaluation import same_sigma
 from carnator_core.reuse.decision import Decider, Decision, Evaluate, ProbeRecord
 from carnator_core.reuse.exact_repeat import (
     EXACT,
-    FINAL_BLOB,
     FINAL_TENSOR,
     ExactRepeat,
     find_exact,
     prediction_digest,
+    stage_repeat,
 )
 from carnator_core.reuse.history_replay import REPLAY_NOTE, HistoryReplay, replay_for
 from carnator_core.reuse.input_start import GUIDE_IMAGE, GUIDE_NOTE, INPUT_NOTE, INPUT_START
@@ -55,7 +55,7 @@ from carnator_core.reuse.trajectory import Handover, append_stage, handover_regi
 from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.profiles import profile_for
 from carnator_core.store.reuse_store import ReuseStore
-from carnator_core.store.stages import stage_entry, trajectory_steps
+from carnator_core.store.stages import final_blob, stage_entry, trajectory_steps
 from carnator_core.store.tensor_codec import encode_tensors
 from carnator_core.store.thumbnail import PreviewFrame
 
@@ -188,10 +188,14 @@ class ReuseRun:
     # ------------------------------------------------------------------ before sampling
     def exact_repeat(self) -> ExactRepeat | None:
         """The stored run of this scope, model and grid, made from this noise, that recorded this request's exact key
-        (a first stage or a single run); None where there is none or this run cannot tell."""
-        if not self.settings.exact_repeats or self.exact_key is None or self.continues is not None \
-                or self.store.unavailable:
+        (a first stage or a single run), or the next stage of the entry the stage this run continues repeated; None
+        where there is none or this run cannot tell."""
+        if not self.settings.exact_repeats or self.exact_key is None or self.store.unavailable:
             return None
+        if self.continues is not None:
+            repeated = self.continues.repeated
+            return None if repeated is None else stage_repeat(self.store, repeated, self.stage, self.exact_key,
+                                                              self.latent_shape)
         await_earlier_entries()
         ids = index_for(self.store).same_noise_ids(self.hard_key, self.noise_fingerprint)
         return find_exact(self.store, ids, self.exact_key, self.latent_shape)
@@ -445,7 +449,7 @@ class ReuseRun:
             extra[NOISE_PROCESS] = self.noise_process.record(self.sigmas)
         if self._repeatable(attention):
             extra[EXACT] = {"key": self.exact_key, "first": self.first_digest}
-            blobs[FINAL_BLOB] = encode_tensors({FINAL_TENSOR: self.output})
+            blobs[final_blob(0)] = encode_tensors({FINAL_TENSOR: self.output})
         if self.recorder.end is not None:
             extra["stage_end"] = {"sigma": self.recorder.end[0]}
         if self.input_latent is not None:
@@ -463,10 +467,10 @@ class ReuseRun:
                             text_vector=self.text_vector, thumbnail=thumbnail)
 
     def _repeatable(self, attention: SparseAttentionRun | None) -> bool:
-        """Whether a later exact repeat may be served this run's output: a first stage sampled plain from its step 0
-        (no resume, every attention call dense), with its exact key, first prediction and output known."""
+        """Whether a later exact repeat may be served this run's output: a stage sampled plain from its own start (no
+        resume, every attention call dense), with its exact key, first prediction and output known."""
         dense = attention is None or not self.attention_summary.get("sparse_calls")
-        return (self.exact_key is not None and self.decision is None and self.continues is None and dense
+        return (self.exact_key is not None and self.decision is None and dense
                 and self.first_digest is not None and self.output is not None)
 
     def _hand_on(self, entry: PendingEntry | None) -> None:
@@ -477,7 +481,8 @@ class ReuseRun:
             if whole is not None and entry is not None:
                 end = entry.meta.extra.get("stage_end")
                 append_stage(whole, self.stage, self.hard_key, self.total_steps, entry.meta.checkpoints, entry.blobs,
-                             entry.meta.masks, end["sigma"] if end else None, entry.thumbnail)
+                             entry.meta.masks, end["sigma"] if end else None, entry.thumbnail,
+                             entry.meta.extra.get(EXACT))
             entry = whole
         if self.hands_over and self.output_fingerprint is not None:
             first_step = self.continues.next_step if self.continues is not None else 0
@@ -488,7 +493,8 @@ class ReuseRun:
                 donor, difference = self.continues.donor, self.continues.difference
             handover_registry().park(self.output_fingerprint, Handover(
                 sigma=self.sigmas[-1], next_stage=self.stage + 1, next_step=first_step + self.total_steps,
-                pending=entry, donor=donor, mask_donor=self.mask_donor, difference=difference))
+                pending=entry, donor=donor, mask_donor=self.mask_donor, difference=difference,
+                repeated=self.exact.entry if self.exact is not None else None))
         elif entry is not None:
             entry_writer().submit(entry)
 

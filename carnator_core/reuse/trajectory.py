@@ -32,6 +32,7 @@ from carnator_core.store.entry import EntryMeta, HardKey
 from carnator_core.store.stages import (
     StageRecord,
     checkpoint_blob,
+    final_blob,
     masks_blob,
     stage_index,
     start_blob,
@@ -72,6 +73,8 @@ class Handover:
     mask_donor: str | None = None  # the entry whose next stage lends its attention masks
     # what the request's step 0 differs by from `donor`'s: the donor's later states are continued corrected by it
     difference: StartDifference | None = None
+    repeated: EntryMeta | None = None  # the entry whose stages so far this request repeated exactly
+
     created_at: float = field(default_factory=time.monotonic)
 
 
@@ -152,13 +155,14 @@ def handover_registry() -> HandoverRegistry:
 
 def append_stage(pending: PendingEntry, stage: int, hard_key: HardKey, steps: int, listing: list[dict],
                  blobs: dict[str, bytes], masks: dict[str, Any], end_sigma: float | None,
-                 thumbnail: PreviewFrame | None) -> None:
-    """Add a later stage's record, blobs and preview (the last stage's previews the request) to the request's entry
-    so far."""
+                 thumbnail: PreviewFrame | None, exact: dict[str, Any] | None = None) -> None:
+    """Add a later stage's record (with its exact record, where a repeat may be served), blobs and preview (the last
+    stage's previews the request) to the request's entry so far."""
     record = StageRecord(model=hard_key.model, schedule=hard_key.schedule, steps=steps, checkpoints=listing,
-                         masks=masks, end_sigma=end_sigma)
+                         masks=masks, end_sigma=end_sigma, exact=exact)
     pending.meta.extra.setdefault("stages", []).append(record.as_dict())
-    names = {"checkpoints": checkpoint_blob(stage), "start": start_blob(stage), "masks": masks_blob(stage)}
+    names = {"checkpoints": checkpoint_blob(stage), "start": start_blob(stage), "masks": masks_blob(stage),
+             "final": final_blob(stage)}
     for name, blob in blobs.items():
         pending.blobs[names.get(name, name)] = blob
     if thumbnail is not None:

@@ -5,7 +5,8 @@ entry itself: hard key, checkpoints under the blob `checkpoints` (step 0's recor
 `masks`, and its output, when it
 hands over, as `extra["stage_end"]`. `extra["stages"]` lists the later stages as `StageRecord`s, each with its own
 model fingerprint (expert, LoRA and strength), schedule slice, checkpoints numbered within the stage and blobs
-`checkpoints_<i>` / `start_<i>` / `masks_<i>`. `stage_entry` presents any stage as an entry of its own, so lookup, planning and
+`checkpoints_<i>` / `start_<i>` / `masks_<i>`, and, for a stage a later exact repeat may serve, its exact record
+(`exact`) and output (`final_<i>`). `stage_entry` presents any stage as an entry of its own, so lookup, planning and
 mask loading treat every stage alike. A malformed record is never trusted: it reads as "no such stage".
 """
 
@@ -33,6 +34,11 @@ def masks_blob(stage: int) -> str:
     return "masks" if stage == 0 else f"masks_{stage}"
 
 
+def final_blob(stage: int) -> str:
+    """The blob that holds a stage's output at full precision, for an exact repeat (`reuse.exact_repeat`)."""
+    return "final" if stage == 0 else f"final_{stage}"
+
+
 @dataclass(frozen=True)
 class StageRecord:
     """One later stage of a trajectory, as `extra["stages"]` keeps it."""
@@ -43,6 +49,7 @@ class StageRecord:
     checkpoints: list[CheckpointRecord]
     masks: dict[str, Any]
     end_sigma: float | None = None  # where the stage ended, when it hands over to another
+    exact: dict[str, Any] | None = None  # its exact key and first prediction's digest, where a repeat may be served
 
     @classmethod
     def parse(cls, record: Any) -> StageRecord | None:
@@ -61,15 +68,19 @@ class StageRecord:
         end = record.get("end")
         end_sigma = end.get("sigma") if isinstance(end, dict) else None
         masks = record.get("masks")
+        exact = record.get("exact")
         return cls(model=model, schedule=schedule, steps=steps, checkpoints=checkpoints,
                    masks=dict(masks) if isinstance(masks, dict) else {},
-                   end_sigma=float(end_sigma) if isinstance(end_sigma, (int, float)) else None)
+                   end_sigma=float(end_sigma) if isinstance(end_sigma, (int, float)) else None,
+                   exact=dict(exact) if isinstance(exact, dict) else None)
 
     def as_dict(self) -> dict[str, Any]:
         record: dict[str, Any] = {"model": self.model, "schedule": self.schedule, "steps": self.steps,
                                   "checkpoints": [c.as_dict() for c in self.checkpoints], "masks": self.masks}
         if self.end_sigma is not None:
             record["end"] = {"sigma": self.end_sigma}
+        if self.exact is not None:
+            record["exact"] = self.exact
         return record
 
 
@@ -101,6 +112,8 @@ def stage_entry(meta: EntryMeta, stage: int) -> EntryMeta | None:
     extra: dict[str, Any] = {"stage": stage, "trajectory_steps": trajectory_steps(meta)}
     if record.end_sigma is not None:
         extra["stage_end"] = {"sigma": record.end_sigma}
+    if record.exact is not None:
+        extra["exact"] = record.exact
     return replace(meta, hard_key=replace(meta.hard_key, model=record.model, schedule=record.schedule),
                    total_steps=record.steps, checkpoints=list(record.checkpoints), masks=dict(record.masks),
                    lineage={}, extra=extra)

@@ -532,6 +532,22 @@ def test_ltx2_workflow_resumed_audio_and_video_stay_close_to_plain_and_a_rejecte
         assert not report["hit"] and report["model_calls"] == report["total_steps"], json.dumps(report)
 
 
+def test_ltx2_exact_repeat_serves_both_stages_their_stored_outputs(server, tiny_models):
+    """The LTX-2 twin with its prompt, another prompt, then its prompt again: the first stage repeats exactly, and so
+    does the refinement, whose input (the upsampled repeated output) is the stored one's: each stage a model call or
+    two, the first run's video and audio bit for bit."""
+    graph = _with_own_store(tiny_graph("carnator_ltx2_t2v", tiny_models), "stores/ltx2-exact")
+    graph = _with_text(graph, "cheerful", "sunny")
+    first, _ = _ltx2_outputs(server, graph, "exact-first")
+    _ltx2_outputs(server, _with_text(graph, "sunny", "stormy"), "exact-other")
+    again, reports = _ltx2_outputs(server, graph, "exact-again")
+    assert len(reports) == 2, json.dumps(reports)
+    for report in reports.values():
+        assert report["verdict"] == "exact repeat" and report["model_calls"] <= 2, json.dumps(report)
+    for part in ("video", "audio"):
+        assert torch.equal(again[part], first[part]), part
+
+
 def test_ltx2_refinement_after_another_latent_upsampler_file_samples_plain(server, tiny_models):
     """The LTX-2 twin, its first stage upsampled by the shipped upsampler file, queued again with the other LTX-2
     latent upsampler file (other weights): the refinement (the first stage is ComfyUI's cached output), starting from

@@ -11,12 +11,13 @@ import torch
 
 from carnator_core.judging.calibration_profile import Profile, Score
 from carnator_core.lookup.compatible import LookupRequest, find_compatible
-from carnator_core.reuse.exact_repeat import EXACT, FINAL_BLOB, FINAL_TENSOR, find_exact, prediction_digest
+from carnator_core.reuse.exact_repeat import EXACT, FINAL_TENSOR, find_exact, prediction_digest
 from carnator_core.store import profiles
 from carnator_core.store.entry import OTHER_SCOPE, EntryMeta, HardKey
 from carnator_core.store.fleet_config import NAMESPACE_ENV, configured_namespace
 from carnator_core.store.reuse_store import IndexVectors, ReuseStore
 from carnator_core.store.scopes import ScopeError, scope_for
+from carnator_core.store.stages import final_blob
 from carnator_core.store.tensor_codec import encode_tensors
 
 SHAPE = (1, 16, 2, 4, 4)
@@ -81,12 +82,12 @@ def test_an_exact_repeat_whose_output_is_missing_or_damaged_is_passed_over(tmp_p
     output = torch.randn(SHAPE)
     first = prediction_digest(output)
     record = {EXACT: {"key": "k", "first": first}}
-    good = _entry(store, "", blobs={FINAL_BLOB: encode_tensors({FINAL_TENSOR: output})}, **record)
+    good = _entry(store, "", blobs={final_blob(0): encode_tensors({FINAL_TENSOR: output})}, **record)
     missing = _entry(store, "", **record)
-    damaged = _entry(store, "", blobs={FINAL_BLOB: b"not safetensors"}, **record)
-    nan = _entry(store, "", blobs={FINAL_BLOB: encode_tensors({FINAL_TENSOR: torch.full(SHAPE, float("nan"))})},
+    damaged = _entry(store, "", blobs={final_blob(0): b"not safetensors"}, **record)
+    nan = _entry(store, "", blobs={final_blob(0): encode_tensors({FINAL_TENSOR: torch.full(SHAPE, float("nan"))})},
                  **record)
-    wrong = _entry(store, "", blobs={FINAL_BLOB: encode_tensors({FINAL_TENSOR: torch.zeros(2, 2)})}, **record)
+    wrong = _entry(store, "", blobs={final_blob(0): encode_tensors({FINAL_TENSOR: torch.zeros(2, 2)})}, **record)
     for entry in (missing, damaged, nan, wrong):
         assert find_exact(store, [entry.entry_id], "k", SHAPE) is None
     found = find_exact(store, [missing.entry_id, damaged.entry_id, good.entry_id], "k", SHAPE)
