@@ -25,8 +25,8 @@ most four plain runs per prompt in all). Each mode is weighed by one yardstick (
 scores, as close to plain by PSNR, as detailed) against the cheapest plain run as good: the last lines say, per mode,
 "saves 1.30x (1.10–1.50x)", "lower the steps instead (...)" or "not settled (...)" with the 90 % interval over the
 prompts (the profile's `equal_quality`; docs/calibration.md). `--from-store` weighs the store's own history as the
-stream. With pairs alone, each pair is weighed as a two-prompt stream (plain also at 1/2, 1/3 and 1/4 of the steps;
-`--no-fewer-steps` leaves that out). A stream alone fits no thresholds: its profile is not in force, and where the
+stream. With pairs alone, each pair is weighed as a two-prompt stream (plain also at bisected step counts, then
+balanced and fast at the knee; `--no-fewer-steps` leaves that out). A stream alone fits no thresholds: its profile is not in force, and where the
 store already holds one for this model and schedule, that one keeps its thresholds and takes the verdict.
 
 `--pairs FILE`: one pair per line, the two prompts separated by a tab. `--from-store`: pairs and the stream drawn from

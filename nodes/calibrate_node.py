@@ -83,8 +83,8 @@ class CarnatorCalibrate(io.ComfyNode):
                                         "the edits you make: rewordings, changed details. Empty: pairs from the "
                                         "store's own history (successive prompts of one model and seed)."),
                 io.Int.Input("max_pairs", default=CalibrationPlan.max_pairs, min=1, max=200,
-                             tooltip="Most pairs calibrated on. Each costs about four and a half plain runs, and one more with "
-                                     "fewer_steps on."),
+                             tooltip="Most pairs calibrated on. Each costs about four and a half plain runs, and up to about "
+                                     "three more with fewer_steps on."),
                 io.Float.Input("psnr_db", default=target.psnr_db, min=10.0, max=80.0, step=0.5,
                                tooltip="A resume counts as good when its clip is at least this close (PSNR, dB) "
                                        "to the clip the new prompt gets without reuse, same seed."),
@@ -100,9 +100,10 @@ class CarnatorCalibrate(io.ComfyNode):
                                 tooltip="Id of the node holding the prompt text, where the graph has several. "
                                         "Empty: found from the sampler's positive conditioning."),
                 io.Boolean.Input("fewer_steps", default=True, optional=True,
-                                 tooltip="Also sample plain at fewer steps, and say per mode whether reuse beats just "
-                                         "lowering the steps on this model. Off: about one plain run less per pair, "
-                                         "no stream, and no such verdict."),
+                                 tooltip="Also sample plain at fewer steps (bisected, at most four counts) and both modes "
+                                         "at the knee, and say per mode whether reuse beats just lowering the steps "
+                                         "on this model, and what to run. Off: up to about three plain runs less per "
+                                         "pair, no stream, and no such verdict."),
                 io.String.Input("prompts", multiline=True, default="", optional=True,
                                 tooltip="Your own stream, one prompt per line in the order you queue them, to weigh "
                                         "reuse on: each sampled plain, then in balanced and in fast as the engine "

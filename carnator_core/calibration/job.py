@@ -13,24 +13,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from carnator_core.calibration.equal_quality import weigh
+from carnator_core.calibration.equal_quality import PairsWeighing
 from carnator_core.calibration.fit import HELD_BACK_EVERY, Fit, accepts, fit
 from carnator_core.calibration.plot import calibration_plots, stream_plots
 from carnator_core.calibration.server_runs import Progress
-from carnator_core.calibration.session import Measured, PlainRun, Session
+from carnator_core.calibration.session import KneeRun, Measured, PlainRun, Session
 from carnator_core.calibration.stream import NoStreamVerdict, StreamCalibration
 from carnator_core.calibration.verdict import pairs_line, verdict
 from carnator_core.calibration.workflow import CalibrationWorkflow
 from carnator_core.client import ComfyClient, ComfyError
 from carnator_core.judging.calibration_profile import THRESHOLD_RANGES, WEIGHED_MODES, Profile
-from carnator_core.judging.fewer_steps import fewer_steps, fewer_steps_count
-from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS
+from carnator_core.judging.plain_steps_curve import MAX_LOWERED_COUNTS, next_count
 from carnator_core.judging.probe_thresholds import ProbeThresholds
 from carnator_core.judging.quality_target import QualityTarget
 from carnator_core.prompt_pairs import Pair, pairs_from_history, stream_from_history
 from carnator_core.reuse.settings import FORCED_DEPTHS
 
 HISTORY_PAGE = 100
+FEWEST_STEPS = 2  # plain at fewer steps never runs below this
 STREAM_ONLY_REASON = ("not in force: a stream calibration fits no thresholds (calibrate on pairs, --pairs or "
                       "--from-store, to fit them); it carries the stream's verdict")
 
@@ -144,15 +144,16 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
     fitted = _fitted(client, plan, distinct_pairs(pairs, echo), echo, on_progress, should_stop) if pairs else None
     if fitted is None:
         profile = _stream_profile(plan, stream)
-        measured, plain_runs, note = [], [], ""
+        measured, plain_runs, knee_runs, note = [], [], [], ""
     else:
         profile, measured, plain_runs, note = fitted.profile, fitted.measured, fitted.plain_runs, fitted.note
+        knee_runs = fitted.knee_runs
     if stream_verdict is not None:
         profile = replace(profile, fewer_steps=stream_verdict.fewer_steps, equal_quality=stream_verdict.verdicts,
                           recommended=stream_verdict.recommended)
         note = stream_verdict.note or note
     (plan.out / "profile.json").write_text(profile.to_json())
-    written, plot_note = calibration_plots(measured, profile, plan.out, plain_runs)
+    written, plot_note = calibration_plots(measured, profile, plan.out, None if fitted is None else fitted.weighing)
     curve = None if stream is None else stream.curve()
     if stream is not None:
         stream_plot = stream_plots(profile, curve, {mode: stream.mode_quality(mode) for mode in WEIGHED_MODES},
@@ -160,7 +161,8 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
         written += [stream_plot] if stream_plot else []
     result = None if fitted is None else fitted.result
     summary = {"profile": profile.as_dict(), "resumes": len(measured), "plots": [str(p) for p in written],
-               "plain_runs": [asdict(run) for run in plain_runs], "equal_quality_verdict": profile.verdict_lines() or
+               "plain_runs": [asdict(run) for run in plain_runs], "knee_runs": [asdict(run) for run in knee_runs],
+               "equal_quality_verdict": profile.verdict_lines() or
                [note], **(fitted.summary if fitted else {}),
                **({"stream": {"prompts": prompts, "curve": curve,
                               "runs": [asdict(row) for row in stream.rows]}} if stream is not None else {})}
@@ -210,14 +212,16 @@ class _Fitted:
     table: list[str]
     note: str
     summary: dict
+    weighing: PairsWeighing | None = None  # the pairs weighed against plain at fewer steps (None: not run)
+    knee_runs: list[KneeRun] = field(default_factory=list)
 
 
 def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo: Callable[[str], None],
             on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool]) -> _Fitted:
-    counts, fewer_steps_note = fewer_step_counts(plan)
+    lowers, fewer_steps_note = fewer_steps_plan(plan)
     echo(fewer_steps_note)
     session = Session(client, plan.workflow, pairs, list(plan.depths), plan.out, echo=echo, on_progress=on_progress,
-                      should_stop=should_stop, fewer=counts)
+                      should_stop=should_stop)
     echo(f"calibrating on {len(pairs)} pairs x {len(plan.depths)} depths "
          f"({'decoded frames' if plan.workflow.decoder else 'latents'}"
          f"{f', {plan.workflow.oracle.name} oracle' if plan.workflow.oracle else ''}); results in {plan.out}")
@@ -233,19 +237,48 @@ def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo:
                       held_back=result.held_back, oracle=result.oracle,
                       cfg=float(session.fingerprints.get("cfg", 1.0)), in_force=decided.in_force,
                       reason=decided.reason, forced=decided.forced)
-    plain_runs = session.these_plain_runs()
-    if counts:
+    weighing = None
+    if lowers:
         judging = profile.probe_thresholds() if profile.in_force else ProbeThresholds()
-        fewer, verdicts, recommended = weigh(measured, plain_runs, judging, plan.workflow.steps)
+        weighing = _plain_steps_curve(session, measured, judging, plan.workflow.steps, echo)
+        fewer, verdicts, recommended = weighing.weigh()
         profile = replace(profile, fewer_steps=fewer, equal_quality=verdicts, recommended=recommended)
         if not verdicts:
             fewer_steps_note = "no pair has its plain runs at fewer steps measured: no mode is weighed against them"
+    plain_runs = session.these_plain_runs()
     summary = {"fitted": result.fitted.__dict__, "met_target": result.met_target, "margin_met": result.margin_met,
                "fitted_lower_bound": result.lower_bound,
                "shipped_held_back": None if result.shipped_held_back is None else result.shipped_held_back.__dict__,
                "pairs_used": pairs_used, "pairs_needed": result.pairs_needed, "skipped_pairs": session.skipped}
     return _Fitted(profile=profile, result=result, measured=measured, plain_runs=plain_runs, pairs_used=pairs_used,
-                   table=depth_table(measured, result, plan), note=fewer_steps_note, summary=summary)
+                   table=depth_table(measured, result, plan), note=fewer_steps_note, summary=summary,
+                   weighing=weighing, knee_runs=session.these_knee_runs())
+
+
+def _plain_steps_curve(session: Session, measured: list[Measured], thresholds: ProbeThresholds, steps: int,
+                       echo: Callable[[str], None]) -> PairsWeighing:
+    """Plain at the step counts that bracket each mode's quality and the knee (`judging.plain_steps_curve`), on every
+    pair, then each weighed mode at the knee; the pairs weighed on all of it."""
+    def weighing() -> PairsWeighing:
+        return PairsWeighing(measured, session.these_plain_runs(), thresholds, steps, session.these_knee_runs())
+
+    counts = weighing().counts
+    session.expect(len(session.pairs) * (MAX_LOWERED_COUNTS + len(WEIGHED_MODES)))
+    for count in counts:  # a count an interrupted calibration began
+        session.plain_at(count)
+    while len(counts) < MAX_LOWERED_COUNTS:
+        count = next_count(steps, counts, weighing().judges(), fewest=FEWEST_STEPS)
+        if count is None:
+            break
+        echo(f"plain-steps curve: plain at {count} of {steps} steps on every pair")
+        session.plain_at(count)
+        counts = [*counts, count]
+    at_knee = weighing().knee()
+    if at_knee < steps:
+        echo(f"knee of the plain-steps curve: plain at {at_knee} of {steps} steps is as good as full plain; "
+             f"{', '.join(WEIGHED_MODES)} at {at_knee} steps on every pair")
+        session.modes_at(at_knee)
+    return weighing()
 
 
 def _stream_profile(plan: CalibrationPlan, stream: StreamCalibration) -> Profile:
@@ -275,19 +308,19 @@ def _install(client: ComfyClient, workflow: CalibrationWorkflow, profile: Profil
     return location
 
 
-def fewer_step_counts(plan: CalibrationPlan) -> tuple[tuple[int, ...], str]:
-    """The step counts plain also runs at (1/2, 1/3 and 1/4 of the graph's, at least 2 steps), and one line saying
-    which, or why none."""
+def fewer_steps_plan(plan: CalibrationPlan) -> tuple[bool, str]:
+    """Whether plain also runs at fewer steps (bisected, at least `FEWEST_STEPS`), and one line saying so, or why
+    not."""
     if not plan.fewer_steps:
-        return (), "plain at fewer steps: not run (turned off), so no mode is weighed against lowering the steps"
+        return False, "plain at fewer steps: not run (turned off), so no mode is weighed against lowering the steps"
     workflow = plan.workflow
     if workflow.steps is None:
-        return (), f"plain at fewer steps: not run, since the steps cannot be lowered here: {workflow.steps_note}"
-    names, skipped = fewer_steps(workflow.steps, fewest=2)
-    counts = tuple(fewer_steps_count(name) for name in names)
-    ran = f"plain also at {', '.join(map(str, counts))} of {workflow.steps} steps" if counts else \
-        f"plain at fewer steps: none of {workflow.steps} steps leaves 2 or more"
-    return counts, "; ".join([ran, *skipped])
+        return False, f"plain at fewer steps: not run, since the steps cannot be lowered here: {workflow.steps_note}"
+    first = (FEWEST_STEPS - 1 + workflow.steps) // 2  # the middle of the first bracket (`next_count`)
+    if first < FEWEST_STEPS:
+        return False, f"plain at fewer steps: none of {workflow.steps} steps leaves {FEWEST_STEPS} or more"
+    return True, (f"plain also at up to {MAX_LOWERED_COUNTS} bisected step counts of {workflow.steps} (the first "
+                  f"{first}), then {' and '.join(WEIGHED_MODES)} at the knee")
 
 
 def distinct_pairs(pairs: list[Pair], echo: Callable[[str], None]) -> list[Pair]:

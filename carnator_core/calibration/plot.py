@@ -6,24 +6,20 @@ held-back ones hollow squares, one colour per resume depth; the fitted rule's ba
 that depth's colour, the shipped rule's a dotted grey line, the target PSNR a solid horizontal line. Every line is
 named in a legend beside the axes, so no label covers another in the crowded high-agreement corner.
 
-The trade-off panel (`plot-calls.png`, where plain also ran at fewer steps) puts PSNR to plain against model calls:
-the resumes as above, each pair's plain-<n> runs as grey crosses, the fewer-steps curve (the pairs weighed together)
-as a joined line, and each mode's requests on the weighed pairs as a star: a star above the curve beats lowering the
-steps, one below it does not.
-
-The stream panels (`plot-stream.png`, a stream calibration) show the yardstick's three measures against model calls,
-one axis each, as `bench workload`'s plot does: PSNR to plain, detail kept and adherence (where the demo oracle
-scores the prompts); the plain-steps curve joined, each point named by its step count, each mode named with its
-verdict.
+The pairs panels (`plot-pairs.png`, where plain also ran at fewer steps) and the stream panels (`plot-stream.png`, a
+stream calibration) show the yardstick's three measures against model calls, one axis each, as `bench workload`'s plot
+does: PSNR to plain, detail kept and adherence (where the demo oracle scores the prompts); the plain-steps curve
+joined, each point named by its step count, each mode named with its verdict (and at the knee, where it ran there).
+A mode above the curve on every panel beats lowering the steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
+from carnator_core.calibration.equal_quality import PairsWeighing
 from carnator_core.calibration.fit import held_back
-from carnator_core.calibration.session import Measured, PlainRun
+from carnator_core.calibration.session import Measured
 from carnator_core.judging.calibration_profile import Profile
 from carnator_core.judging.plot import plot_unavailable, pyplot, yardstick_panels
 from carnator_core.judging.probe_thresholds import ProbeThresholds
@@ -31,14 +27,16 @@ from carnator_core.judging.yardstick import StreamQuality
 
 
 def calibration_plots(measured: list[Measured], profile: Profile, out: Path,
-                      plain_runs: Sequence[PlainRun] = ()) -> tuple[list[Path], str]:
-    """The plots written to `out`, and a line saying why there are none where matplotlib is missing."""
+                      weighing: PairsWeighing | None = None) -> tuple[list[Path], str]:
+    """The plots written to `out` (the pairs panels where `weighing` weighed the profile's verdicts), and a line
+    saying why there are none where matplotlib is missing."""
     plt = pyplot()
     if plt is None:
         return [], plot_unavailable("calibration plot")
     written = _signal_plots(plt, measured, profile, out)
-    if profile.fewer_steps and all(v.weighed_on == "pairs" for v in profile.equal_quality.values()):
-        written.append(_trade_off_plot(plt, measured, profile, out, plain_runs))
+    if weighing is not None and profile.fewer_steps and \
+            all(v.weighed_on == "pairs" for v in profile.equal_quality.values()):
+        written += [path for path in [_pairs_plot(profile, weighing, out)] if path is not None]
     return written, ""
 
 
@@ -52,41 +50,18 @@ def stream_plots(profile: Profile, curve: list[dict], modes: dict[str, StreamQua
                             f"reuse vs the plain-steps curve on the stream: profile {profile.name!r}")
 
 
-def _trade_off_plot(plt, measured: list[Measured], profile: Profile, out: Path,
-                    plain_runs: Sequence[PlainRun]) -> Path:
-    figure, axes = plt.subplots(figsize=(10, 6), dpi=100)
-    for index, depth in enumerate(sorted({m.resume.depth for m in measured})):
-        colour = f"C{index % 10}"
-        for kept_back, marker, face in ((False, "o", colour), (True, "s", "none")):
-            at = [m for m in measured if m.resume.depth == depth and held_back(m.resume.pair) == kept_back
-                  and m.model_calls is not None]
-            if at:
-                axes.scatter([m.model_calls for m in at], [m.resume.psnr_db for m in at], marker=marker, s=36,
-                             facecolors=face, edgecolors=colour, zorder=3,
-                             label=f"resumed at {depth:.0%} {'held back' if kept_back else 'fitted'}")
-    counts = {run.steps for run in profile.fewer_steps.values()}
-    lowered = [run for run in plain_runs if run.steps in counts]
-    if lowered:
-        axes.scatter([r.model_calls for r in lowered], [r.psnr_db for r in lowered], marker="x", s=30, color="grey",
-                     zorder=2, label="plain at fewer steps, per pair")
-    curve = sorted(profile.fewer_steps.items(), key=lambda item: item[1].model_calls)
-    axes.plot([run.model_calls for _, run in curve], [run.psnr_db for _, run in curve], color="black", marker="D",
-              linewidth=1.5, zorder=4, label="plain at fewer steps, weighed pairs together")
-    for name, run in curve:
-        axes.annotate(name, (run.model_calls, run.psnr_db), textcoords="offset points", xytext=(6, -12), fontsize=8)
-    for mode, marker in zip(("balanced", "fast"), ("*", "P"), strict=True):
-        weighed = profile.equal_quality.get(mode)
-        if weighed is not None:
-            axes.scatter([weighed.model_calls], [weighed.psnr_db], marker=marker, s=180, color="crimson", zorder=5,
-                         edgecolors="black", label=f"{mode}: {weighed.calls:.2f}x vs {weighed.against} "
-                                                   f"({weighed.resumed}/{weighed.pairs} resumed)")
-    axes.axhline(profile.target.psnr_db, color="black", linewidth=1, linestyle=":",
-                 label=f"target {profile.target.psnr_db:g} dB")
-    axes.set(title=f"reuse vs fewer steps: profile {profile.name!r}", xlabel="model calls per request",
-             ylabel="PSNR to the plain clip (dB)")
-    axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    return _saved(plt, figure, out / "plot-calls.png")
+def _pairs_plot(profile: Profile, weighing: PairsWeighing, out: Path) -> Path | None:
+    """The pairs panels (`judging.plain_steps_curve` on the pairs as two-prompt streams): each mode weighed at the
+    workflow's steps with its verdict, and at the knee where it ran there."""
+    points = []
+    for steps, mode in weighing.modes:
+        quality = weighing.quality(steps, mode)
+        label = f"{mode}: {profile.equal_quality[mode].words()}" if steps == weighing.steps and \
+            mode in profile.equal_quality else f"{mode} at {steps} steps (the knee)"
+        points.append({"label": label, "model_calls": quality.model_calls, "psnr": quality.psnr_db,
+                       "detail": quality.detail, "adherence": quality.adherence})
+    return yardstick_panels(weighing.curve(), points, out / "plot-pairs.png",
+                            f"reuse vs the plain-steps curve on the pairs: profile {profile.name!r}")
 
 
 def _signal_plots(plt, measured: list[Measured], profile: Profile, out: Path) -> list[Path]:

@@ -118,6 +118,11 @@ class ServerRuns:
         oracle = self.workflow.oracle
         return oracle.score(prompt, oracle.frames(clip.latent[0])) if oracle is not None else None
 
+    def adherence(self, prompt: str, clip: Clip) -> float | None:
+        """The oracle's adherence score of the clip (the yardstick's), None where the graph has no oracle."""
+        verdict = self.oracle(prompt, clip)
+        return None if verdict is None else verdict.adherence
+
     def _clip(self, history: dict) -> Clip:
         """The run's clip. Where the graph has an oracle (the demo model's), its frames are those the oracle decodes
         (what it scores and `bench workload` measures), not the 8-bit previews, so that both tools measure one

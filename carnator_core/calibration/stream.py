@@ -248,7 +248,7 @@ class StreamCalibration:
         clip, run = self._sample(index, prompt, PLAIN, self._store(PLAIN))
         clip.save(path)
         self._keep(StreamRun(index=index, prompt=prompt, run=PLAIN, model_calls=model_calls(run),
-                             psnr_db=PSNR_IDENTICAL, ssim=1.0, detail=1.0, adherence=self._adherence(prompt, clip),
+                             psnr_db=PSNR_IDENTICAL, ssim=1.0, detail=1.0, adherence=self.runs.adherence(prompt, clip),
                              skipped_steps=0))
         return clip
 
@@ -299,11 +299,7 @@ class StreamCalibration:
         psnr, similarity = quality(clip, plain)
         self._keep(StreamRun(index=index, prompt=prompt, run=name, model_calls=calls, psnr_db=round(psnr, 3),
                              ssim=round(similarity, 5), detail=round(detail(clip, plain), 5),
-                             adherence=self._adherence(prompt, clip), skipped_steps=skipped))
-
-    def _adherence(self, prompt: str, clip: Clip) -> float | None:
-        verdict = self.runs.oracle(prompt, clip)
-        return None if verdict is None else verdict.adherence
+                             adherence=self.runs.adherence(prompt, clip), skipped_steps=skipped))
 
     def _sample(self, index: int, prompt: str, name: str, store: str, **options):
         return self.runs.sample(f"prompt {index + 1}/{len(self.prompts)}", name, prompt, store, **options)

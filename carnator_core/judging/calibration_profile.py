@@ -7,8 +7,8 @@ strengths) and the sigma schedule fingerprint (step count, scheduler, shift) it 
 scale it was measured at, and to no other: thresholds are a property of the model's trajectories over that
 schedule.
 
-A profile may also carry what lowering the steps buys on the same pairs (`fewer_steps`: plain at 1/2, 1/3 and 1/4
-of the steps) and, per reuse mode, the verdict that weighs the mode against the cheapest of those runs as close to
+A profile may also carry what lowering the steps buys on the same pairs or stream (`fewer_steps`: plain at the
+bisected step counts of the plain-steps curve) and, per reuse mode, the verdict that weighs the mode against the cheapest of those runs as close to
 plain (`equal_quality`, `ModeVerdict`), and the configuration to run (`equal_quality.recommended`, the cheapest steps
 and mode as good as full plain: `judging.recommendation`): all absent where calibration ran no fewer-steps runs.
 

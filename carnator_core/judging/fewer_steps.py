@@ -2,8 +2,8 @@
 and the calibration weigh reuse against.
 
 A fewer-steps run is the same graph (same seed, sampler and scheduler) with its steps lowered, named
-`plain-<its steps>`: at 1/2, 1/3 and 1/4 of them in the workload's timed rows and a pair calibration, at bisected
-counts on the plain-steps curve (`judging.plain_steps_curve`). A configuration or a mode is weighed against the
+`plain-<its steps>`: at 1/2, 1/3 and 1/4 of them in the workload's timed rows, at bisected counts on the plain-steps
+curve (`judging.plain_steps_curve`) of the workload and both calibrations. A configuration or a mode is weighed against the
 cheapest of them as good as its own by the yardstick (`judging.yardstick`); the ratio of that run's calls over the
 configuration's is below 1 where just taking fewer steps gets as good for less.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -101,6 +102,29 @@ def _report(server, prompt: str, record: bool, top_k: int = 4) -> dict:
     return report
 
 
+def _bisected(plain_runs: list[dict], pairs, steps: int = STEPS) -> list[int]:
+    """The fewer step counts plain ran at, fewest first, checked: half the steps first, at most MAX_LOWERED_COUNTS of
+    them, each once on every pair beside the full run."""
+    counts = sorted({row["steps"] for row in plain_runs} - {steps})
+    assert next(row["steps"] for row in plain_runs if row["steps"] != steps) == (steps + 1) // 2, plain_runs
+    assert 1 <= len(counts) <= MAX_LOWERED_COUNTS and min(counts) >= 2, counts
+    assert sorted((row["pair"], row["steps"]) for row in plain_runs) == [(p, n) for p in pairs
+                                                                         for n in (*counts, steps)]
+    return counts
+
+
+def _knee_runs_ran(out: Path, profile: Profile, counts: list[int], pairs) -> None:
+    """Balanced and fast ran at the knee on every pair (where the knee is below the steps), and the recommendation
+    weighed them."""
+    path = out / "knee_runs.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    knees = {row["steps"] for row in rows}
+    assert len(knees) <= 1 and knees <= set(counts), rows
+    assert sorted((row["pair"], row["mode"]) for row in rows) == ([] if not knees else sorted(
+        (p, mode) for p in pairs for mode in ("balanced", "fast")))
+    assert profile.recommended is not None and profile.recommended.steps in (*counts, STEPS)
+
+
 def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server, tmp_path):
     workflow, pairs = _files(tmp_path, _graph())
     out = tmp_path / "out"
@@ -114,8 +138,8 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     assert profile.verdict_lines()[-1].startswith("Recommended: run ")  # last, what to run
     assert output.splitlines()[-4].endswith("(in force)") and "pairs used 3; a stable fit here" in output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
-    assert "plain also at 5, 3, 2 of 10 steps" in output
-    assert "21/21 runs" in output and "left" in output  # progress with an estimate of the time left
+    assert "plain also at up to 4 bisected step counts of 10 (the first 5), then balanced and fast at the knee" in output
+    assert re.search(r"\b1/\d+ runs, about .* left", output)  # progress with an estimate of the time left
     assert "depth  resumes  good  accepted by the fitted rule" in output
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and {row["pair"] for row in rows} == {0, 1, 2}
@@ -124,17 +148,17 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     assert all(row["psnr_db"] > 30 and row["ssim"] > 0.95 and row["oracle_kept"] for row in reworded)
     assert (profile.fit_pairs, profile.held_back_pairs) == (2, 1) and profile.oracle is not None
     plain_runs = [json.loads(line) for line in (out / "plain_runs.jsonl").read_text().splitlines()]
-    assert sorted((row["pair"], row["steps"]) for row in plain_runs) == [(p, n) for p in range(3) for n in (2, 3, 5, 10)]
+    counts = _bisected(plain_runs, range(3))
     assert all(row["model_calls"] == row["steps"] for row in plain_runs)  # plain: one model call per step
-    fewer = {name: run.steps for name, run in profile.fewer_steps.items()}
-    assert fewer == {"plain-5": 5, "plain-3": 3, "plain-2": 2}
-    assert profile.fewer_steps["plain-2"].psnr_db < profile.fewer_steps["plain-5"].psnr_db < 100
+    assert {name: run.steps for name, run in profile.fewer_steps.items()} == {f"plain-{n}": n for n in counts}
+    assert profile.fewer_steps[f"plain-{counts[0]}"].psnr_db < profile.fewer_steps[f"plain-{counts[-1]}"].psnr_db < 100
+    _knee_runs_ran(out, profile, counts, range(3))
     for weighed in profile.equal_quality.values():  # the held-back pair (the third), under the fitted rule
         assert (weighed.pairs, weighed.held_back, weighed.steps) == (1, True, STEPS), weighed
         against = STEPS if weighed.against == "plain" else profile.fewer_steps[weighed.against].model_calls
         assert weighed.calls == pytest.approx(against / weighed.model_calls, abs=1e-3)
     assert (out / "plot-structure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "plot-calls.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "plot-pairs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     filed = server.get("/carnator/store/profiles").json()["profiles"]
     assert [p["key"] for p in filed] == [profile.key] and f"filed as {profile.describe()}" in output
     print(f"calibration of 3 pairs x 2 depths at {STEPS} steps took {time.monotonic() - started:.0f} s")
@@ -250,8 +274,8 @@ def test_the_wan21_template_calibrates_with_its_guidance_on_latents(server, tiny
     assert all(row["oracle_kept"] is None for row in rows)  # no demo world to judge a tiny model's clips
     profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
     assert profile.cfg == 6.0 and profile.oracle is None
-    assert set(profile.fewer_steps) == {"plain-4", "plain-2"} and set(profile.equal_quality) == {"balanced", "fast"}
-    assert "plain at 1/4 of 8 steps skipped: 2 steps, as plain-2 already runs" in output
+    assert "plain-4" in profile.fewer_steps and set(profile.equal_quality) == {"balanced", "fast"}
+    assert all(run.steps >= 2 for run in profile.fewer_steps.values())  # never below two steps
     assert output.splitlines()[-3:] == profile.verdict_lines()
 
 
@@ -277,8 +301,8 @@ def test_the_wan22_14b_template_calibrates_its_first_expert_and_its_runs_are_jud
     profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
     # plain at 4 and 2 of the 8 steps, the experts' hand-over scaled with them; no pair held back: both weighed
     plain_runs = [json.loads(line) for line in (tmp_path / "out" / "plain_runs.jsonl").read_text().splitlines()]
-    assert sorted((row["steps"], row["model_calls"]) for row in plain_runs if row["pair"] == 0) == [
-        (2, 2), (4, 4), (8, 8)], plain_runs
+    assert 4 in _bisected(plain_runs, range(2), steps=8)
+    assert all(row["model_calls"] == row["steps"] for row in plain_runs), plain_runs
     assert all(not weighed.held_back and weighed.pairs == 2 for weighed in profile.equal_quality.values())
     assert output.splitlines()[-3:] == profile.verdict_lines()
 
@@ -504,9 +528,6 @@ def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queu
     out = Path(stopped["out"])
     done = len((out / "resumes.jsonl").read_text().splitlines())
     plains_left = sum(not (out / "pairs" / f"{pair:03d}-plain.safetensors").exists() for pair in (0, 1))
-    plain_runs = out / "plain_runs.jsonl"
-    fewer_done = sum(json.loads(line)["steps"] < STEPS for line in plain_runs.read_text().splitlines()) \
-        if plain_runs.exists() else 0
     assert 1 <= done < 10 and "queue the Calibrate node again to resume" in stopped["line"]
 
     server.client.run(graph)
@@ -517,8 +538,12 @@ def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queu
         (pair, depth) for pair in (0, 1) for depth in (0.2, 0.35, 0.5, 0.65, 0.8))
     # the demo world's oracle, which the pack registers at load, judged every resume in the server's own process
     assert all(row["oracle_kept"] is not None for row in rows)
-    # only what was left ran again: resumes, the donor and plain runs, and plain at 5, 3 and 2 steps per pair
-    assert finished["runs_total"] == 10 - done + 2 * plains_left + 6 - fewer_done
+    # only what was left ran again: resumes, the donor and plain runs, then the bisected plain runs and the modes at
+    # the knee (the total counts the most these may take)
+    plain_runs = [json.loads(line) for line in (out / "plain_runs.jsonl").read_text().splitlines()]
+    knee_runs = (out / "knee_runs.jsonl").read_text().splitlines() if (out / "knee_runs.jsonl").exists() else []
+    curve_runs = len(plain_runs) - 2 + len(knee_runs)
+    assert finished["runs_done"] == 10 - done + 2 * plains_left + curve_runs <= finished["runs_total"], finished
     filed = [p for p in server.get("/carnator/store/profiles").json()["profiles"] if p["name"] == "graph editor"]
     assert len(filed) == 1 and finished["profile"] == filed[0]["description"]
     assert any(line.startswith("filed as profile 'graph editor'") for line in finished["summary"])
@@ -548,4 +573,4 @@ def test_an_interrupted_calibration_resumes_where_it_stopped(servers, server, tm
     assert len(rows.read_text().splitlines()) == 4
     assert output.count("forced") == 4 - done  # only what was left was sampled again
     plain_runs = [json.loads(line) for line in (out / "plain_runs.jsonl").read_text().splitlines()]
-    assert sorted((row["pair"], row["steps"]) for row in plain_runs) == [(p, n) for p in (0, 1) for n in (2, 3, 5, 10)]
+    _bisected(plain_runs, (0, 1))  # each once

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from carnator_core.calibration.equal_quality import weigh
+from carnator_core.calibration.equal_quality import PairsWeighing, weigh
 from carnator_core.calibration.fit import Resume, fit
-from carnator_core.calibration.job import Calibrated, CalibrationPlan, fewer_step_counts
+from carnator_core.calibration.job import Calibrated, CalibrationPlan, fewer_steps_plan
 from carnator_core.calibration.plot import calibration_plots
-from carnator_core.calibration.session import Measured, PlainRun
+from carnator_core.calibration.session import KneeRun, Measured, PlainRun
 from carnator_core.calibration.workflow import CalibrationWorkflow, step_inputs
 from carnator_core.judging.calibration_profile import FewerStepsRun, Profile, ProfileError, Score
 from carnator_core.judging.fewer_steps import fewer_steps
@@ -83,8 +83,8 @@ def test_a_graph_whose_steps_cannot_be_lowered_says_why_in_one_line(graph, why):
     workflow = CalibrationWorkflow(workflow=Workflow(graph), object_info={}, sampler="9", reuse_node="9",
                                    decoder=None, oracle=None, user_store=None, steps_note=note)
     plan = CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x")
-    counts, line = fewer_step_counts(plan)
-    assert counts == () and line.startswith("plain at fewer steps: not run, since the steps cannot be lowered")
+    runs, line = fewer_steps_plan(plan)
+    assert not runs and line.startswith("plain at fewer steps: not run, since the steps cannot be lowered")
     assert why in line and "\n" not in line
 
 
@@ -92,11 +92,14 @@ def test_the_fewer_steps_runs_can_be_turned_off_and_say_so():
     workflow = CalibrationWorkflow(workflow=Workflow(_ksampler_graph()), object_info={}, sampler="9",
                                    reuse_node="9", decoder=None, oracle=None, user_store=None, steps=STEPS,
                                    step_nodes=("9",))
-    assert fewer_step_counts(CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x")) == (
-        (6, 4, 3), "plain also at 6, 4, 3 of 12 steps")
-    counts, line = fewer_step_counts(CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x",
-                                                     fewer_steps=False))
-    assert counts == () and "turned off" in line
+    assert fewer_steps_plan(CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x")) == (
+        True, "plain also at up to 4 bisected step counts of 12 (the first 6), then balanced and fast at the knee")
+    runs, line = fewer_steps_plan(CalibrationPlan(workflow=workflow, pairs=[], out=None, name="x", fewer_steps=False))
+    assert not runs and "turned off" in line
+    two = CalibrationWorkflow(workflow=Workflow(_ksampler_graph(2)), object_info={}, sampler="9", reuse_node="9",
+                              decoder=None, oracle=None, user_store=None, steps=2, step_nodes=("9",))
+    assert fewer_steps_plan(CalibrationPlan(workflow=two, pairs=[], out=None, name="x")) == (
+        False, "plain at fewer steps: none of 2 steps leaves 2 or more")
 
 
 # ------------------------------------------------------------------ the verdict, weighed on held-back pairs
@@ -243,8 +246,47 @@ def test_the_command_s_last_lines_and_a_judged_request_s_report_say_the_verdict(
     assert ReuseSettings(mode="safe").with_profile(profile).profile_verdict == ""
 
 
-def test_the_trade_off_plot_puts_the_modes_beside_the_fewer_steps_curve(tmp_path):
+def test_the_pairs_plot_puts_the_modes_beside_the_plain_steps_curve_on_the_yardstick_s_measures(tmp_path):
     measured, plain = _pairs(balanced_db=35.0, fast_db=26.0)
-    written, note = calibration_plots(measured, _profile(), tmp_path, plain)
-    assert note == "" and [p.name for p in written] == ["plot-structure.png", "plot-calls.png"]
-    assert (tmp_path / "plot-calls.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    weighing = PairsWeighing(measured, plain, ProbeThresholds(), STEPS, _knee_runs(4, psnr=30.0))
+    written, note = calibration_plots(measured, _profile(), tmp_path, weighing)
+    assert note == "" and [p.name for p in written] == ["plot-structure.png", "plot-pairs.png"]
+    assert (tmp_path / "plot-pairs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [row["steps"] for row in weighing.curve()] == [3, 4, 6, STEPS]
+    assert set(weighing.modes) == {(STEPS, "balanced"), (STEPS, "fast"), (4, "balanced"), (4, "fast")}
+
+
+# ------------------------------------------------------------------ the knee, bisected and weighed on the pairs
+def _knee_runs(steps: int, psnr: float, detail: float = 1.0, pairs: range = range(6)) -> list[KneeRun]:
+    return [KneeRun(pair=p, earlier=f"e{p}", new=f"n{p}", mode=mode, steps=steps, model_calls=steps // 2 + 1,
+                    skipped_steps=steps // 2, psnr_db=psnr, ssim=0.9, detail=detail, adherence=None)
+            for p in pairs for mode in ("balanced", "fast")]
+
+
+def _detailed(plain: list[PlainRun]) -> list[PlainRun]:
+    """Plain at fewer than half the steps loses detail (0.8), at half keeps it."""
+    return [PlainRun(**{**r.__dict__, "detail": 0.8 if r.steps < STEPS // 2 else 1.0}) for r in plain]
+
+
+def test_the_knee_is_the_fewest_plain_steps_as_detailed_and_its_judges_bracket_it():
+    measured, plain = _pairs(balanced_db=35.0, fast_db=29.0)
+    weighing = PairsWeighing(measured, _detailed(plain), ProbeThresholds(), STEPS)
+    assert weighing.knee() == 6  # plain at 4 and 3 steps lose detail
+    *modes, knee_judge = weighing.judges()
+    assert [knee_judge(n) for n in (6, 4, 3)] == [True, False, False]
+    assert len(modes) == 2 and not modes[0](6)  # 31 dB at 6 steps falls short of balanced's 35 dB resumes
+
+
+def test_a_mode_at_the_knee_as_good_as_full_plain_for_fewer_calls_is_recommended():
+    measured, plain = _pairs(balanced_db=35.0, fast_db=29.0)
+    plain = _detailed(plain)
+    fewer, verdicts, recommended = weigh(measured, plain, ProbeThresholds(), STEPS, _knee_runs(6, psnr=33.0))
+    # each pair at the knee: the earlier prompt at plain-6's 6 calls, the new one resumed in 4: 5 calls a request
+    assert (recommended.mode, recommended.steps, recommended.model_calls) == ("balanced", 6, 5.0)
+    assert recommended.against == "plain" and recommended.calls == pytest.approx(12 / 5.0)
+    # knee runs that lose detail are not as good as full plain: plain at the knee is what to run
+    _, _, plain_wins = weigh(measured, plain, ProbeThresholds(), STEPS, _knee_runs(6, psnr=33.0, detail=0.8))
+    assert (plain_wins.mode, plain_wins.steps) == ("plain", 6)
+    # knee runs missing a weighed pair are not weighed
+    _, _, partial = weigh(measured, plain, ProbeThresholds(), STEPS, _knee_runs(6, psnr=33.0, pairs=range(3)))
+    assert (partial.mode, partial.steps) == ("plain", 6)

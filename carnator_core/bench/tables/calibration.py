@@ -24,10 +24,11 @@ def pair_calibrations_table(runs: StoredRuns, link: Link) -> str:
                      f"{rule['structure']:.3f} + {rule['structure_slope']:.2f} × depth; guidance {rule['guidance']:.2f}",
                      _score(profile["held_back"]), _score(profile.get("oracle")),
                      "yes" if profile["in_force"] else f"no: {profile['reason']}",
-                     *(_verdict(profile["equal_quality"].get(mode)) for mode in MODES)])
+                     *(_verdict(profile["equal_quality"].get(mode)) for mode in MODES),
+                     (profile["equal_quality"].get("recommended") or {}).get("words", "—")])
     return table(["run", "cfg", "pairs fitted / held back", "filed rule (structure; guidance)",
                   "held back, by PSNR/SSIM: accepted, precision, recall", "held back, by the demo oracle",
-                  "in force", "balanced against fewer steps", "fast against fewer steps"], rows)
+                  "in force", "balanced against fewer steps", "fast against fewer steps", "recommended"], rows)
 
 
 def _score(score: dict[str, Any] | None) -> str:

@@ -9,25 +9,35 @@ from carnator_core.bench.tables.agreement import AGREEMENT_CFGS, AGREEMENT_STREA
 from carnator_core.bench.tables.cells import table
 from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 
-# The workload runs that weigh the modes at the knee too, and the label of each row.
-RECOMMENDING_RUNS = {**{agreement_run("agree", stream, cfg): f"{stream} (16), cfg {cfg}" for stream in AGREEMENT_STREAMS
-                        for cfg in AGREEMENT_CFGS},
-                     "edit-loop-16": "edit-loop (16), cfg 1"}
+# The workload runs that weigh the modes at the knee too, the label of each row, and the stream calibration of the
+# same stream and scale (None: none ran it).
+RECOMMENDING_RUNS = {**{agreement_run("agree", stream, cfg): (f"{stream} (16), cfg {cfg}",
+                                                              agreement_run("calibrate", stream, cfg))
+                        for stream in AGREEMENT_STREAMS for cfg in AGREEMENT_CFGS},
+                     "edit-loop-16": ("edit-loop (16), cfg 1", None)}
 DRAFT_FINAL_RUN = "draft-final"
 
 
 def recommended_table(runs: StoredRuns, link: Link) -> str:
-    """Per stored stream run: the knee, each mode's calls there, and what to run, in words."""
+    """Per stored stream run: the knee, each mode's calls there, and what to run, in words, by the workload and by the
+    stream calibration of the same stream."""
     rows = []
-    for name, label in RECOMMENDING_RUNS.items():
+    for name, (label, calibration) in RECOMMENDING_RUNS.items():
         result = runs[name].result
         knee = result["knee"]
         at_knee = ", ".join(f"{mode.split('@')[0]} {row['model_calls']:.1f} calls, detail {row['detail']:.3f}"
                             for mode, row in knee["modes"].items()) or "—"
-        recommended = result["recommended"]
         rows.append([f"[{label}]({link(name)})", f"{knee['steps']} of {result['settings']['steps']}", at_knee,
-                     recommended["words"]])
-    return table(["stream", "knee (plain steps as good as full plain)", "modes at the knee", "recommended"], rows)
+                     result["recommended"]["words"], _calibration_words(runs, link, calibration)])
+    return table(["stream", "knee (plain steps as good as full plain)", "modes at the knee", "workload recommends",
+                  "stream calibration recommends"], rows)
+
+
+def _calibration_words(runs: StoredRuns, link: Link, name: str | None) -> str:
+    if name is None:
+        return "—"
+    recommended = runs[name].result["profile"]["equal_quality"].get("recommended")
+    return "— (calibrated without the knee)" if recommended is None else f"[{recommended['words']}]({link(name)})"
 
 
 def draft_final_table(runs: StoredRuns, link: Link) -> str:
