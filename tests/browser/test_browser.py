@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect, sync_playwright
+from support.browser import EDITOR_SETTINGS, TIMEOUT_MS, launch_chromium
 from support.comfy_host import REPO_ROOT, ComfyServer, ServerFactory
 from support.tiny_models import WAN21_VAE, write_tiny_model
 from support.tiny_workflows import WORKFLOWS
@@ -49,13 +50,9 @@ from carnator_core.judging.calibration_profile import Profile, Score
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO_ROOT / "artifacts" / "browser"
 PINNED_FRONTEND = "pinned"
 EXTRA_FRONTENDS = os.environ.get("CARNATOR_BROWSER_FRONTENDS", "").split()
-TIMEOUT_MS = 60_000
 FIRST_PROMPT = "a red circle moving left on a black background"
 EDITED_PROMPT = "a red ball moving left on a black background"
 TINY_MODEL_THRESHOLDS = {"structure_threshold": 0.5, "guidance_threshold": 0.5, "depth_slope": 0.0}
@@ -95,10 +92,7 @@ def server(comfyui_path: Path, new_base_dir, frontend: str) -> Iterator[ComfySer
     base = new_base_dir()
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
-    # no first-run template dialog; node text and widgets drawn at any zoom (the whole workflow is on screen)
-    # and no missing-models dialog over an official template, which names the official model files
-    settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "LiteGraph.Canvas.MinFontSizeForLOD": 1,
-                                    "Comfy.Minimap.Visible": False, "Comfy.Workflow.ShowMissingModelsWarning": False}))
+    settings.write_text(json.dumps(EDITOR_SETTINGS))
     write_tiny_model("wan21_vae", base / "models" / "vae", filename=WAN21_VAE)
     factory = ServerFactory(comfyui_path, new_base_dir)
     root = _frontend_root(frontend)
@@ -114,14 +108,11 @@ def server(comfyui_path: Path, new_base_dir, frontend: str) -> Iterator[ComfySer
 
 @pytest.fixture(scope="module")
 def page(server: ComfyServer, frontend: str):
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium; .ci/run does)",
-                    pytrace=False)
     artifacts = ARTIFACTS / frontend
     shutil.rmtree(artifacts, ignore_errors=True)
     artifacts.mkdir(parents=True)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.set_default_timeout(TIMEOUT_MS)
