@@ -18,6 +18,7 @@ BENCHMARKS = {
     "screen": "carnator_core.bench.screen",
     "stages": "carnator_core.bench.stages",
     "inputs": "carnator_core.bench.inputs",
+    "exact-repeats": "carnator_core.bench.exact_repeats",
     "report": "carnator_core.bench.report",
 }
 

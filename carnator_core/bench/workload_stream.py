@@ -57,6 +57,7 @@ class Sample:
     skipped_steps: int
     density: float
     rgb: torch.Tensor
+    latent: torch.Tensor  # what the sampler returned, as SaveLatent wrote it
     report: dict | None
     quality: dict[str, Any] = field(default_factory=dict)
     cpu_seconds: float | None = None  # the server's CPU time for the whole prompt and its background store write
@@ -121,7 +122,7 @@ class Bench:
                       verdict=Verdict.strongest(RunReport.from_dict(r).verdict for r in run.reports),
                       skipped_steps=sum(int(r.get("skipped_steps", 0)) for r in reports),
                       density=1.0 if density is None else float(density),
-                      rgb=world.decode(world.from_raw(latent[0].float())), report=report,
+                      rgb=world.decode(world.from_raw(latent[0].float())), latent=latent, report=report,
                       first_expert_calls=first_expert)
 
     def sample_recorded(self, name: str, graph: dict, steps: int, boundary: int | None = None, *,

@@ -11,6 +11,7 @@ from carnator_core.bench.tables import (
     calibration,
     deep_first,
     demo,
+    exact_repeats,
     inputs,
     probe_calibration,
     recommended,
@@ -23,4 +24,4 @@ from carnator_core.bench.tables.stored_runs import Link, StoredRuns
 TABLES: dict[str, Callable[[StoredRuns, Link], str]] = {
     **streams.TABLES, **agreement.TABLES, **deep_first.TABLES, **attention.TABLES, **probe_calibration.TABLES,
     **calibration.TABLES, **inputs.TABLES, **stages.TABLES, **store.TABLES, **demo.TABLES,
-    **recommended.TABLES}
+    **recommended.TABLES, **exact_repeats.TABLES}
