@@ -7,8 +7,9 @@ sparse attention, no step cache) records, beside its checkpoints, its exact key 
 input: model with its patches, positive and negative conditioning, initial noise, input latent and denoise mask,
 sampler and its options, sigmas, guidance, every model option on the CFG path, the scope), the digest of its first
 model prediction (the step-0 callback's, bit for bit) and its output at full precision. A later request with the
-same key samples its step 0 as usual; where that prediction's digest equals the stored one (same machine, same attention path: the
-computation is deterministic), its output is the stored one, which is what its own sampling would give bit for bit.
+same key samples its step 0 as usual; where that prediction's digest equals the stored one (same machine, same
+attention path: the computation is deterministic), its output is the stored one, which is what its own sampling
+would give bit for bit.
 Any other bit (another device, another kernel) samples on from there as the usual run does.
 
 A request sampled in stages (two experts, a refinement) repeats stage by stage: a stage that repeated its stored

@@ -74,7 +74,6 @@ class Handover:
     # what the request's step 0 differs by from `donor`'s: the donor's later states are continued corrected by it
     difference: StartDifference | None = None
     repeated: EntryMeta | None = None  # the entry whose stages so far this request repeated exactly
-
     created_at: float = field(default_factory=time.monotonic)
 
 
