@@ -48,8 +48,9 @@ the calls and the speedup of the requests that resumed; `edit-loop` adds which k
 `--shared-store` has safe, balanced and fast look up in one store, each prompt recorded there by one of them in turn,
 which runs it after the others: every mode meets the same donors, recorded by requests in every mode, and none meets
 its own prompt's; the nesting check (`nesting`) then
-compares the modes on the same store: per prompt, steps skipped beside model calls. Such a run weighs no mode at
-the knee (their own stores would not compare with the shared one).
+compares the modes on the same store: per prompt, steps skipped beside model calls. Such a run samples no
+plain-steps curve and weighs no mode at the knee: each mode's calls and quality owe something to the donors the
+other modes recorded, so a ratio against plain at fewer steps would not be the mode's own.
 
 `--stream draft-final` drafts every prompt at `--draft-steps` and renders the final at `--steps` where the demo
 oracle finds the draft adherent, in balanced and fast (`--configs`), each final resuming from its draft
@@ -163,7 +164,8 @@ def main(argv: list[str]) -> int:
                              "against it; plain-<n> rows only where named, e.g. plain-10); default: all")
     parser.add_argument("--shared-store", action="store_true",
                         help="safe, balanced and fast look up in one store, each prompt recorded there by one of "
-                             "them in turn: every mode meets the same donors, recorded by requests in every mode")
+                             "them in turn: every mode meets the same donors, recorded by requests in every mode "
+                             "(no plain-steps curve: the modes' ratios would not be their own)")
     parser.add_argument("--json", action="store_true", help="print only the result object as JSON")
     parser.add_argument("--out", type=Path, default=Path("carnator-bench-output"))
     add_record_option(parser)
@@ -243,6 +245,20 @@ def _draft_final_outputs(args: argparse.Namespace, recording: Recording, result:
     return 0
 
 
+def _plain_steps_curve(args: argparse.Namespace, samples: dict[str, list[Sample]],
+                       plain_at: Callable[[int, int], Sample], prompts: list[str],
+                       say: Callable[[str], None]) -> dict[str, list[Sample]]:
+    """The plain runs the bisection adds (`plain_steps_curve`); none with `--shared-store`, whose modes' ratios would
+    owe something to each other's donors."""
+    curve: dict[str, list[Sample]] = {}
+    if args.shared_store:
+        say("--shared-store: the modes met each other's donors, so no plain-steps curve is sampled and each mode is "
+            "weighed against the plain runs of the stream alone")
+    else:
+        plain_steps_curve(samples, curve, args.steps, plain_at, prompts, say)
+    return curve
+
+
 def _modes_at_knee(args: argparse.Namespace, bench: Bench, unet: str, prompts: list[str], seeds: list[int],
                    seed_policy: str, samples: dict[str, list[Sample]], curve: dict[str, list[Sample]],
                    configs: tuple[str, ...], say: Callable[[str], None]) -> dict[str, list[Sample]]:
@@ -312,8 +328,7 @@ def _run(args: argparse.Namespace, prompts: list[str], weights: Path,
                     graph = graphs.base_graph(unet, prompts[i], seed=seeds[i], steps=steps, cfg=args.cfg)
                     return bench.sample(f"plain-{steps}", graph, steps)
             score_samples(prompts, samples)
-            curve: dict[str, list[Sample]] = {}
-            plain_steps_curve(samples, curve, args.steps, plain_at, prompts, say)
+            curve = _plain_steps_curve(args, samples, plain_at, prompts, say)
             at_knee = _modes_at_knee(args, bench, unet, prompts, seeds, seed_policy, samples, curve, configs, say)
             heavy = attention_heavy(bench, heavy_unet, progress=say) if args.attention_heavy else None
     finally:

@@ -324,6 +324,9 @@ def test_the_modes_are_nested_by_depth_on_every_prompt_of_the_edit_streams_in_on
     assert [c["name"] for c in data["configs"]] == ["plain", "safe", "balanced", "fast"]
     saved = json.loads(next(out.glob("workload_*.json")).read_text())
     assert saved["settings"]["shared_store"] is True
+    # the modes met each other's donors: no plain-steps curve, no mode at the knee, and the run says so
+    assert [row["steps"] for row in data["plain_steps_curve"]] == [8] and data["knee"]["modes"] == {}
+    assert "--shared-store: the modes met each other's donors, so no plain-steps curve is sampled" in result.stderr
     runs = [prompt["configs"] for prompt in saved["per_prompt"]]
     assert len(runs) == len(data["prompts"]) and any(r["fast"]["skipped_steps"] > r["balanced"]["skipped_steps"]
                                                      for r in runs)
