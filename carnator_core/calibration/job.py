@@ -141,7 +141,8 @@ def calibrate(client: ComfyClient, plan: CalibrationPlan, echo: Callable[[str], 
         raise NothingToCalibrate(str(error)) from None
     if stream_verdict is not None and stream_verdict.note:
         echo(stream_verdict.note)
-    fitted = _fitted(client, plan, distinct_pairs(pairs, echo), echo, on_progress, should_stop) if pairs else None
+    fitted = _fitted(client, plan, distinct_pairs(pairs, echo), echo, on_progress, should_stop,
+                     weigh=stream_verdict is None) if pairs else None
     if fitted is None:
         profile = _stream_profile(plan, stream)
         measured, plain_runs, knee_runs, note = [], [], [], ""
@@ -217,8 +218,12 @@ class _Fitted:
 
 
 def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo: Callable[[str], None],
-            on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool]) -> _Fitted:
-    lowers, fewer_steps_note = fewer_steps_plan(plan)
+            on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool],
+            weigh: bool = True) -> _Fitted:
+    """The pairs calibrated: thresholds fitted and, unless a stream already weighed the modes (`weigh` False), the
+    pairs weighed against plain at fewer steps as two-prompt streams."""
+    lowers, fewer_steps_note = fewer_steps_plan(plan) if weigh else (
+        False, "the pairs fit thresholds only: the stream weighed the modes against plain at fewer steps")
     echo(fewer_steps_note)
     session = Session(client, plan.workflow, pairs, list(plan.depths), plan.out, echo=echo, on_progress=on_progress,
                       should_stop=should_stop)

@@ -350,6 +350,10 @@ def test_pairs_from_the_store_s_history_are_the_user_s_successive_prompts(server
     assert prompts[-3:] == [EARLIER, REWORDED, edited] and len(prompts) <= 4
     profile = Profile.from_json((tmp_path / "out" / "profile.json").read_text())
     assert {v.weighed_on for v in profile.equal_quality.values()} == {"stream"} and profile.fit_pairs >= 1
+    # the stream weighed the modes, so the pairs only fit thresholds: no pair ran plain at fewer steps or at the knee
+    assert "the pairs fit thresholds only" in run.stdout
+    pair_plains = [json.loads(line) for line in (tmp_path / "out" / "plain_runs.jsonl").read_text().splitlines()]
+    assert {row["steps"] for row in pair_plains} == {STEPS} and not (tmp_path / "out" / "knee_runs.jsonl").exists()
 
 
 def test_an_output_directory_of_another_workflow_is_refused_not_mixed_in(server, tmp_path):
