@@ -1,7 +1,7 @@
 """`python -m carnator_core.calibrate` through a real headless ComfyUI on the shipped demo model, and what it leaves:
 a profile filed in the store that the next `CarnatorReuse` run, thresholds left at auto, is judged by.
 
-The workflow is the shipped CPU demo's API twin at 10 steps; the pairs are the first three of the shipped demo
+The workflow is the shipped CPU demo's API twin at 8 steps; the pairs are the first three of the shipped demo
 pairs file (two fitted, one held back). The Wan 2.1, Wan 2.2 14B and LTX-2 twins calibrate on the tiny models. The interruption test stops the server after the first measured resume
 and starts another on the same base directory: the same command finishes the rest without redoing what was done.
 """
@@ -36,7 +36,7 @@ from carnator_core.queue import Workflow
 
 pytestmark = pytest.mark.server
 
-STEPS = 10
+STEPS = 8
 PAIRS_FILE = REPO_ROOT / "workflows" / "calibration_pairs_demo.txt"
 EARLIER, REWORDED = "a blue circle moving left on a black background", "a blue disc moving left on a black background"
 
@@ -92,7 +92,7 @@ def _calibrate(url: str, workflow: Path, pairs: Path, out: Path, *extra: str) ->
 
 
 def _report(server, prompt: str, record: bool, top_k: int = 4) -> dict:
-    """The report of the shipped demo workflow (10 steps) run on `prompt`, recording or not; another `top_k` makes
+    """The report of the shipped demo workflow (8 steps) run on `prompt`, recording or not; another `top_k` makes
     ComfyUI sample an otherwise identical graph again rather than serve it from its cache."""
     graph = Workflow(_graph()).for_prompt(prompt, "fixed", None)
     for node in graph.values():
@@ -138,12 +138,12 @@ def test_calibration_writes_a_profile_that_auto_thresholds_then_judge_by(server,
     assert profile.verdict_lines()[-1].startswith("Recommended: run ")  # last, what to run
     assert output.splitlines()[-4].endswith("(in force)") and "pairs used 3; a stable fit here" in output
     assert "calibrating on 3 pairs x 2 depths (decoded frames, demo oracle)" in output
-    assert "plain also at up to 4 bisected step counts of 10 (the first 5), then balanced and fast at the knee" in output
+    assert "plain also at up to 4 bisected step counts of 8 (the first 4), then balanced and fast at the knee" in output
     assert re.search(r"\b1/\d+ runs, about .* left", output)  # progress with an estimate of the time left
     assert "depth  resumes  good  accepted by the fitted rule" in output
     rows = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and {row["pair"] for row in rows} == {0, 1, 2}
-    assert all(row["skipped_steps"] in (2, 5) and row["screen_structure"] is not None for row in rows)
+    assert all(row["skipped_steps"] in (2, 4) and row["screen_structure"] is not None for row in rows)
     reworded = [row for row in rows if row["pair"] == 0]  # a rewording resumed is close to its plain clip
     assert all(row["psnr_db"] > 30 and row["ssim"] > 0.95 and row["oracle_kept"] for row in reworded)
     assert (profile.fit_pairs, profile.held_back_pairs) == (2, 1) and profile.oracle is not None
@@ -375,7 +375,7 @@ STREAM = [EARLIER, REWORDED, "a blue circle moving right on a black background",
 
 
 def _stream_files(tmp_path: Path, prompts: list[str], graph: dict | None = None) -> tuple[Path, Path]:
-    """The workflow (the demo twin at 10 steps, reading and filing in a store of its own) and the prompts file."""
+    """The workflow (the demo twin at 8 steps, reading and filing in a store of its own) and the prompts file."""
     if graph is None:
         graph = _graph()
         graph["20"] = {"class_type": "CarnatorStore", "inputs": {"path": f"stream-{tmp_path.name}",
@@ -510,7 +510,7 @@ def _calibration_state(server, until, timeout: float = 600) -> dict:
 
 
 def test_the_calibrate_workflow_calibrates_from_the_graph_editor_beside_the_queue(server):
-    """The shipped `carnator_calibrate_demo` workflow (10 steps, its first two pairs) queued as the graph editor
+    """The shipped `carnator_calibrate_demo` workflow (8 steps, its first two pairs) queued as the graph editor
     queues it: the Calibrate node starts the calibration and its runs queue behind; queued again meanwhile it says
     so; stopped from the panel's route it keeps what it did, and queued again it resumes and files the profile."""
     graph = api_workflow("carnator_calibrate_demo")
