@@ -39,7 +39,7 @@ def _run(comfy, graph: dict) -> tuple[torch.Tensor, dict | None]:
 
 def _plain(prompt: str) -> dict:
     """The official Wan 2.1 template's sampler settings on the demo model."""
-    graph = base_graph(DEMO_WEIGHTS, prompt, seed=11, steps=10, cfg=6.0, sampler_name="uni_pc")
+    graph = base_graph(DEMO_WEIGHTS, prompt, seed=11, steps=8, cfg=6.0, sampler_name="uni_pc")
     graph[MODEL_CHAIN]["inputs"]["shift"] = 8.0
     return graph
 

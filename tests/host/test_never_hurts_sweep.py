@@ -40,7 +40,7 @@ EDIT = "a red circle moving left on a white background"  # one attribute: the mo
 REWORDED = "a red ball moving to the left on a black background"
 # the Wan 2.1 text-to-video template's guidance and shift, over a short schedule
 STEPS, CFG, SHIFT, SEED = 4, 6.0, 8.0, 5
-CLIP = (2, 16, 16)  # two latent frames: what is swept (the sampler's path, bit for bit) does not scale with the clip
+CLIP = (1, 16, 16)  # one latent frame: what is swept (the sampler's path, bit for bit) does not scale with the clip
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 _stores = itertools.count()
 
