@@ -218,8 +218,8 @@ class _Fitted:
 
 
 def _fitted(client: ComfyClient, plan: CalibrationPlan, pairs: list[Pair], echo: Callable[[str], None],
-            on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool],
-            weigh: bool = True) -> _Fitted:
+            on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool], *,
+            weigh: bool) -> _Fitted:
     """The pairs calibrated: thresholds fitted and, unless a stream already weighed the modes (`weigh` False), the
     pairs weighed against plain at fewer steps as two-prompt streams."""
     lowers, fewer_steps_note = fewer_steps_plan(plan) if weigh else (
