@@ -34,7 +34,7 @@ from carnator_core.demo import graphs
 from carnator_core.store.entry import EntryMeta
 from carnator_core.store.reuse_store import ReuseStore
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.shared_server]  # see tests/conftest.py: comfy_server
 
 STEPS = 8
 RESUME_STEP = 4  # balanced mode: the deepest checkpoint (an 8-step run records every step) at most half-way

@@ -24,7 +24,7 @@ from support.route_helpers import add_entry, delete, json_answer, open_in_server
 from carnator_core.store.http_api import refused_origin, store_id
 from carnator_core.store.reuse_store import ReuseStore
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.shared_server]  # see tests/conftest.py: comfy_server
 
 BAD_IDS = ["abc", "0" * 31, "0" * 33, "A" * 32, "g" * 32, "%2e%2e%2f%2e%2e%2fcache.db", "..%2Fcache.db",
            "%2e%2e", "0" * 32 + "%00", "0" * 32 + ".png"]
