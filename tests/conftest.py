@@ -16,7 +16,7 @@
 - `fresh_process_state`   Carnator's process-wide objects (`carnator_core.process_state`) dropped before and after the
                           test; call it to drop them mid-test too
 
-At pytest start ComfyUI's args are set (CPU, a throwaway base dir), so a test that imports ComfyUI
+At pytest start ComfyUI's args are set (CPU, torch's attention, a throwaway base dir), so a test that imports ComfyUI
 modules directly gets the same host as the `comfy` fixture; prefer the fixture, which also loads the pack.
 """
 

@@ -73,6 +73,10 @@ def configure_comfy_args(comfy_path: Path, base_dir: Path) -> None:
     args.cpu = True
     args.base_directory = str(base_dir)
     args.disable_auto_launch = True
+    # torch's scaled-dot-product attention, which ComfyUI runs on GPUs; on a CPU it picks the sub-quadratic kind, which
+    # asks psutil for free memory in every attention call (a graph break under torch.compile). The headless servers
+    # the tests start keep the CPU default.
+    args.use_pytorch_cross_attention = True
 
 
 def pack_module(name: str):
