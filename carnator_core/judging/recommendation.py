@@ -63,8 +63,10 @@ class Recommendation:
         if self.mode == PLAIN:
             lower = "" if self.steps == self.full_steps else f" (as good as plain at {self.full_steps})"
             return f"run plain at {self.steps} steps{lower}: no reuse mode is as good for fewer model calls here"
+        verdict = ratio_words(self.calls, self.interval, self.requests)
+        joined = f" it {verdict}" if verdict.startswith("saves") else f": {verdict}"  # "it saves", ": not settled"
         return (f"run {self.steps} steps in {self.mode}: as good as plain at {self.full_steps}; against plain at "
-                f"{self.against_steps} by model calls it {ratio_words(self.calls, self.interval, self.requests)}")
+                f"{self.against_steps} by model calls{joined}")
 
     def as_dict(self) -> dict:
         return {"steps": self.steps, "mode": self.mode, "calls": round(self.calls, 3),

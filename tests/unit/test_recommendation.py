@@ -34,6 +34,15 @@ def test_a_mode_cheaper_than_the_knee_is_recommended_with_its_ratio_against_the_
     assert chosen.as_dict()["mode"] == "fast" and chosen.as_dict()["steps"] == 30
 
 
+def test_a_recommended_mode_whose_ratio_is_not_settled_says_so_in_a_sentence():
+    spread = [RequestOutcome(model_calls=calls, mse=2e-3, detail=1.0, adherence=1.0)  # cheaper on some requests only
+              for calls in (6, 40, 8, 42, 7, 41, 9, 40)]
+    chosen = recommend(FULL, FEWER, {(30, "fast"): spread}, 30)
+    assert chosen.mode == "fast" and chosen.interval[0] <= 1.0 <= chosen.interval[1], chosen
+    assert chosen.words().startswith("run 30 steps in fast: as good as plain at 30; against plain at 26 by model "
+                                     "calls: not settled ("), chosen.words()
+
+
 def test_plain_at_the_knee_is_recommended_where_no_mode_is_cheaper_or_as_good():
     blurred = {(30, "fast"): _runs(12, 2e-3, 0.8)}  # cheaper but not as detailed
     dearer = {(30, "balanced"): _runs(27, 1e-3, 1.0)}
