@@ -305,16 +305,16 @@ def test_workload_end_to_end_json_shape(tmp_path):
 @pytest.mark.parametrize("stream", ["edit-loop", "reword-and-edit"])
 def test_the_modes_are_nested_by_depth_on_every_prompt_of_the_edit_streams_in_one_shared_store(tmp_path, stream):
     """On the demo model (8 steps), safe, balanced and fast against one store recorded by all three in turn, on the
-    edit loop and on the first 6 prompts of docs/streams/reword-and-edit.txt (the stored runs' nesting table holds
+    edit loop and on the first 4 prompts of docs/streams/reword-and-edit.txt (the stored runs' nesting table holds
     every prompt of every docs stream at 30 steps): on every prompt fast skips at least balanced's steps and takes at
     most balanced's model calls plus one, fewer on average, and balanced no more than safe plus its one probe call;
     the JSON's nesting lists and the markdown agree."""
     if stream == "edit-loop":
-        arguments = ("--stream", "edit-loop", "--n", "6")
+        arguments = ("--stream", "edit-loop", "--n", "4")
     else:
-        prompts = tmp_path / "reword-and-edit-6.txt"
+        prompts = tmp_path / "reword-and-edit-4.txt"
         lines = (REPO / "docs" / "streams" / "reword-and-edit.txt").read_text().splitlines()
-        prompts.write_text("\n".join([line for line in lines if line.strip() and not line.startswith("#")][:6]))
+        prompts.write_text("\n".join([line for line in lines if line.strip() and not line.startswith("#")][:4]))
         arguments = ("--prompts", str(prompts))
     out = tmp_path / "out"
     result = _bench(*arguments, "--steps", "8", "--configs", "safe,balanced,fast", "--shared-store", "--json",
