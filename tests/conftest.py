@@ -53,7 +53,7 @@ _INPROCESS_BASE = pytest.StashKey[Path]()
 def _share_the_cores() -> None:
     """In an xdist worker, torch takes the worker's share of the cores, and the processes the tests start inherit it
     (OMP_NUM_THREADS): torch's default in every worker, all the cores, oversubscribes them, and its waiting threads
-    spin (on two cores the unit tests took 79 s that way, 57 s this way). A thread count the caller set is kept."""
+    spin, slowing every worker. A thread count the caller set is kept."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return

@@ -64,7 +64,7 @@ class Recommendation:
             lower = "" if self.steps == self.full_steps else f" (as good as plain at {self.full_steps})"
             return f"run plain at {self.steps} steps{lower}: no reuse mode is as good for fewer model calls here"
         verdict = ratio_words(self.calls, self.interval, self.requests)
-        joined = f" it {verdict}" if verdict.startswith("saves") else f": {verdict}"  # "it saves", ": not settled"
+        joined = f" it {verdict}" if self.interval[0] > 1.0 else f": {verdict}"  # "it saves 1.6x", ": not settled"
         return (f"run {self.steps} steps in {self.mode}: as good as plain at {self.full_steps}; against plain at "
                 f"{self.against_steps} by model calls{joined}")
 
