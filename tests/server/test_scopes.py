@@ -105,9 +105,12 @@ def test_prompt_recovery_finds_nothing_of_another_user(multi_user):
     assert own["hit"] and own["donor_prompt"] == PROMPT and own["skipped_steps"] > 0, own  # still reuses her own
 
     store_id = _store_id(server, alice, store)
+    deadline = time.monotonic() + 60  # the server records her resumed run in the background
+    while len((hers := _get(server, alice, f"/carnator/store/entries?store={store_id}").json())["entries"]) < 2 \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     listing = _get(server, bob, f"/carnator/store/entries?store={store_id}").json()
     assert [e["prompt"] for e in listing["entries"]] == [REWORDED] and PROMPT not in json.dumps(listing)
-    hers = _get(server, alice, f"/carnator/store/entries?store={store_id}").json()
     assert sorted(e["prompt"] for e in hers["entries"]) == sorted([PROMPT, REWORDED])
     assert _get(server, bob, f"/carnator/store/stats?store={store_id}").json()["entries"] == 1
     for entry in hers["entries"]:
